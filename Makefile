@@ -1,0 +1,36 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Both create .venv first.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint bench venv clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+## Run the demo: embedded store, simulated agents, dashboard on http://127.0.0.1:8501
+demo: $(STAMP)
+	$(BIN)/handoffs demo $(ARGS)
+
+## Run the whole test suite (installs Debian's chromium for the browser tests if missing)
+test: $(STAMP)
+	bash scripts/ensure-chromium
+	$(BIN)/ruff check .
+	$(BIN)/pytest $(ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+bench: $(STAMP)
+	for b in bench/*.py; do $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) handoffs-data .pytest_cache

@@ -1,0 +1,128 @@
+"""Span attribute names of the wire contract: the one place they are spelled.
+
+Every name carries the `handoff.` prefix, except the OTel GenAI names reused where they
+exist. `WIRE_ATTRIBUTES` gives each wire attribute's type and where it is required; ingest
+validation and docs/semantic-conventions.md are derived from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+__all__ = [
+    "ARRAY_ATTRIBUTES",
+    "BOOL_ATTRIBUTES",
+    "INT_ATTRIBUTES",
+    "REQUIRED_ON_CREATE",
+    "REQUIRED_ON_EVERY",
+    "WIRE_ATTRIBUTES",
+    "AttrSpec",
+]
+
+PREFIX: Final = "handoff."
+
+TASK_ID: Final = "handoff.task_id"
+HANDOFF_ID: Final = "handoff.handoff_id"
+EVENT: Final = "handoff.event"
+FROM_STATE: Final = "handoff.from_state"
+TO_STATE: Final = "handoff.to_state"
+ACTOR: Final = "handoff.actor"
+PROTOCOL: Final = "handoff.protocol"
+CONTRACT_VERSION: Final = "handoff.contract_version"
+MODE: Final = "handoff.mode"
+FROM_AGENT: Final = "handoff.from_agent"
+TO_AGENT: Final = "handoff.to_agent"
+TOPOLOGY: Final = "handoff.topology"
+IDEMPOTENCY_KEY: Final = "handoff.idempotency_key"
+DEADLINE_MS: Final = "handoff.deadline_ms"
+MAX_TOOL_CALLS: Final = "handoff.max_tool_calls"
+CAPABILITIES: Final = "handoff.capabilities"
+EVIDENCE_REFS: Final = "handoff.evidence_refs"
+EVIDENCE_COUNT: Final = "handoff.evidence.count"
+EVIDENCE_VALID: Final = "handoff.evidence.valid"
+ERROR_CODE: Final = "handoff.error_code"
+FENCE_TOKEN: Final = "handoff.fence_token"
+STATE_VERSION: Final = "handoff.state_version"
+PAYLOAD_HASH: Final = "handoff.payload_hash"
+RECEIPT_STATUS: Final = "handoff.receipt.status"
+RECEIPT_HASH: Final = "handoff.receipt.hash"
+RESULT_VERSION: Final = "handoff.receipt.result_version"
+TENANT: Final = "handoff.tenant"  # a claim only; the stored tenant comes from the credential
+VALID: Final = "handoff.valid"  # false on transitions a lenient shim emitted although illegal
+INVALID_REASON: Final = "handoff.invalid_reason"
+OBJECTIVE_HASH: Final = "handoff.objective.hash"
+OBJECTIVE_SUMMARY: Final = "handoff.objective.summary"
+CONSTRAINTS: Final = "handoff.constraints"
+PARENT_STATE: Final = "handoff.parent_state"
+REPLY_CONTRACT: Final = "handoff.reply_contract"
+CAUSATION_ID: Final = "handoff.causation_id"
+EXECUTION_ID: Final = "handoff.execution.id"
+EXECUTION_VERSION: Final = "handoff.execution.version"
+
+# OTel GenAI semantic conventions, reused where they exist.
+GEN_AI_AGENT_NAME: Final = "gen_ai.agent.name"
+GEN_AI_OPERATION_NAME: Final = "gen_ai.operation.name"
+
+
+@dataclass(frozen=True, slots=True)
+class AttrSpec:
+    """One wire attribute: its OTLP value type and where the contract requires it."""
+
+    name: str
+    type: str  # "string" | "int" | "bool" | "string[]"
+    on: str  # "every" | "create" | "result" | "optional" | ...
+    required: bool
+    doc: str
+
+
+WIRE_ATTRIBUTES: Final[tuple[AttrSpec, ...]] = (
+    AttrSpec(TASK_ID, "string", "every", True, "the business task; several handoffs (attempts) per task"),
+    AttrSpec(HANDOFF_ID, "string", "every", True, "this attempt"),
+    AttrSpec(EVENT, "string", "every", True, "the event from the state table (`create` for the first)"),
+    AttrSpec(FROM_STATE, "string", "every", True, "state before (empty for `create`)"),
+    AttrSpec(TO_STATE, "string", "every", True, "state after"),
+    AttrSpec(ACTOR, "string", "every", True, "the agent that observed/caused it"),
+    AttrSpec(PROTOCOL, "string", "create", True, "e.g. `aa-handoff/v1`"),
+    AttrSpec(MODE, "string", "create", True, "`delegate`, `consult`, `transfer`, `escalate`"),
+    AttrSpec(FROM_AGENT, "string", "create", True, "sender"),
+    AttrSpec(TO_AGENT, "string", "create", True, "receiver"),
+    AttrSpec(TOPOLOGY, "string", "create", False, "`in_process`, `agent_as_tool`, `shared_queue`, `federated_a2a`"),
+    AttrSpec(IDEMPOTENCY_KEY, "string", "create", False, "dedup key of side effects"),
+    AttrSpec(DEADLINE_MS, "int", "create", False, "budget in ms; drives 'settled' (300000 when absent)"),
+    AttrSpec(CAPABILITIES, "string[]", "create", False, "capabilities granted"),
+    AttrSpec(EVIDENCE_REFS, "string[]", "create, result", False, "evidence ids"),
+    AttrSpec(EVIDENCE_COUNT, "int", "result", False, "evidence items backing the result"),
+    AttrSpec(EVIDENCE_VALID, "bool", "result", False, "evidence satisfies the reply contract"),
+    AttrSpec(ERROR_CODE, "string", "reject / fail / timeout", False, "why"),
+    AttrSpec(FENCE_TOKEN, "int", "optional", False, "lease fence token"),
+    AttrSpec(STATE_VERSION, "int", "optional", False, "optimistic state version"),
+    AttrSpec(PAYLOAD_HASH, "string", "optional", False, "tells a same-key retry from a changed payload"),
+    AttrSpec(RECEIPT_STATUS, "string", "commit / verify", False, "terminal receipt status"),
+    AttrSpec(RECEIPT_HASH, "string", "commit / verify", False, "terminal receipt hash"),
+    AttrSpec(RESULT_VERSION, "string", "commit / verify", False, "version of the committed result"),
+    AttrSpec(CONTRACT_VERSION, "string", "create", False, "version of the reply contract"),
+    AttrSpec(OBJECTIVE_HASH, "string", "create", False, "sha256 of the objective text"),
+    AttrSpec(OBJECTIVE_SUMMARY, "string", "create", False, "objective text after the input filter"),
+    AttrSpec(CONSTRAINTS, "string", "create", False, "constraints as canonical JSON"),
+    AttrSpec(PARENT_STATE, "string", "create", False, "state of the parent task when handed off"),
+    AttrSpec(REPLY_CONTRACT, "string", "create", False, "what the reply must contain"),
+    AttrSpec(CAUSATION_ID, "string", "create", False, "the message/handoff that caused this one"),
+    AttrSpec(MAX_TOOL_CALLS, "int", "create", False, "tool call budget"),
+    AttrSpec(EXECUTION_ID, "string", "result", False, "identity of the execution that produced the result"),
+    AttrSpec(EXECUTION_VERSION, "string", "result", False, "version of the executing agent/model"),
+    AttrSpec(VALID, "bool", "optional", False, "false when a lenient shim emitted an illegal transition"),
+    AttrSpec(INVALID_REASON, "string", "optional", False, "why the transition is invalid"),
+    AttrSpec(TENANT, "string", "optional", False, "a claim only; the stored tenant is the credential's"),
+)
+
+REQUIRED_ON_EVERY: Final = tuple(a.name for a in WIRE_ATTRIBUTES if a.on == "every")
+REQUIRED_ON_CREATE: Final = tuple(a.name for a in WIRE_ATTRIBUTES if a.on == "create" and a.required)
+INT_ATTRIBUTES: Final = frozenset(a.name for a in WIRE_ATTRIBUTES if a.type == "int")
+BOOL_ATTRIBUTES: Final = frozenset(a.name for a in WIRE_ATTRIBUTES if a.type == "bool")
+ARRAY_ATTRIBUTES: Final = frozenset(a.name for a in WIRE_ATTRIBUTES if a.type == "string[]")
+
+MODES: Final = ("delegate", "consult", "transfer", "escalate")
+TOPOLOGIES: Final = ("in_process", "agent_as_tool", "shared_queue", "federated_a2a")
+DEFAULT_DEADLINE_MS: Final = 300_000
+SETTLE_GRACE_MS: Final = 60_000

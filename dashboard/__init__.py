@@ -1,0 +1,3 @@
+"""The Streamlit dashboard: entry routes, one file per page; loaders live in analytics/."""
+
+__all__: list[str] = []

@@ -1,0 +1,5 @@
+import sys
+
+from handoffs.cli import main
+
+sys.exit(main())

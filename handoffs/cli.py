@@ -1,0 +1,54 @@
+"""`handoffs` command line: routing only. Each area registers its own subcommands.
+
+Exit codes used by every subcommand: 0 success, 1 the check failed (e.g. an evidence package
+that does not verify, an SLO breached with --fail-on-breach), 2 bad usage or input,
+3 the store or server cannot be reached.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+__all__ = ["main", "build_parser"]
+
+EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
+
+#: Modules with a `register(subparsers)` function; each adds its subcommands with
+#: `set_defaults(func=...)`, where func(args) -> int exit code.
+_COMMAND_MODULES = (
+    "ingest._cli",  # serve, ingest
+    "analytics._cli",  # metrics, anomalies, evidence, report
+    "dashboard._cli",  # dashboard
+    "handoffs._demo_cli",  # simulate, demo
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="handoffs",
+        description="Handoff Observatory: observe and audit handoffs between AI agents.",
+        epilog="Store: --store chdb:///abs/dir (embedded, default ./handoffs-data) or http://host:port; "
+        "env HANDOFFS_STORE. Times are ISO-8601 UTC, e.g. 2026-11-23T00:00:00Z.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in _COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

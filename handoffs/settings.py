@@ -1,0 +1,78 @@
+"""Every setting the platform reads, each an environment variable with a one-line doc.
+
+Resolution order everywhere: explicit argument (CLI flag), then the `HANDOFFS_*` variable,
+then the default below. Nothing else reads os.environ for configuration.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+__all__ = ["ENV", "Setting", "resolve", "resolve_int", "parse_tokens"]
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    env: str
+    default: str
+    doc: str
+
+
+STORE: Final = Setting(
+    "HANDOFFS_STORE",
+    "chdb://./handoffs-data",
+    "where the data lives: chdb:///abs/dir (embedded) or http(s)://host:port (ClickHouse or a "
+    "running `handoffs serve` query port)",
+)
+DATABASE: Final = Setting("HANDOFFS_DATABASE", "handoffs", "ClickHouse database holding the tables")
+OTLP_HOST: Final = Setting("HANDOFFS_OTLP_HOST", "127.0.0.1", "address serve binds its OTLP/HTTP receiver to")
+OTLP_PORT: Final = Setting("HANDOFFS_OTLP_PORT", "4318", "OTLP/HTTP port of serve (POST /v1/traces, GET /health)")
+QUERY_PORT: Final = Setting(
+    "HANDOFFS_QUERY_PORT", "8124", "loopback port of serve's ClickHouse HTTP query endpoint (embedded mode; 0 = off)"
+)
+TOKENS: Final = Setting(
+    "HANDOFFS_TOKENS",
+    "",
+    "bearer tokens and their tenants, 'token1=tenantA,token2=tenantB'; empty = no auth, tenant 'default'",
+)
+SPOOL_DIR: Final = Setting("HANDOFFS_SPOOL_DIR", "", "spool directory (default: <store dir>/spool, or ./handoffs-spool)")
+MAX_BODY_BYTES: Final = Setting("HANDOFFS_MAX_BODY_BYTES", str(16 * 1024 * 1024), "largest accepted OTLP body, bytes (after gunzip)")
+SPOOL_MAX_BYTES: Final = Setting("HANDOFFS_SPOOL_MAX_BYTES", str(1024 * 1024 * 1024), "spool size at which serve answers 503")
+USER: Final = Setting("HANDOFFS_USER", "default", "ClickHouse user for an http(s) store")
+PASSWORD: Final = Setting("HANDOFFS_PASSWORD", "", "ClickHouse password for an http(s) store")
+
+ENV: Final = (STORE, DATABASE, OTLP_HOST, OTLP_PORT, QUERY_PORT, TOKENS, SPOOL_DIR, MAX_BODY_BYTES, SPOOL_MAX_BYTES, USER, PASSWORD)
+
+
+def resolve(setting: Setting, value: str | None = None) -> str:
+    """The argument if given, else the environment variable, else the default."""
+    if value is not None and value != "":
+        return value
+    return os.environ.get(setting.env) or setting.default
+
+
+def resolve_int(setting: Setting, value: int | str | None = None) -> int:
+    """As resolve(), as an int; raises ValueError naming the variable on a bad value."""
+    raw = resolve(setting, None if value is None else str(value))
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{setting.env} must be an integer, got {raw!r}") from None
+
+
+def parse_tokens(spec: str) -> dict[str, str]:
+    """Parse 'token=tenant,...' into {token: tenant}; raises ValueError on a malformed pair."""
+    out: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        token, sep, tenant = part.partition("=")
+        if not sep or not token.strip() or not tenant.strip():
+            raise ValueError(f"{TOKENS.env}: expected 'token=tenant', got {part!r}")
+        out[token.strip()] = tenant.strip()
+    return out
+
+
+def default_data_dir() -> Path:
+    return Path("handoffs-data").resolve()

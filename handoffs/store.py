@@ -1,0 +1,183 @@
+"""Store access: one URL picks embedded chDB or a ClickHouse server, always via clickhouse-connect.
+
+`chdb:///abs/dir` (or `chdb://./rel/dir`) opens the embedded engine in this process. chDB locks
+its data directory to one process and lets a process open only one path in its lifetime, so
+in embedded mode only `handoffs serve` opens it; every other process (dashboard, CLI) reaches
+it through serve's query port as `http://127.0.0.1:8124`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import parse_qs, urlsplit
+
+import clickhouse_connect
+
+from handoffs import settings
+
+if TYPE_CHECKING:
+    from clickhouse_connect.driver.client import Client
+
+__all__ = ["SQL_DIR", "StoreError", "StoreSpec", "apply_schema", "connect", "parse_store", "schema_statements"]
+
+SQL_DIR = Path(__file__).resolve().parent.parent / "sql"
+_DB_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+
+
+class StoreError(RuntimeError):
+    """The store URL is malformed or the store cannot be reached."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoreSpec:
+    kind: str  # "chdb" | "http"
+    path: str | None = None  # chdb data directory (absolute)
+    url: str | None = None  # http(s)://host:port
+    host: str | None = None
+    port: int | None = None
+    secure: bool = False
+    username: str = "default"
+    password: str = ""
+    database: str = "handoffs"
+
+    @property
+    def embedded(self) -> bool:
+        return self.kind == "chdb"
+
+    def describe(self) -> str:
+        return f"embedded chDB at {self.path}" if self.embedded else f"ClickHouse at {self.url}"
+
+
+def parse_store(store: str | None = None, *, database: str | None = None) -> StoreSpec:
+    """Parse a store URL (argument, then HANDOFFS_STORE, then default) into a StoreSpec.
+
+    Raises StoreError naming what is wrong for an unknown scheme, a missing path or port,
+    or a database name that is not a plain identifier.
+    """
+    raw = settings.resolve(settings.STORE, store)
+    db = settings.resolve(settings.DATABASE, database)
+    parts = urlsplit(raw)
+    query = parse_qs(parts.query)
+    if "database" in query:
+        db = query["database"][0]
+    if not _DB_NAME.match(db):
+        raise StoreError(f"database name {db!r} is not a plain identifier ([A-Za-z_][A-Za-z0-9_]*)")
+    if parts.scheme == "chdb":
+        path = (parts.netloc + parts.path) if parts.netloc in (".", "..", "~") else parts.path
+        if parts.netloc and parts.netloc not in (".", "..", "~"):
+            path = parts.netloc + parts.path
+        if not path:
+            raise StoreError(f"store {raw!r}: chdb store needs a directory, e.g. chdb:///var/lib/handoffs")
+        return StoreSpec(kind="chdb", path=str(Path(path).expanduser().resolve()), database=db)
+    if parts.scheme in ("http", "https"):
+        if not parts.hostname:
+            raise StoreError(f"store {raw!r}: missing host, e.g. http://127.0.0.1:8124")
+        secure = parts.scheme == "https"
+        port = parts.port or (8443 if secure else 8123)
+        return StoreSpec(
+            kind="http",
+            url=f"{parts.scheme}://{parts.hostname}:{port}",
+            host=parts.hostname,
+            port=port,
+            secure=secure,
+            username=parts.username or settings.resolve(settings.USER),
+            password=parts.password or settings.resolve(settings.PASSWORD),
+            database=db,
+        )
+    raise StoreError(
+        f"store {raw!r}: unknown scheme {parts.scheme!r}; use chdb:///abs/dir or http://host:port"
+    )
+
+
+def connect(spec: StoreSpec, *, database: str | None = None, settings_: dict | None = None) -> Client:
+    """Open a clickhouse-connect client on the spec. Raises StoreError when unreachable.
+
+    `database` None uses spec.database (which must exist; see apply_schema); pass "" to
+    connect without a default database.
+    """
+    db = spec.database if database is None else (database or None)
+    try:
+        if spec.embedded:
+            Path(spec.path or ".").mkdir(parents=True, exist_ok=True)
+            client = clickhouse_connect.get_client(interface="chdb", path=spec.path, database=db, settings=settings_)
+        else:
+            client = clickhouse_connect.get_client(
+                host=spec.host,
+                port=spec.port,
+                secure=spec.secure,
+                username=spec.username,
+                password=spec.password,
+                database=db,
+                settings=settings_,
+                connect_timeout=5,
+                send_receive_timeout=120,
+            )
+    except Exception as exc:  # clickhouse-connect raises several types; one message for users
+        raise StoreError(f"cannot open {spec.describe()}: {exc}") from exc
+    return client
+
+
+def schema_statements(database: str, *, cluster: str | None = None) -> list[tuple[str, str]]:
+    """[(file name, statement)] of the numbered DDL, with {db} (and {cluster}) filled in.
+
+    Files are `sql/NNN_name.sql` (or `sql/cluster/NNN_name.sql` when `cluster` is given);
+    statements are separated by lines holding only `;`-terminated SQL. Comments stay in.
+    """
+    folder = SQL_DIR / "cluster" if cluster else SQL_DIR
+    out: list[tuple[str, str]] = []
+    for f in sorted(folder.glob("[0-9][0-9][0-9]_*.sql")):
+        text = f.read_text().replace("{db}", database)
+        if cluster:
+            text = text.replace("{cluster}", cluster)
+        for stmt in _split_sql(text):
+            out.append((f.name, stmt))
+    return out
+
+
+def _split_sql(text: str) -> list[str]:
+    """Split on `;` at end of line, ignoring `--` comment lines (DDL here has no `;` in strings)."""
+    stmts, cur = [], []
+    for line in text.splitlines():
+        cur.append(line)
+        if line.rstrip().endswith(";") and not line.lstrip().startswith("--"):
+            stmt = "\n".join(cur).strip().rstrip(";").strip()
+            if any(ln.strip() and not ln.strip().startswith("--") for ln in stmt.splitlines()):
+                stmts.append(stmt)
+            cur = []
+    tail = "\n".join(cur).strip()
+    if any(ln.strip() and not ln.strip().startswith("--") for ln in tail.splitlines()):
+        stmts.append(tail)
+    return stmts
+
+
+def apply_schema(client: Client, database: str) -> list[str]:
+    """Create the database and apply every numbered DDL file not yet recorded; idempotent.
+
+    Returns the file names applied in this call. The `schema_version` table records each
+    file once it applied completely; every statement is IF NOT EXISTS, so a crash between
+    statements is repaired by applying the file again.
+    """
+    if not _DB_NAME.match(database):
+        raise StoreError(f"database name {database!r} is not a plain identifier")
+    client.command(f"CREATE DATABASE IF NOT EXISTS {database}")
+    client.command(
+        f"CREATE TABLE IF NOT EXISTS {database}.schema_version "
+        "(file String, applied_at DateTime64(3, 'UTC') DEFAULT now64(3)) "
+        "ENGINE = MergeTree ORDER BY file"
+    )
+    done = {r[0] for r in client.query(f"SELECT file FROM {database}.schema_version").result_rows}
+    applied: list[str] = []
+    by_file: dict[str, list[str]] = {}
+    for name, stmt in schema_statements(database):
+        by_file.setdefault(name, []).append(stmt)
+    for name, stmts in by_file.items():
+        if name in done:
+            continue
+        for stmt in stmts:
+            client.command(stmt)
+        client.insert(f"{database}.schema_version", [[name]], column_names=["file"])
+        applied.append(name)
+    return applied
