@@ -1,0 +1,45 @@
+"""Simulated multi-agent traffic through the real shim and the real OTLP exporter.
+
+The planner (`plan_task`, `backfill_starts`, `live_starts`) is pure: it turns a seed and a
+ScenarioConfig into timed steps. The emitter (`Emitter`, `run_backfill`, `run_live`) drives
+those steps through collector.HandoffTracer into OpenTelemetry's OTLP/HTTP exporter, one
+TracerProvider per tenant with that tenant's bearer token; it never writes to the store.
+"""
+
+from handoffs.simulator._model import (
+    FAULTS,
+    FailureRates,
+    PlannedHandoff,
+    ScenarioConfig,
+    SimulatorConfigError,
+    SkillOutage,
+    Step,
+    TaskPlan,
+)
+from handoffs.simulator._scenario import (
+    AGENTS,
+    MEAN_INTENTS,
+    TOPOLOGIES,
+    WORKFLOWS,
+    backfill_starts,
+    live_starts,
+    plan_task,
+)
+
+__all__ = [
+    "AGENTS",
+    "FAULTS",
+    "MEAN_INTENTS",
+    "TOPOLOGIES",
+    "WORKFLOWS",
+    "FailureRates",
+    "PlannedHandoff",
+    "ScenarioConfig",
+    "SimulatorConfigError",
+    "SkillOutage",
+    "Step",
+    "TaskPlan",
+    "backfill_starts",
+    "live_starts",
+    "plan_task",
+]

@@ -1,0 +1,229 @@
+"""Records of the simulator: failure rates, scenario settings, planned steps and handoffs.
+
+Everything here is a frozen dataclass validated in __post_init__; a bad value raises
+SimulatorConfigError naming the field. Times are integer nanoseconds since the Unix epoch,
+durations in the field name's unit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from types import MappingProxyType
+from typing import Any, Final
+
+__all__ = [
+    "FAULTS",
+    "FailureRates",
+    "PlannedHandoff",
+    "ScenarioConfig",
+    "SimulatorConfigError",
+    "SkillOutage",
+    "Step",
+    "TaskPlan",
+]
+
+#: Ground-truth labels the planner attaches to a handoff for each injected failure mode.
+FAULTS: Final = (
+    "bounce",  # wrong specialist picked: A->B transfer, B->A transfer back, then A->C
+    "partial_result",  # specialist returns partial results: evidence_valid=False, committed
+    "duplicate_delivery",  # a write retried without dedup key: same transition delivered twice
+    "stale_state_version",  # consumer lag: commit carries an older state_version
+    "stale_fence",  # commit carries a fence token older than the lease's
+    "idempotency_conflict",  # same idempotency key reused with a changed payload_hash
+    "after_terminal",  # a message to a finished handoff (illegal transition, lenient shim)
+    "skill_removed",  # rejected because the capability vanished from the Agent Card
+    "timeout_resolved",  # timeout into unknown, later resolve_committed / resolve_failed
+    "timeout_escalated",  # timeout into unknown, then escalated to a human
+    "timeout_unresolved",  # timeout into unknown, never resolved
+    "expire",  # nobody accepted before the deadline
+    "cancel",  # the sender canceled
+    "reject",  # the receiver refused (busy, policy)
+    "fail",  # the receiver ran and failed
+)
+
+
+class SimulatorConfigError(ValueError):
+    """A simulator setting is out of range; the message names the field."""
+
+    def __init__(self, field_name: str, reason: str) -> None:
+        self.field = field_name
+        super().__init__(f"{field_name}: {reason}")
+
+
+@dataclass(frozen=True, slots=True)
+class FailureRates:
+    """Probabilities (0..1) per handoff intent of each injected failure mode.
+
+    Outcome modes (reject, expire, cancel, fail, timeout, partial_result) are exclusive: their
+    sum must be <= 1; the rest of the intents succeed. Overlay modes (bounce,
+    duplicate_delivery, stale_state_version, stale_fence, idempotency_conflict,
+    after_terminal) are drawn independently on top; the stale ones force a commit so the
+    rate stays a rate per intent. A timeout resolves (resolve_committed or resolve_failed)
+    with probability `timeout_resolve`, escalates with `timeout_escalate`, else stays unknown.
+    """
+
+    reject: float = 0.03
+    expire: float = 0.02
+    cancel: float = 0.02
+    fail: float = 0.03
+    timeout: float = 0.04
+    partial_result: float = 0.05
+    bounce: float = 0.05
+    duplicate_delivery: float = 0.03
+    stale_state_version: float = 0.01
+    stale_fence: float = 0.01
+    idempotency_conflict: float = 0.01
+    after_terminal: float = 0.01
+    timeout_resolve: float = 0.6
+    timeout_escalate: float = 0.2
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, bool) or not isinstance(v, int | float):
+                raise SimulatorConfigError(f.name, f"must be a number in [0, 1], got {v!r}")
+            if not 0.0 <= float(v) <= 1.0:
+                raise SimulatorConfigError(f.name, f"must be in [0, 1], got {v!r}")
+        outcome = (
+            self.reject + self.expire + self.cancel + self.fail + self.timeout + self.partial_result
+        )
+        if outcome > 1.0 + 1e-9:
+            raise SimulatorConfigError(
+                "reject+expire+cancel+fail+timeout+partial_result",
+                f"exclusive outcome rates sum to {outcome:.3f} > 1",
+            )
+        if self.timeout_resolve + self.timeout_escalate > 1.0 + 1e-9:
+            raise SimulatorConfigError("timeout_resolve+timeout_escalate", "sum must be <= 1")
+
+    @classmethod
+    def none(cls) -> FailureRates:
+        """No injected failures at all: every intent succeeds."""
+        return cls(**{f.name: 0.0 for f in fields(cls)})
+
+    @classmethod
+    def parse(cls, spec: str, *, base: FailureRates | None = None) -> FailureRates:
+        """Parse 'bounce=0.05,timeout=0.1' over `base` (default rates); unknown names refused."""
+        known = {f.name for f in fields(cls)}
+        values = {f.name: getattr(base or cls(), f.name) for f in fields(cls)}
+        for part in filter(None, (p.strip() for p in spec.split(","))):
+            name, sep, raw = part.partition("=")
+            name = name.strip().replace("-", "_")
+            if not sep or name not in known:
+                raise SimulatorConfigError(
+                    name or part, f"expected NAME=RATE with NAME in {', '.join(sorted(known))}"
+                )
+            try:
+                values[name] = float(raw)
+            except ValueError:
+                raise SimulatorConfigError(name, f"rate must be a number, got {raw!r}") from None
+        return cls(**values)
+
+
+@dataclass(frozen=True, slots=True)
+class SkillOutage:
+    """A skill removed from an Agent Card for a time slice: handoffs to `to_agent` asking for
+    `capability` inside [start_ns, end_ns) are rejected with `capability_not_found` at
+    `reject_rate` (a rejection spike for that target capability)."""
+
+    to_agent: str
+    capability: str
+    start_ns: int
+    end_ns: int
+    reject_rate: float = 0.9
+
+    def __post_init__(self) -> None:
+        if not self.to_agent:
+            raise SimulatorConfigError("outage.to_agent", "must not be empty")
+        if not self.capability:
+            raise SimulatorConfigError("outage.capability", "must not be empty")
+        if self.end_ns <= self.start_ns:
+            raise SimulatorConfigError("outage.end_ns", "must be after start_ns")
+        if not 0.0 <= self.reject_rate <= 1.0:
+            raise SimulatorConfigError(
+                "outage.reject_rate", f"must be in [0, 1], got {self.reject_rate}"
+            )
+
+    def covers(self, to_agent: str, capabilities: tuple[str, ...], at_ns: int) -> bool:
+        return (
+            to_agent == self.to_agent
+            and self.capability in capabilities
+            and self.start_ns <= at_ns < self.end_ns
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ScenarioConfig:
+    """What to simulate: tenants (name -> traffic weight), failure rates, time scale.
+
+    `latency_scale` multiplies every planned latency (0.01 makes a live demo move fast).
+    """
+
+    seed: int = 7
+    tenants: Mapping[str, float] = field(
+        default_factory=lambda: MappingProxyType({"acme": 0.5, "globex": 0.3, "initech": 0.2})
+    )
+    rates: FailureRates = field(default_factory=FailureRates)
+    outage: SkillOutage | None = None
+    latency_scale: float = 1.0
+    id_prefix: str = ""  # mixed into task/handoff ids so two runs into one store never collide
+
+    def __post_init__(self) -> None:
+        if not self.tenants:
+            raise SimulatorConfigError("tenants", "need at least one tenant")
+        for name, w in self.tenants.items():
+            if not name or not isinstance(name, str):
+                raise SimulatorConfigError(
+                    "tenants", f"tenant name must be a non-empty string, got {name!r}"
+                )
+            if not isinstance(w, int | float) or w <= 0:
+                raise SimulatorConfigError("tenants", f"weight of {name!r} must be > 0, got {w!r}")
+        if not isinstance(self.rates, FailureRates):
+            raise SimulatorConfigError("rates", "must be a FailureRates")
+        if not (0 < self.latency_scale <= 100):
+            raise SimulatorConfigError(
+                "latency_scale", f"must be in (0, 100], got {self.latency_scale}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One planned shim call on one handoff.
+
+    `event` is a contract event (`accept`, `commit`, ...) or `redeliver` (duplicate delivery
+    of the previous transition). `illegal` marks a step a lenient tracer emits on purpose.
+    `attrs` are the keyword attributes of Handoff.transition (evidence_count, fence_token...).
+    """
+
+    handoff_id: str
+    event: str
+    at_ns: int
+    actor: str
+    attrs: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    illegal: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedHandoff:
+    """One handoff attempt: its envelope (Envelope keyword arguments), tenant and faults."""
+
+    tenant: str
+    envelope: Mapping[str, Any]
+    created_ns: int
+    faults: frozenset[str] = frozenset()
+
+    @property
+    def handoff_id(self) -> str:
+        return str(self.envelope["handoff_id"])
+
+
+@dataclass(frozen=True, slots=True)
+class TaskPlan:
+    """A business task: its handoffs and every step (creates included), sorted by time."""
+
+    task_id: str
+    tenant: str
+    topology: str
+    handoffs: tuple[PlannedHandoff, ...]
+    steps: tuple[Step, ...]  # a `create` step per handoff plus its transitions, time-sorted
+    intents: int  # business handoff intents (bounce / retry attempts add extra handoffs)
