@@ -1,0 +1,505 @@
+"""The tracer shim: one OTel span per handoff transition, emitted as it happens.
+
+`HandoffTracer.create(envelope)` starts a handoff (emits `create`); `Handoff.to_wire()`
+carries it to the receiver with W3C `traceparent`; `HandoffTracer.receive(wire)` rebuilds
+it on the other side in the SENDER's trace. Every event of the state table is a method.
+
+Parenting: a transition's span is a child of the caller's current span when that span is
+in the handoff's trace; otherwise a child of the handoff's anchor (the `create` span, local
+or remote), with a link to the caller's current span if it lives in another trace. So the
+receiver's spans join the sender's trace even inside the receiver's own request span.
+
+The hot path is lean on purpose (see bench/shim_overhead.py): the envelope attributes are
+computed and filtered once at `create`; a transition is a table lookup, one small dict and
+one span. No regex, no deep copy per transition.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, Final
+
+from opentelemetry import trace
+from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, TraceFlags
+
+from collector import semconv as sc
+from collector._redact import InputFilter
+from collector.contract import TRANSITIONS, Event, IllegalTransition, State
+from collector.envelope import Envelope, EnvelopeError, EvidenceRef
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Tracer, TracerProvider
+
+__all__ = [
+    "INSTRUMENTATION_NAME",
+    "Handoff",
+    "HandoffTracer",
+    "format_traceparent",
+    "parse_traceparent",
+]
+
+INSTRUMENTATION_NAME: Final = "handoff-observatory.collector"
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+_US: Final = timedelta(microseconds=1)
+
+#: The state each event leads to in the table (every event has exactly one target); used
+#: as `to_state` of a flagged illegal transition a lenient tracer emits.
+_EVENT_TARGET: Final[dict[str, str]] = {str(e): str(s) for (_f, e), s in TRANSITIONS.items()}
+_EVENT_TARGET[str(Event.CREATE)] = str(State.CREATED)
+# Plain-str keyed copy of the table: the hot path looks up (str, str) without enum work.
+_TABLE: Final[dict[tuple[str, str], str]] = {
+    (str(f), str(e)): str(s) for (f, e), s in TRANSITIONS.items()
+}
+_SPAN_NAME: Final[dict[str, str]] = {str(e): f"handoff.{e}" for e in Event}
+_STATES: Final = frozenset(str(s) for s in State)
+#: Attributes the shim owns; `extra` may not override them.
+_RESERVED: Final = frozenset(
+    {
+        sc.TASK_ID,
+        sc.HANDOFF_ID,
+        sc.EVENT,
+        sc.FROM_STATE,
+        sc.TO_STATE,
+        sc.ACTOR,
+        sc.VALID,
+        sc.INVALID_REASON,
+    }
+    | {sc.GEN_AI_AGENT_NAME, sc.GEN_AI_OPERATION_NAME}
+)
+
+_DEFAULT_FILTER: InputFilter | None = None
+
+
+def _default_filter() -> InputFilter:
+    global _DEFAULT_FILTER
+    if _DEFAULT_FILTER is None:
+        _DEFAULT_FILTER = InputFilter()
+    return _DEFAULT_FILTER
+
+
+def format_traceparent(ctx: SpanContext) -> str:
+    """W3C `traceparent` (version 00) of a span context."""
+    return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
+
+
+def parse_traceparent(value: Any) -> SpanContext:
+    """A remote SpanContext from a W3C `traceparent`; EnvelopeError('traceparent', ...) if bad."""
+    if not isinstance(value, str):
+        raise EnvelopeError("traceparent", f"must be a string, got {type(value).__name__}")
+    parts = value.strip().split("-")
+    if (
+        len(parts) < 4
+        or len(parts[0]) != 2
+        or len(parts[1]) != 32
+        or len(parts[2]) != 16
+        or len(parts[3]) != 2
+    ):
+        raise EnvelopeError("traceparent", f"not a W3C traceparent: {value!r}")
+    try:
+        version, trace_id, span_id, flags = (int(p, 16) for p in parts[:4])
+    except ValueError:
+        raise EnvelopeError("traceparent", f"not hexadecimal: {value!r}") from None
+    if version == 0xFF or (version == 0 and len(parts) != 4):
+        raise EnvelopeError("traceparent", f"invalid version in {value!r}")
+    if trace_id == 0 or span_id == 0:
+        raise EnvelopeError("traceparent", f"all-zero trace or span id in {value!r}")
+    return SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(flags))
+
+
+def _to_ns(at: datetime | int | None, clock: Callable[[], int]) -> int:
+    if at is None:
+        return clock()
+    if type(at) is int:
+        if at < 0:
+            raise ValueError(f"at: must be >= 0 ns since the epoch, got {at}")
+        return at
+    if isinstance(at, datetime):
+        if at.tzinfo is None or at.utcoffset() is None:
+            raise ValueError(
+                "at: naive datetime; pass an aware datetime (e.g. tzinfo=timezone.utc)"
+            )
+        return ((at - _EPOCH) // _US) * 1000
+    raise TypeError(
+        f"at: expected an aware datetime, int ns since the epoch or None, got {type(at).__name__}"
+    )
+
+
+def _envelope_attributes(env: Envelope, filt: InputFilter) -> dict[str, Any]:
+    """The `create` span's envelope attributes, filtered. Computed once per handoff."""
+    a: dict[str, Any] = {
+        sc.PROTOCOL: env.protocol,
+        sc.MODE: env.mode,
+        sc.FROM_AGENT: env.from_agent,
+        sc.TO_AGENT: env.to_agent,
+        sc.TOPOLOGY: env.topology,
+    }
+    for name, value in (
+        (sc.CONTRACT_VERSION, env.contract_version),
+        (sc.IDEMPOTENCY_KEY, env.idempotency_key),
+        (sc.DEADLINE_MS, env.deadline_ms),
+        (sc.MAX_TOOL_CALLS, env.max_tool_calls),
+        (sc.CAUSATION_ID, env.causation_id),
+        (sc.STATE_VERSION, env.state_version),
+        (sc.FENCE_TOKEN, env.fence_token),
+        (sc.PAYLOAD_HASH, env.payload_hash),
+    ):
+        if value is not None:
+            a[name] = value
+    if env.capabilities:
+        a[sc.CAPABILITIES] = env.capabilities
+    if env.evidence_refs:
+        a[sc.EVIDENCE_REFS] = tuple(r.id for r in env.evidence_refs)
+    if env.objective is not None:
+        a[sc.OBJECTIVE_HASH] = filt.digest(env.objective)
+        a[sc.OBJECTIVE_SUMMARY] = filt.summary(env.objective)
+    if env.constraints is not None:
+        # Same canonical form as ingest.integrity.canonical_json (the shim must not import ingest).
+        a[sc.CONSTRAINTS] = json.dumps(
+            filt.redact(env.constraints),
+            sort_keys=True,
+            separators=(",", ":"),
+            ensure_ascii=False,
+            default=str,
+        )
+    if env.parent_state is not None:
+        a[sc.PARENT_STATE] = filt.redact_text(env.parent_state)
+    if env.reply_contract is not None:
+        a[sc.REPLY_CONTRACT] = filt.redact_text(env.reply_contract)
+    return a
+
+
+def _bad(name: str, expected: str, value: Any) -> ValueError:
+    return ValueError(f"{name}: expected {expected}, got {type(value).__name__} {value!r}")
+
+
+class HandoffTracer:
+    """Creates and receives handoffs for one agent (`actor`), emitting through an OTel tracer.
+
+    `tracer_provider`: any TracerProvider; None means `opentelemetry.trace.get_tracer_provider()`
+    (read, never set). `strict`: raise IllegalTransition on an illegal event (state unchanged,
+    no span); lenient (False) emits it flagged `handoff.valid=false`, state unchanged.
+    `input_filter`: redacts envelope text at create (None: the default InputFilter).
+    `clock`: returns int ns since the epoch (default time.time_ns); used when `at` is None.
+    """
+
+    __slots__ = ("_clock", "_filter", "_tracer", "actor", "strict")
+
+    def __init__(
+        self,
+        actor: str,
+        *,
+        tracer_provider: TracerProvider | None = None,
+        strict: bool = True,
+        input_filter: InputFilter | None = None,
+        clock: Callable[[], int] | None = None,
+    ) -> None:
+        if not isinstance(actor, str) or not actor:
+            raise ValueError(f"actor: must be a non-empty string, got {actor!r}")
+        if input_filter is not None and not isinstance(input_filter, InputFilter):
+            raise TypeError(
+                f"input_filter: expected an InputFilter, got {type(input_filter).__name__}"
+            )
+        provider = tracer_provider if tracer_provider is not None else trace.get_tracer_provider()
+        self.actor = actor
+        self.strict = bool(strict)
+        self._tracer: Tracer = provider.get_tracer(INSTRUMENTATION_NAME)
+        self._filter = input_filter if input_filter is not None else _default_filter()
+        self._clock = clock if clock is not None else time.time_ns
+
+    def create(self, envelope: Envelope, at: datetime | int | None = None) -> Handoff:
+        """Start a handoff: emit its `create` span now (a child of the caller's current span,
+        or a new trace's root) and return the Handoff in state `created`."""
+        if not isinstance(envelope, Envelope):
+            raise TypeError(f"envelope: expected an Envelope, got {type(envelope).__name__}")
+        start_ns = _to_ns(at, self._clock)
+        attrs = _envelope_attributes(envelope, self._filter)
+        attrs.update(
+            {
+                sc.TASK_ID: envelope.task_id,
+                sc.HANDOFF_ID: envelope.handoff_id,
+                sc.EVENT: "create",
+                sc.FROM_STATE: "",
+                sc.TO_STATE: "created",
+                sc.ACTOR: self.actor,
+                sc.GEN_AI_AGENT_NAME: self.actor,
+                sc.GEN_AI_OPERATION_NAME: "handoff.create",
+            }
+        )
+        span = self._tracer.start_span("handoff.create", attributes=attrs, start_time=start_ns)
+        span.end(end_time=start_ns)
+        h = Handoff(self, envelope, span.get_span_context(), str(State.CREATED))
+        h._last = ("handoff.create", attrs)
+        return h
+
+    def receive(self, wire: Mapping[str, Any]) -> Handoff:
+        """The handoff a sender's `Handoff.to_wire()` describes, on this (receiving) side.
+
+        Emits no span. Later transitions join the sender's trace (from `traceparent`). The
+        state is taken from the wire (`created` when absent). Raises EnvelopeError on a bad
+        envelope, a missing/invalid traceparent or an unknown state.
+        """
+        envelope = Envelope.from_wire(wire)
+        if "traceparent" not in wire:
+            raise EnvelopeError(
+                "traceparent", "required field missing (the sender's trace context)"
+            )
+        anchor = parse_traceparent(wire["traceparent"])
+        state = wire.get("state") or "created"
+        if state not in _STATES:
+            raise EnvelopeError("state", f"unknown state {state!r}")
+        return Handoff(self, envelope, anchor, str(state))
+
+
+class Handoff:
+    """One handoff as seen by one agent. Each event method emits one span immediately.
+
+    Methods take `at` (aware datetime or int ns since the epoch; None = the tracer's clock)
+    and the optional transition attributes of `transition`. They return the state after.
+    Thread-safe: transitions of one Handoff are serialized.
+    """
+
+    __slots__ = (
+        "_anchor",
+        "_base",
+        "_last",
+        "_lock",
+        "_parent_ctx",
+        "_t",
+        "_wire",
+        "envelope",
+        "state",
+    )
+
+    def __init__(
+        self, tracer: HandoffTracer, envelope: Envelope, anchor: SpanContext, state: str
+    ) -> None:
+        self._t = tracer
+        self.envelope = envelope
+        self.state = state
+        self._anchor = anchor
+        self._parent_ctx = trace.set_span_in_context(NonRecordingSpan(anchor))
+        self._base = {
+            sc.TASK_ID: envelope.task_id,
+            sc.HANDOFF_ID: envelope.handoff_id,
+            sc.ACTOR: tracer.actor,
+            sc.GEN_AI_AGENT_NAME: tracer.actor,
+        }
+        self._lock = threading.Lock()
+        self._last: tuple[str, dict[str, Any]] | None = None
+        self._wire: dict[str, Any] | None = None
+
+    # -- identity ---------------------------------------------------------------------------
+
+    @property
+    def handoff_id(self) -> str:
+        return self.envelope.handoff_id
+
+    @property
+    def task_id(self) -> str:
+        return self.envelope.task_id
+
+    @property
+    def trace_id(self) -> str:
+        """The handoff's trace id (the sender's), 32 lower-case hex digits."""
+        return f"{self._anchor.trace_id:032x}"
+
+    @property
+    def traceparent(self) -> str:
+        """W3C traceparent pointing at the handoff's anchor (the sender's `create` span)."""
+        return format_traceparent(self._anchor)
+
+    @property
+    def actor(self) -> str:
+        return self._t.actor
+
+    def to_wire(self) -> dict[str, Any]:
+        """JSON-able dict for the receiver: the envelope fields, `traceparent` and `state`."""
+        if self._wire is None:
+            self._wire = self.envelope.to_wire()
+            self._wire["traceparent"] = self.traceparent
+        d = dict(self._wire)
+        d["state"] = str(self.state)
+        return d
+
+    def __repr__(self) -> str:
+        return (
+            f"Handoff(handoff_id={self.handoff_id!r}, state={self.state!r}, actor={self.actor!r})"
+        )
+
+    # -- transitions ------------------------------------------------------------------------
+
+    def transition(
+        self,
+        event: str,
+        at: datetime | int | None = None,
+        *,
+        error_code: str | None = None,
+        fence_token: int | None = None,
+        state_version: int | None = None,
+        payload_hash: str | None = None,
+        evidence_count: int | None = None,
+        evidence_valid: bool | None = None,
+        evidence_refs: Iterable[str | EvidenceRef] | None = None,
+        receipt_status: str | None = None,
+        receipt_hash: str | None = None,
+        result_version: str | None = None,
+        execution_id: str | None = None,
+        execution_version: str | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> str:
+        """Apply `event` and emit its span (start time `at`). Returns the state after.
+
+        Raises IllegalTransition for an unknown event or `create` (both modes), and in strict
+        mode for an event the table does not allow from the current state (no span, state
+        unchanged). Raises ValueError naming the attribute on a wrongly typed attribute
+        (ints are int, evidence_valid a bool); `extra` may add `handoff.*` (or other) keys
+        but not override the contract's identity keys.
+        """
+        start_ns = _to_ns(at, self._t._clock)
+        a = self._base.copy()
+        if error_code is not None:
+            if not isinstance(error_code, str):
+                raise _bad("error_code", "str", error_code)
+            a[sc.ERROR_CODE] = error_code
+        if fence_token is not None:
+            if type(fence_token) is not int:
+                raise _bad("fence_token", "int", fence_token)
+            a[sc.FENCE_TOKEN] = fence_token
+        if state_version is not None:
+            if type(state_version) is not int:
+                raise _bad("state_version", "int", state_version)
+            a[sc.STATE_VERSION] = state_version
+        if payload_hash is not None:
+            if not isinstance(payload_hash, str):
+                raise _bad("payload_hash", "str", payload_hash)
+            a[sc.PAYLOAD_HASH] = payload_hash
+        if evidence_count is not None:
+            if type(evidence_count) is not int or evidence_count < 0:
+                raise _bad("evidence_count", "int >= 0", evidence_count)
+            a[sc.EVIDENCE_COUNT] = evidence_count
+        if evidence_valid is not None:
+            if type(evidence_valid) is not bool:
+                raise _bad("evidence_valid", "bool", evidence_valid)
+            a[sc.EVIDENCE_VALID] = evidence_valid
+        if evidence_refs is not None:
+            if isinstance(evidence_refs, str):
+                raise _bad("evidence_refs", "a list of ids", evidence_refs)
+            refs = tuple(r.id if isinstance(r, EvidenceRef) else r for r in evidence_refs)
+            for r in refs:
+                if not isinstance(r, str):
+                    raise _bad("evidence_refs", "a list of str ids", r)
+            a[sc.EVIDENCE_REFS] = refs
+        for name, key, value in (
+            ("receipt_status", sc.RECEIPT_STATUS, receipt_status),
+            ("receipt_hash", sc.RECEIPT_HASH, receipt_hash),
+            ("result_version", sc.RESULT_VERSION, result_version),
+            ("execution_id", sc.EXECUTION_ID, execution_id),
+            ("execution_version", sc.EXECUTION_VERSION, execution_version),
+        ):
+            if value is not None:
+                if not isinstance(value, str):
+                    raise _bad(name, "str", value)
+                a[key] = value
+        if extra:
+            for k in extra:
+                if not isinstance(k, str) or k in _RESERVED:
+                    raise ValueError(f"extra: key {k!r} is not allowed (reserved or not a string)")
+            a.update(extra)
+
+        event = str(event)
+        name = _SPAN_NAME.get(event)
+        if name is None or event == "create":
+            reason = "create is not an event of an existing handoff" if event == "create" else None
+            raise IllegalTransition(self.state, event, reason or f"unknown event {event!r}")
+        a[sc.EVENT] = event
+        a[sc.GEN_AI_OPERATION_NAME] = name
+        with self._lock:
+            src = self.state
+            dst = _TABLE.get((src, event))
+            a[sc.FROM_STATE] = src
+            if dst is None:
+                exc = IllegalTransition(src, event)
+                if self._t.strict:
+                    raise exc
+                a[sc.TO_STATE] = _EVENT_TARGET[event]
+                a[sc.VALID] = False
+                a[sc.INVALID_REASON] = str(exc)
+            else:
+                a[sc.TO_STATE] = dst
+            self._emit(name, a, start_ns)
+            self._last = (name, a)
+            if dst is not None:
+                self.state = dst
+            return self.state
+
+    def redeliver(self, at: datetime | int | None = None) -> None:
+        """Re-emit the last transition as a NEW span with the same attributes (an
+        at-least-once duplicate delivery). The state does not change. Raises
+        IllegalTransition when this Handoff object has emitted nothing yet."""
+        start_ns = _to_ns(at, self._t._clock)
+        with self._lock:
+            if self._last is None:
+                raise IllegalTransition(
+                    self.state, "redeliver", "nothing to redeliver: no transition emitted yet"
+                )
+            name, a = self._last
+            self._emit(name, a, start_ns)
+
+    def _emit(self, name: str, attrs: dict[str, Any], start_ns: int) -> None:
+        cur = trace.get_current_span().get_span_context()
+        if cur.is_valid and cur.trace_id == self._anchor.trace_id:
+            span = self._t._tracer.start_span(name, attributes=attrs, start_time=start_ns)
+        else:
+            links = (Link(cur),) if cur.is_valid else None
+            span = self._t._tracer.start_span(
+                name, context=self._parent_ctx, attributes=attrs, start_time=start_ns, links=links
+            )
+        span.end(end_time=start_ns)
+
+    # -- one method per event (the table in collector/contract.py decides legality) ---------
+
+    def accept(self, at: datetime | int | None = None, **attrs: Any) -> str:
+        return self.transition("accept", at, **attrs)
+
+    def reject(self, at: datetime | int | None = None, **attrs: Any) -> str:
+        return self.transition("reject", at, **attrs)
+
+    def expire(self, at: datetime | int | None = None, **attrs: Any) -> str:
+        return self.transition("expire", at, **attrs)
+
+    def timeout(self, at: datetime | int | None = None, **attrs: Any) -> str:
+        return self.transition("timeout", at, **attrs)
+
+    def start(self, at: datetime | int | None = None, **attrs: Any) -> str:
+        return self.transition("start", at, **attrs)
+
+    def prepare(self, at: datetime | int | None = None, **attrs: Any) -> str:
+        return self.transition("prepare", at, **attrs)
+
+    def commit(self, at: datetime | int | None = None, **attrs: Any) -> str:
+        return self.transition("commit", at, **attrs)
+
+    def fail(self, at: datetime | int | None = None, **attrs: Any) -> str:
+        return self.transition("fail", at, **attrs)
+
+    def verify(self, at: datetime | int | None = None, **attrs: Any) -> str:
+        return self.transition("verify", at, **attrs)
+
+    def verify_fail(self, at: datetime | int | None = None, **attrs: Any) -> str:
+        return self.transition("verify_fail", at, **attrs)
+
+    def resolve_committed(self, at: datetime | int | None = None, **attrs: Any) -> str:
+        return self.transition("resolve_committed", at, **attrs)
+
+    def resolve_failed(self, at: datetime | int | None = None, **attrs: Any) -> str:
+        return self.transition("resolve_failed", at, **attrs)
+
+    def cancel(self, at: datetime | int | None = None, **attrs: Any) -> str:
+        return self.transition("cancel", at, **attrs)
+
+    def escalate(self, at: datetime | int | None = None, **attrs: Any) -> str:
+        return self.transition("escalate", at, **attrs)
