@@ -1,0 +1,224 @@
+"""Cached loaders: the analytics functions wrapped in st.cache_data, the client in cache_resource.
+
+Cache keys are plain values (store URL, database, ISO times) so they hash cheaply; the
+client is looked up inside each loader. TTL_S bounds how stale a number can be (seconds).
+Errors surface as StoreUnavailable (the store) or QueryFailed (a query), both with a
+message for the user; pages show them through `_ui.guard()`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import streamlit as st
+
+import analytics
+from dashboard._store import StoreTarget, StoreUnavailable, open_client, resolve_target
+from handoffs import settings
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from clickhouse_connect.driver.client import Client
+
+__all__ = [
+    "TTL_S",
+    "QueryFailed",
+    "Source",
+    "anomalies",
+    "evidence_package",
+    "find_handoffs",
+    "funnel",
+    "handoffs_behind",
+    "latencies",
+    "source",
+    "task_stats",
+    "verify_package",
+    "weekly_report",
+]
+
+#: Seconds a loaded result is reused; the overview's auto-refresh cannot be faster than this.
+TTL_S = 30
+
+
+class QueryFailed(RuntimeError):
+    """A loader failed for a reason other than bad input; message meant for the user."""
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """The store the app reads, as plain strings (cache keys) plus the parsed target."""
+
+    store: str
+    database: str
+    target: StoreTarget
+
+
+def source() -> Source:
+    """The store from HANDOFFS_STORE / HANDOFFS_DATABASE (set by `handoffs dashboard`)."""
+    store = settings.resolve(settings.STORE)
+    database = settings.resolve(settings.DATABASE)
+    target = resolve_target(store, database)
+    return Source(store=store, database=target.database, target=target)
+
+
+@st.cache_resource(show_spinner=False)
+def _client(store: str, database: str) -> Client:
+    # One client per store for all sessions: the HTTP client pools connections and sends no
+    # session id (concurrent queries in one ClickHouse session would be refused).
+    return open_client(resolve_target(store, database))
+
+
+def client(src: Source) -> Client:
+    """The shared client for `src`; raises StoreUnavailable with a message for the user."""
+    return _client(src.store, src.database)
+
+
+def _window(start: str, end: str, as_of: str | None) -> analytics.Window:
+    return analytics.Window(
+        start=datetime.fromisoformat(start),
+        end=datetime.fromisoformat(end),
+        as_of=datetime.fromisoformat(as_of) if as_of else None,
+    )
+
+
+def _call(fn: Any, store: str, database: str, **kwargs: Any) -> Any:
+    c = _client(store, database)
+    try:
+        return fn(c, database=database, **kwargs)
+    except (StoreUnavailable, ValueError, LookupError):
+        raise
+    except Exception as exc:  # the store went away or refused the query
+        text = " ".join(str(exc).split())[:300]
+        raise QueryFailed(f"The store did not answer {fn.__name__}(): {text}") from exc
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False, max_entries=256)
+def funnel(
+    store: str,
+    database: str,
+    start: str,
+    end: str,
+    as_of: str | None,
+    by: tuple[str, ...] = (),
+    tenant: str | None = None,
+    bucket: str | None = None,
+) -> pd.DataFrame:
+    """analytics.funnel over [start, end) (ISO UTC); see its docstring for the columns."""
+    return _call(
+        analytics.funnel,
+        store,
+        database,
+        window=_window(start, end, as_of),
+        by=by,
+        tenant=tenant,
+        bucket=bucket,
+    )
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False, max_entries=64)
+def latencies(
+    store: str,
+    database: str,
+    start: str,
+    end: str,
+    as_of: str | None,
+    by: tuple[str, ...] = (),
+    tenant: str | None = None,
+) -> pd.DataFrame:
+    """analytics.latencies (milliseconds)."""
+    return _call(
+        analytics.latencies,
+        store,
+        database,
+        window=_window(start, end, as_of),
+        by=by,
+        tenant=tenant,
+    )
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False, max_entries=64)
+def task_stats(
+    store: str, database: str, start: str, end: str, as_of: str | None, tenant: str | None = None
+) -> dict:
+    """analytics.task_stats."""
+    return _call(
+        analytics.task_stats, store, database, window=_window(start, end, as_of), tenant=tenant
+    )
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False, max_entries=128)
+def anomalies(
+    store: str,
+    database: str,
+    start: str,
+    end: str,
+    as_of: str | None,
+    tenant: str | None = None,
+    examples: int = 5,
+) -> pd.DataFrame:
+    """analytics.anomalies: one row per kind (count 0 included)."""
+    return _call(
+        analytics.anomalies,
+        store,
+        database,
+        window=_window(start, end, as_of),
+        tenant=tenant,
+        examples=examples,
+    )
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False, max_entries=128)
+def handoffs_behind(
+    store: str,
+    database: str,
+    start: str,
+    end: str,
+    as_of: str | None,
+    stage: str = "settled",
+    tenant: str | None = None,
+    filters: tuple[tuple[str, str], ...] = (),
+    anomaly: str | None = None,
+    limit: int = 200,
+) -> pd.DataFrame:
+    """analytics.handoffs_behind; `filters` as sorted (dimension, value) pairs."""
+    return _call(
+        analytics.handoffs_behind,
+        store,
+        database,
+        window=_window(start, end, as_of),
+        stage=stage,
+        tenant=tenant,
+        filters=dict(filters) or None,
+        anomaly=anomaly,
+        limit=limit,
+    )
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False, max_entries=64)
+def find_handoffs(store: str, database: str, query: str, limit: int = 50) -> pd.DataFrame:
+    """analytics.find_handoffs: by handoff_id, task_id or idempotency key."""
+    return _call(analytics.find_handoffs, store, database, query=query, limit=limit)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False, max_entries=64)
+def evidence_package(store: str, database: str, handoff_id: str) -> dict | None:
+    """analytics.evidence_package, or None when the handoff does not exist."""
+    return _call(analytics.evidence_package, store, database, handoff_id=handoff_id)
+
+
+def verify_package(src: Source, package: dict) -> analytics.VerifyResult:
+    """analytics.verify_package, never cached: an integrity check must look at the store now."""
+    c = client(src)
+    try:
+        return analytics.verify_package(c, package, database=src.database)
+    except Exception as exc:
+        text = " ".join(str(exc).split())[:300]
+        raise QueryFailed(f"The integrity check could not run: {text}") from exc
+
+
+@st.cache_data(ttl=300, show_spinner=False, max_entries=32)
+def weekly_report(store: str, database: str, week: str, fmt: str) -> str:
+    """analytics.weekly_report for an ISO week ("2026-W48"), as HTML or Markdown text."""
+    return _call(analytics.weekly_report, store, database, week=week, fmt=fmt)

@@ -1,0 +1,298 @@
+"""Shared page pieces: the store guard, window and tenant pickers, number formats, links.
+
+Formats: rates are fractions shown as percent with one decimal ("93.1%"); an undefined rate
+(None or NaN, an empty denominator) is "—", never 0 or 1. Counts use thousands separators.
+Times are UTC. Query parameters (`from`, `to`, `as_of`, `tenant`, `handoff_id`) are read
+once when they arrive, then the widgets own the values.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+import streamlit as st
+
+from dashboard import _data
+from dashboard._store import StoreUnavailable
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = [
+    "ALL_TENANTS",
+    "DASH",
+    "RANGES",
+    "Picked",
+    "arrived_params",
+    "delta_count",
+    "delta_rate",
+    "explorer_link",
+    "fmt_count",
+    "fmt_rate",
+    "guard",
+    "handoffs_table",
+    "is_undefined",
+    "parse_utc",
+    "pickers",
+    "start_page",
+]
+
+DASH = "—"
+ALL_TENANTS = "All tenants"
+#: Preset ranges (label -> length); "Custom" reads the from/to inputs.
+RANGES: dict[str, timedelta | None] = {
+    "Last hour": timedelta(hours=1),
+    "Last 6 hours": timedelta(hours=6),
+    "Last 24 hours": timedelta(hours=24),
+    "Last 7 days": timedelta(days=7),
+    "Last 30 days": timedelta(days=30),
+    "Custom": None,
+}
+
+
+# ---------------------------------------------------------------- formats (pure)
+
+
+def is_undefined(v: Any) -> bool:
+    """True for None, NaN and pandas NA: a rate whose denominator is empty."""
+    if v is None:
+        return True
+    try:
+        return bool(math.isnan(float(v)))
+    except (TypeError, ValueError):
+        return True
+
+
+def fmt_rate(v: Any) -> str:
+    """A fraction as "12.3%", or "—" when undefined."""
+    return DASH if is_undefined(v) else f"{float(v):.1%}"
+
+
+def fmt_count(v: Any) -> str:
+    """An integer count as "12,345", or "—" when missing."""
+    return DASH if is_undefined(v) else f"{int(v):,}"
+
+
+def delta_rate(cur: Any, prev: Any) -> str | None:
+    """Change in percentage points ("+1.2 pp"), None when either side is undefined."""
+    if is_undefined(cur) or is_undefined(prev):
+        return None
+    return f"{(float(cur) - float(prev)) * 100:+.1f} pp"
+
+
+def delta_count(cur: Any, prev: Any) -> str | None:
+    """Change of a count ("+12"), None when either side is missing."""
+    if is_undefined(cur) or is_undefined(prev):
+        return None
+    return f"{int(cur) - int(prev):+,}"
+
+
+def parse_utc(text: str, *, field: str) -> datetime:
+    """ISO-8601 text (a trailing Z allowed; naive means UTC) as an aware UTC datetime.
+
+    Raises ValueError naming `field` when the text is not a date/time.
+    """
+    raw = text.strip()
+    try:
+        dt = datetime.fromisoformat(raw[:-1] + "+00:00" if raw.endswith(("Z", "z")) else raw)
+    except ValueError:
+        raise ValueError(
+            f"{field}: {text!r} is not an ISO-8601 time such as 2026-11-23T00:00:00Z"
+        ) from None
+    return dt.replace(tzinfo=UTC) if dt.tzinfo is None else dt.astimezone(UTC)
+
+
+def explorer_link(handoff_id: str) -> str:
+    """Relative URL of the explorer page opened on one handoff (a deep link)."""
+    from urllib.parse import quote
+
+    return f"explorer?handoff_id={quote(str(handoff_id), safe='')}"
+
+
+# ---------------------------------------------------------------- page plumbing
+
+
+@contextmanager
+def guard() -> Iterator[None]:
+    """Show store and query failures as a message and stop the page (never a traceback)."""
+    try:
+        yield
+    except StoreUnavailable as exc:
+        st.error(str(exc), icon=":material/cloud_off:")
+        st.stop()
+    except _data.QueryFailed as exc:
+        st.error(
+            f"{exc}. The numbers cannot be shown right now; retry in a moment.",
+            icon=":material/error:",
+        )
+        st.stop()
+    except ValueError as exc:
+        st.warning(f"Invalid input: {exc}", icon=":material/warning:")
+        st.stop()
+
+
+def start_page(title: str) -> _data.Source:
+    """Title, store caption in the sidebar, and the connected source (or a message and stop)."""
+    st.title(title)
+    with guard():
+        src = _data.source()
+        st.sidebar.caption(f"Store: {src.target.spec.describe()} · database `{src.database}`")
+        _data.client(src)
+    return src
+
+
+def arrived_params(page: str, keys: tuple[str, ...]) -> dict[str, str]:
+    """Query parameters among `keys` that arrived since this page last read them (else {}).
+
+    Deep links are read once on arrival: after that the page's widgets own the values, and
+    reruns do not reset what the user changed.
+    """
+    now = {k: st.query_params[k] for k in keys if k in st.query_params}
+    seen_key = f"_qp_seen_{page}"
+    if not now or st.session_state.get(seen_key) == now:
+        return {}
+    st.session_state[seen_key] = now
+    return now
+
+
+@dataclass(frozen=True, slots=True)
+class Picked:
+    """The user's window and tenant as loader arguments (ISO UTC strings)."""
+
+    start: datetime
+    end: datetime
+    as_of: datetime | None
+    tenant: str | None
+    preset: timedelta | None = None  # a "Last ..." range: it moves with the clock
+
+    def refreshed(self) -> Picked:
+        """For a preset range, the same length ending now (auto-refresh); custom stays put."""
+        if self.preset is None:
+            return self
+        end = _now_minute()
+        return Picked(
+            start=end - self.preset,
+            end=end,
+            as_of=self.as_of,
+            tenant=self.tenant,
+            preset=self.preset,
+        )
+
+    @property
+    def args(self) -> tuple[str, str, str | None]:
+        return (
+            self.start.isoformat(),
+            self.end.isoformat(),
+            self.as_of.isoformat() if self.as_of else None,
+        )
+
+    def previous(self) -> Picked:
+        """The period of equal length just before this one (for deltas)."""
+        span = self.end - self.start
+        return Picked(start=self.start - span, end=self.start, as_of=self.as_of, tenant=self.tenant)
+
+    @property
+    def bucket(self) -> str:
+        """Trend granularity: hourly up to three days, daily beyond."""
+        return "hour" if self.end - self.start <= timedelta(days=3) else "day"
+
+    def describe(self) -> str:
+        fmt = "%Y-%m-%d %H:%M"
+        tail = f", as of {self.as_of.strftime(fmt)}" if self.as_of else ""
+        return f"{self.start.strftime(fmt)} → {self.end.strftime(fmt)} UTC{tail}"
+
+
+def _now_minute() -> datetime:
+    # Round "now" up to the next minute so reruns within a minute share cache entries.
+    now = datetime.now(UTC).replace(second=0, microsecond=0)
+    return now + timedelta(minutes=1)
+
+
+def pickers(src: _data.Source, page: str, *, tenant_picker: bool = True) -> Picked:
+    """Sidebar time-range and tenant pickers; query params from/to/as_of/tenant seed them.
+
+    Shows a warning and stops the page on a bad custom time (naming the field) or an empty
+    range. The tenant list comes from the handoffs in the window.
+    """
+    ss = st.session_state
+    got = arrived_params(page, ("from", "to", "as_of", "tenant"))
+    if "from" in got or "to" in got:
+        ss["w_range"] = "Custom"
+        ss["w_from"] = got.get("from", ss.get("w_from", ""))
+        ss["w_to"] = got.get("to", ss.get("w_to", ""))
+    if "as_of" in got:
+        ss["w_as_of"] = got["as_of"]
+    if "tenant" in got:
+        ss["w_tenant"] = got["tenant"]
+    ss.setdefault("w_range", "Last 24 hours")
+    end_default = _now_minute()
+    ss.setdefault("w_from", (end_default - timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    ss.setdefault("w_to", end_default.strftime("%Y-%m-%dT%H:%M:%SZ"))
+
+    sb = st.sidebar
+    sb.selectbox("Time range", list(RANGES), key="w_range", persist_state="session")
+    preset: timedelta | None = None
+    with guard():
+        if ss["w_range"] == "Custom":
+            sb.text_input("From (UTC, ISO-8601)", key="w_from", persist_state="session")
+            sb.text_input("To (UTC, ISO-8601)", key="w_to", persist_state="session")
+            start = parse_utc(ss["w_from"], field="From")
+            end = parse_utc(ss["w_to"], field="To")
+            if end <= start:
+                raise ValueError(f"To ({end.isoformat()}) must be after From ({start.isoformat()})")
+        else:
+            end = end_default
+            preset = RANGES[ss["w_range"]] or timedelta(days=1)
+            start = end - preset
+        as_of = parse_utc(ss["w_as_of"], field="as_of") if ss.get("w_as_of") else None
+
+    tenant: str | None = None
+    if tenant_picker:
+        with guard():
+            by_tenant = _data.funnel(
+                src.store,
+                src.database,
+                start.isoformat(),
+                end.isoformat(),
+                as_of.isoformat() if as_of else None,
+                by=("tenant",),
+            )
+        options = (
+            [ALL_TENANTS, *sorted(str(t) for t in by_tenant["tenant"].tolist())]
+            if len(by_tenant)
+            else [ALL_TENANTS]
+        )
+        if ss.get("w_tenant") and ss["w_tenant"] not in options:
+            options.append(ss["w_tenant"])  # a tenant from a link with no handoffs in this window
+        ss.setdefault("w_tenant", ALL_TENANTS)
+        sb.selectbox("Tenant", options, key="w_tenant", persist_state="session")
+        tenant = None if ss["w_tenant"] == ALL_TENANTS else ss["w_tenant"]
+    picked = Picked(start=start, end=end, as_of=as_of, tenant=tenant, preset=preset)
+    sb.caption(picked.describe())
+    return picked
+
+
+def handoffs_table(df: pd.DataFrame, *, key: str | None = None, height: int | str = "auto") -> None:
+    """A table of handoffs whose ids link into the explorer (opens in a new tab)."""
+    if df is None or len(df) == 0:
+        st.info("No handoffs match.", icon=":material/info:")
+        return
+    view = df.copy()
+    view.insert(0, "open", [explorer_link(h) for h in view["handoff_id"]])
+    st.dataframe(
+        view,
+        hide_index=True,
+        key=key,
+        height=height,
+        column_config={
+            "open": st.column_config.LinkColumn(
+                "handoff", display_text=r"explorer\?handoff_id=(.*)", width="medium"
+            ),
+            "handoff_id": None,
+        },
+    )

@@ -1,0 +1,82 @@
+"""Anomalies: each kind with its count, delta against the previous period, and a trend
+(counts over six equal slices of the window); examples link into the explorer."""
+
+import streamlit as st
+
+from dashboard import _charts, _data, _ui
+
+TREND_SLICES = 6
+
+src = _ui.start_page("Anomalies")
+p = _ui.pickers(src, "anomalies")
+
+with _ui.guard():
+    cur = _data.anomalies(src.store, src.database, *p.args, tenant=p.tenant)
+    prev = _data.anomalies(src.store, src.database, *p.previous().args, tenant=p.tenant)
+    step = (p.end - p.start) / TREND_SLICES
+    slices = [
+        _data.anomalies(
+            src.store,
+            src.database,
+            (p.start + i * step).isoformat(),
+            (p.start + (i + 1) * step).isoformat(),
+            p.args[2],
+            tenant=p.tenant,
+            examples=0,
+        )
+        for i in range(TREND_SLICES)
+    ]
+
+if not len(cur):
+    st.info("No anomaly kinds were reported.", icon=":material/inbox:")
+    st.stop()
+
+prev_counts = dict(zip(prev["kind"], prev["count"], strict=True)) if len(prev) else {}
+trend = {
+    k: [int(dict(zip(s["kind"], s["count"], strict=True)).get(k, 0)) for s in slices]
+    for k in cur["kind"]
+}
+total = int(cur["count"].sum())
+st.caption(f"{total:,} anomalies in {p.describe()}" + (f" · tenant {p.tenant}" if p.tenant else ""))
+
+rows = list(cur.itertuples(index=False))
+for start in range(0, len(rows), 5):
+    cols = st.columns(5)
+    for col, r in zip(cols, rows[start : start + 5], strict=False):
+        col.metric(
+            str(r.kind).replace("_", " "),
+            f"{int(r.count):,}",
+            _ui.delta_count(r.count, prev_counts.get(r.kind)),
+            delta_color="inverse",
+            help=str(r.description),
+            chart_data=trend[r.kind],
+            chart_type="bar",
+            border=True,
+        )
+
+st.plotly_chart(_charts.anomaly_bars(cur), key="an_bars")
+
+st.subheader("Examples")
+kinds = [str(k) for k in cur["kind"]]
+counts = dict(zip(cur["kind"], cur["count"], strict=True))
+kind = st.selectbox(
+    "Anomaly kind",
+    kinds,
+    index=next((i for i, k in enumerate(kinds) if counts[k]), 0),
+    format_func=lambda k: f"{k} ({int(counts[k]):,})",
+    key="an_kind",
+)
+row = cur[cur["kind"] == kind].iloc[0]
+st.markdown(f"**{kind}** — {row['description']}")
+if not int(row["count"]):
+    st.info("None in this window.", icon=":material/check_circle:")
+else:
+    with _ui.guard():
+        df = _data.handoffs_behind(
+            src.store, src.database, *p.args, stage="all", tenant=p.tenant, anomaly=kind
+        )
+    if len(df):
+        _ui.handoffs_table(df, key="an_behind_table")
+    else:
+        for hid in list(row["examples"])[:20]:
+            st.markdown(f"- [{hid}]({_ui.explorer_link(hid)})")

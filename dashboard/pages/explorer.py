@@ -1,0 +1,143 @@
+"""Handoff explorer: one handoff's evidence package, its integrity check, and a JSON download.
+
+Find by handoff_id, task_id or idempotency key; `?handoff_id=...` opens one directly (read
+once on arrival). The integrity check runs against the store as it is now, never cached.
+"""
+
+import json
+
+import pandas as pd
+import streamlit as st
+
+from dashboard import _charts, _data, _ui
+
+src = _ui.start_page("Handoff explorer")
+
+got = _ui.arrived_params("explorer", ("handoff_id",))
+if got:
+    st.session_state["ex_query"] = got["handoff_id"]
+st.session_state.setdefault("ex_query", "")
+query = st.text_input(
+    "Handoff id, task id or idempotency key",
+    key="ex_query",
+    placeholder="e.g. h-3f2a…",
+    persist_state="session",
+).strip()
+
+if not query:
+    st.info(
+        "Enter a handoff id, a task id or an idempotency key to open its evidence package.",
+        icon=":material/search:",
+    )
+    st.stop()
+
+with _ui.guard():
+    package = _data.evidence_package(src.store, src.database, query)
+    if package is None:
+        matches = _data.find_handoffs(src.store, src.database, query)
+        if len(matches) == 0:
+            st.warning(
+                f"No handoff found with handoff id, task id or idempotency key “{query}”. "
+                "Check the id, or widen what the store holds (raw spans are kept 30 days, transitions 400).",
+                icon=":material/search_off:",
+            )
+            st.stop()
+        if len(matches) == 1:
+            package = _data.evidence_package(
+                src.store, src.database, str(matches["handoff_id"].iloc[0])
+            )
+        else:
+            st.caption(f"{len(matches)} handoffs match “{query}”.")
+            ids = [str(h) for h in matches["handoff_id"]]
+            pick = st.selectbox(
+                "Open handoff", ids, index=None, placeholder="Pick one", key="ex_pick"
+            )
+            _ui.handoffs_table(matches, key="ex_matches")
+            if pick is None:
+                st.stop()
+            package = _data.evidence_package(src.store, src.database, pick)
+    if package is None:
+        st.warning(
+            f"Handoff “{query}” has no created transition in the store.",
+            icon=":material/search_off:",
+        )
+        st.stop()
+
+hid = package["handoff_id"]
+terminal = package.get("terminal") or {}
+transitions = package.get("transitions") or []
+env = package.get("envelope") or {}
+st.subheader(f"Handoff {hid}")
+m = st.columns(5)
+m[0].metric("Task", str(package.get("task_id") or _ui.DASH))
+m[1].metric("Tenant", str(package.get("tenant") or _ui.DASH))
+m[2].metric("Mode", str(env.get("mode") or _ui.DASH))
+m[3].metric("Terminal state", str(terminal.get("state") or "in flight"))
+m[4].metric("Transitions", f"{len(transitions):,}")
+
+with _ui.guard():
+    verdict = _data.verify_package(src, package)
+if verdict.ok:
+    st.success(
+        "Integrity check passed: the stored transitions match the package and the ingest ledger.",
+        icon=":material/verified:",
+    )
+else:
+    st.error(
+        "Integrity check FAILED:\n\n" + "\n".join(f"- {p}" for p in verdict.problems),
+        icon=":material/gpp_bad:",
+    )
+
+st.plotly_chart(_charts.timeline_figure(transitions), key="ex_timeline")
+tdf = pd.DataFrame(transitions)
+if len(tdf):
+    st.dataframe(tdf, hide_index=True, key="ex_transitions")
+
+left, right = st.columns(2)
+with left:
+    st.markdown("**Envelope**")
+    st.json(env, expanded=2)
+    st.markdown("**Input summary**")
+    st.write(package.get("input_summary") or _ui.DASH)
+with right:
+    st.markdown("**Evidence references**")
+    refs = package.get("evidence_refs") or []
+    if refs:
+        st.dataframe(
+            pd.DataFrame(refs if isinstance(refs[0], dict) else {"evidence_ref": refs}),
+            hide_index=True,
+        )
+    else:
+        st.write("none")
+    st.markdown("**Terminal state and receipt**")
+    st.json(terminal, expanded=True)
+    st.markdown("**Execution**")
+    st.json(package.get("execution") or {}, expanded=False)
+
+found = package.get("anomalies") or []
+st.markdown("**Anomalies**")
+if found:
+    for a in found:
+        st.markdown(f"- {a if isinstance(a, str) else json.dumps(a, default=str)}")
+else:
+    st.write("none")
+
+st.markdown("**Other spans of the trace**")
+related = package.get("related_spans") or []
+if related:
+    st.dataframe(pd.DataFrame(related), hide_index=True, key="ex_related")
+else:
+    st.write("none stored (raw spans are kept 30 days)")
+
+with st.expander("Integrity section"):
+    st.json(package.get("integrity") or {}, expanded=False)
+
+st.download_button(
+    "Download evidence package (JSON)",
+    json.dumps(package, indent=2, sort_keys=True, default=str),
+    file_name=f"evidence-{hid}.json",
+    mime="application/json",
+    on_click="ignore",
+    icon=":material/download:",
+    key="ex_download",
+)

@@ -1,0 +1,133 @@
+"""Overview: KPI tiles with deltas against the previous period, the funnel, trends.
+
+Every tile can list the handoffs behind it (links into the explorer). Optional auto-refresh
+for a wall screen re-runs only the body (st.fragment), moving a "Last ..." range with the clock.
+"""
+
+import streamlit as st
+
+from dashboard import _charts, _data, _ui
+
+#: (funnel column, tile label, kind, handoffs_behind stage, help). kind: rate | count.
+KPIS = (
+    ("p_e2e", "P_e2e", "rate", "committed", "committed with valid evidence / settled"),
+    ("p_accept", "P_accept", "rate", "accepted", "accepted (or later) / settled"),
+    ("p_execute", "P_execute", "rate", "executed", "produced a result / accepted"),
+    ("p_evidence", "P_evidence", "rate", "evidenced", "result backed by valid evidence / executed"),
+    ("p_commit", "P_commit", "rate", "committed", "committed / evidenced"),
+    (
+        "unknown_rate",
+        "Unknown rate",
+        "rate",
+        "unknown",
+        "settled handoffs that ever entered unknown / settled",
+    ),
+    (
+        "escalation_rate",
+        "Escalation rate",
+        "rate",
+        "escalated",
+        "mode escalate or reached escalated / settled",
+    ),
+    (
+        "unresolved_now",
+        "Unknown, unresolved now",
+        "count",
+        "unresolved",
+        "in unknown and not resolved as of now",
+    ),
+    (
+        "in_flight",
+        "In flight",
+        "count",
+        "in_flight",
+        "created in the window, not yet settled (not in the rates)",
+    ),
+    ("volume", "Volume", "count", "all", "handoffs created in the window"),
+)
+_INVERSE = {"unknown_rate", "escalation_rate", "unresolved_now"}
+
+src = _ui.start_page("Overview")
+picked = _ui.pickers(src, "overview")
+auto = st.sidebar.toggle("Auto-refresh (wall screen)", key="ov_auto", persist_state="session")
+every = (
+    st.sidebar.selectbox(
+        "Refresh every (s)", (30, 60, 300), key="ov_every", persist_state="session"
+    )
+    if auto
+    else None
+)
+
+
+def _row(df):
+    return df.iloc[0].to_dict() if len(df) else {}
+
+
+@st.fragment(run_every=every)
+def body() -> None:
+    p = picked.refreshed() if auto else picked
+    with _ui.guard():
+        cur = _row(_data.funnel(src.store, src.database, *p.args, tenant=p.tenant))
+        prev = _row(_data.funnel(src.store, src.database, *p.previous().args, tenant=p.tenant))
+    if not cur or not cur.get("volume"):
+        st.info(
+            f"No handoffs were created in this window ({p.describe()}"
+            + (f", tenant {p.tenant}" if p.tenant else "")
+            + "). Pick a longer range, or send spans to `handoffs serve` (try `handoffs demo`).",
+            icon=":material/inbox:",
+        )
+        return
+
+    for start in (0, 5):
+        cols = st.columns(5)
+        for col, (key, label, kind, _, help_) in zip(cols, KPIS[start : start + 5], strict=True):
+            if kind == "rate":
+                value, delta = (
+                    _ui.fmt_rate(cur.get(key)),
+                    _ui.delta_rate(cur.get(key), prev.get(key)),
+                )
+            else:
+                value, delta = (
+                    _ui.fmt_count(cur.get(key)),
+                    _ui.delta_count(cur.get(key), prev.get(key)),
+                )
+            col.metric(
+                label,
+                value,
+                delta,
+                delta_color="inverse" if key in _INVERSE else "normal",
+                help=f"{help_}. Delta: against the previous {p.end - p.start} period.",
+                border=True,
+            )
+    st.caption(
+        f"{_ui.fmt_count(cur.get('settled'))} settled handoffs in {p.describe()}"
+        + (f" · tenant {p.tenant}" if p.tenant else "")
+        + ". Rates use settled handoffs; “—” means the stage had no handoffs to measure."
+    )
+
+    left, right = st.columns(2)
+    left.plotly_chart(_charts.funnel_figure(cur), key="ov_funnel")
+    with _ui.guard():
+        trend = _data.funnel(src.store, src.database, *p.args, tenant=p.tenant, bucket=p.bucket)
+    right.plotly_chart(_charts.trend_figure(trend), key="ov_trend")
+
+    st.subheader("Handoffs behind a number")
+    labels = [f"{label} — {stage.replace('_', ' ')}" for _, label, _, stage, _ in KPIS]
+    choice = st.selectbox(
+        "Number",
+        labels,
+        index=None,
+        placeholder="Pick a number to list its handoffs",
+        key="ov_behind",
+    )
+    if choice is not None:
+        stage = KPIS[labels.index(choice)][3]
+        with _ui.guard():
+            df = _data.handoffs_behind(
+                src.store, src.database, *p.args, stage=stage, tenant=p.tenant
+            )
+        st.caption(f"Up to 200 handoffs, stage `{stage}`; click one to open its evidence package.")
+        _ui.handoffs_table(df, key="ov_behind_table")
+
+
+body()

@@ -1,0 +1,89 @@
+"""Slices: the agent-pair matrix of P_e2e and tables by mode, topology, protocol, capability.
+
+Tables are worst first (lowest P_e2e; undefined last) and every slice can list its handoffs.
+"""
+
+import streamlit as st
+
+from dashboard import _charts, _data, _ui
+
+_RATE_COLS = (
+    "p_e2e",
+    "p_accept",
+    "p_execute",
+    "p_evidence",
+    "p_commit",
+    "unknown_rate",
+    "escalation_rate",
+)
+_COUNT_COLS = ("settled", "in_flight", "volume")
+_TABLES = (
+    ("mode", "Mode"),
+    ("topology", "Topology"),
+    ("protocol", "Protocol version"),
+    ("capability", "Capability"),
+)
+
+src = _ui.start_page("Slices")
+p = _ui.pickers(src, "slices")
+
+
+def _table(df, dim: str) -> None:
+    cols = [dim, *(c for c in _COUNT_COLS if c in df), *(c for c in _RATE_COLS if c in df)]
+    view = df[cols].sort_values("p_e2e", ascending=True, na_position="last", kind="stable")
+    config = {c: st.column_config.NumberColumn(c, format="percent") for c in _RATE_COLS}
+    st.dataframe(
+        view, hide_index=True, column_config=config, placeholder=_ui.DASH, key=f"sl_tab_{dim}"
+    )
+
+
+with _ui.guard():
+    pairs = _data.funnel(
+        src.store, src.database, *p.args, by=("from_agent", "to_agent"), tenant=p.tenant
+    )
+if not len(pairs) or not pairs["volume"].sum():
+    st.info(
+        f"No handoffs were created in this window ({p.describe()}). Pick a longer range, or send "
+        "spans to `handoffs serve` (try `handoffs demo`).",
+        icon=":material/inbox:",
+    )
+    st.stop()
+
+st.plotly_chart(_charts.pair_heatmap(pairs), key="sl_heatmap")
+st.caption(
+    "Cells show P_e2e of settled handoffs from the row agent to the column agent; “—”: none settled."
+)
+
+with st.expander("Agent pairs as a table (worst first)"):
+    _table(pairs.assign(pair=pairs["from_agent"] + " → " + pairs["to_agent"]), "pair")
+
+tabs = st.tabs([label for _, label in _TABLES])
+frames = {}
+for tab, (dim, _label) in zip(tabs, _TABLES, strict=True):
+    with tab:
+        with _ui.guard():
+            frames[dim] = _data.funnel(src.store, src.database, *p.args, by=(dim,), tenant=p.tenant)
+        _table(frames[dim], dim)
+
+st.subheader("Handoffs behind a slice")
+c1, c2, c3 = st.columns(3)
+dims = {"pair": "Agent pair", **dict(_TABLES)}
+dim = c1.selectbox("Dimension", list(dims), format_func=dims.get, key="sl_dim")
+if dim == "pair":
+    values = sorted(
+        f"{a}->{b}" for a, b in zip(pairs["from_agent"], pairs["to_agent"], strict=True)
+    )
+else:
+    values = sorted(str(v) for v in frames[dim][dim])
+value = c2.selectbox("Value", values, index=None, placeholder="Pick a slice", key="sl_value")
+stage = c3.selectbox(
+    "Stage",
+    ("settled", "not_accepted", "committed", "unknown", "escalated", "in_flight"),
+    key="sl_stage",
+)
+if value is not None:
+    with _ui.guard():
+        df = _data.handoffs_behind(
+            src.store, src.database, *p.args, stage=stage, tenant=p.tenant, filters=((dim, value),)
+        )
+    _ui.handoffs_table(df, key="sl_behind_table")
