@@ -1,0 +1,201 @@
+"""Each dashboard page under streamlit's AppTest, against real chDB seeded with known handoffs.
+
+The app runs inside this process, which already holds the session chDB path, so a chdb://
+store on that path is allowed (the dashboard never takes chDB's lock itself).
+"""
+
+from __future__ import annotations
+
+import socket
+from datetime import datetime
+
+import pytest
+from _dashboard_seed import IN_WINDOW, WEEK, WINDOW, seed
+from streamlit.testing.v1 import AppTest
+
+import analytics
+from dashboard import APP_PATH
+from dashboard import _ui as ui
+
+TIMEOUT = 60  # seconds per script run: generous for a loaded 2-core CI machine, not a speed assert
+
+
+def _window() -> analytics.Window:
+    return analytics.Window(
+        start=datetime.fromisoformat(WINDOW["from"]),
+        end=datetime.fromisoformat(WINDOW["to"]),
+        as_of=datetime.fromisoformat(WINDOW["as_of"]),
+    )
+
+
+@pytest.fixture
+def store_env(monkeypatch, chdb_path, chdb_client, fresh_db):
+    """HANDOFFS_STORE/DATABASE pointing the app at the seeded session store; returns the db."""
+    seed(chdb_client, fresh_db)
+    monkeypatch.setenv("HANDOFFS_STORE", f"chdb://{chdb_path}")
+    monkeypatch.setenv("HANDOFFS_DATABASE", fresh_db)
+    return fresh_db
+
+
+def _app(params: dict[str, str] | None = None, page: str | None = None) -> AppTest:
+    at = AppTest.from_file(str(APP_PATH), default_timeout=TIMEOUT)
+    for k, v in (params or {}).items():
+        at.query_params[k] = v
+    at.run()
+    if page:
+        at.switch_page(page).run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def _texts(elements) -> str:
+    return "\n".join(str(e.value) for e in elements)
+
+
+def _metrics(at) -> dict[str, str]:
+    return {m.label: m.value for m in at.metric}
+
+
+def _charts(at) -> int:
+    return len(at.get("plotly_chart"))
+
+
+def test_overview_tiles_equal_analytics_funnel(store_env, chdb_client):
+    at = _app(WINDOW)
+    got = _metrics(at)
+    row = analytics.funnel(chdb_client, database=store_env, window=_window()).iloc[0]
+    prev = analytics.funnel(
+        chdb_client,
+        database=store_env,
+        window=_window().shifted(-(_window().end - _window().start)),
+    ).iloc[0]
+    for col, label in [
+        ("p_e2e", "P_e2e"),
+        ("p_accept", "P_accept"),
+        ("p_execute", "P_execute"),
+        ("p_evidence", "P_evidence"),
+        ("p_commit", "P_commit"),
+        ("unknown_rate", "Unknown rate"),
+        ("escalation_rate", "Escalation rate"),
+    ]:
+        assert got[label] == ui.fmt_rate(row[col]), label
+    for col, label in [
+        ("in_flight", "In flight"),
+        ("volume", "Volume"),
+        ("unresolved_now", "Unknown, unresolved now"),
+    ]:
+        assert got[label] == ui.fmt_count(row[col]), label
+    assert got["Volume"] == str(len(IN_WINDOW))
+    deltas = {m.label: m.delta for m in at.metric}
+    assert deltas["P_e2e"] == ui.delta_rate(row["p_e2e"], prev["p_e2e"])
+    assert _charts(at) == 2  # funnel + trend
+    assert not at.error and not at.warning
+
+
+def test_overview_tenant_filter_and_handoffs_behind(store_env, chdb_client):
+    at = _app({**WINDOW, "tenant": "beta"})
+    row = analytics.funnel(chdb_client, database=store_env, window=_window(), tenant="beta").iloc[0]
+    assert _metrics(at)["Volume"] == ui.fmt_count(row["volume"]) == "2"
+    at.selectbox(key="ov_behind").select_index(0).run()  # P_e2e — committed
+    assert not at.exception
+    frames = at.dataframe
+    assert frames, "handoffs table missing"
+    df = frames[0].value
+    expected = analytics.handoffs_behind(
+        chdb_client, database=store_env, window=_window(), stage="committed", tenant="beta"
+    )
+    assert sorted(df["handoff_id"]) == sorted(expected["handoff_id"]) == ["h-ok-3"]
+    assert list(df["open"]) == ["explorer?handoff_id=h-ok-3"]
+
+
+def test_slices_tables_worst_first(store_env, chdb_client):
+    at = _app(WINDOW, page="pages/slices.py")
+    assert _charts(at) == 1  # the pair heatmap
+    by_mode = {d.value.columns[0]: d.value for d in at.dataframe}
+    assert {"pair", "mode", "topology", "protocol", "capability"} <= set(by_mode)
+    mode = by_mode["mode"]
+    expected = analytics.funnel(chdb_client, database=store_env, window=_window(), by=("mode",))
+    assert sorted(mode["mode"]) == sorted(expected["mode"])
+    rates = list(mode["p_e2e"].dropna())
+    assert rates == sorted(rates)  # worst first
+
+
+def test_anomalies_counts_equal_analytics(store_env, chdb_client):
+    at = _app(WINDOW, page="pages/anomalies.py")
+    expected = analytics.anomalies(chdb_client, database=store_env, window=_window())
+    got = _metrics(at)
+    for kind, count in zip(expected["kind"], expected["count"], strict=True):
+        assert got[str(kind).replace("_", " ")] == f"{int(count):,}", kind
+    assert _charts(at) == 1
+
+
+def test_deep_link_opens_the_handoff(store_env):
+    at = _app({"handoff_id": "h-ok-2"})  # on the root URL: routing opens the explorer
+    assert "Handoff h-ok-2" in _texts(at.subheader)
+    assert _metrics(at)["Terminal state"] == "committed"
+    assert _charts(at) == 1  # the swimlane timeline
+    assert at.get("download_button"), "download button missing"
+    assert at.success or at.error  # an integrity verdict is always shown
+
+
+def test_explorer_finds_by_task_and_idempotency_key(store_env):
+    at = _app(page="pages/explorer.py")
+    at.text_input(key="ex_query").input("task-h-unk").run()
+    assert "Handoff h-unk" in _texts(at.subheader)
+    at.text_input(key="ex_query").input("idem-h-rej").run()
+    assert "Handoff h-rej" in _texts(at.subheader)
+    assert not at.exception
+
+
+def test_explorer_unknown_id_says_so(store_env):
+    at = _app({"handoff_id": "no-such-handoff"})
+    assert "No handoff found" in _texts(at.warning)
+    assert not at.exception
+
+
+def test_reports_page_builds_the_week(store_env):
+    at = _app({"week": WEEK}, page="pages/reports.py")
+    assert at.selectbox(key="rp_week").value == WEEK
+    assert len(at.get("download_button")) == 2
+    assert _charts(at) == 1
+    assert at.markdown, "report preview missing"
+
+
+def test_empty_store_says_so(monkeypatch, chdb_path, fresh_db):
+    monkeypatch.setenv("HANDOFFS_STORE", f"chdb://{chdb_path}")
+    monkeypatch.setenv("HANDOFFS_DATABASE", fresh_db)
+    at = _app(WINDOW)
+    assert "No handoffs were created in this window" in _texts(at.info)
+    for page in ("pages/slices.py", "pages/anomalies.py", "pages/reports.py"):
+        at.switch_page(page).run()
+        assert not at.exception, page
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_store_down_says_so(monkeypatch):
+    monkeypatch.setenv("HANDOFFS_STORE", f"http://127.0.0.1:{_closed_port()}")
+    monkeypatch.setenv("HANDOFFS_DATABASE", "handoffs")
+    at = _app()
+    assert "Cannot reach the store" in _texts(at.error)
+    at.switch_page("pages/explorer.py").run()
+    assert "Cannot reach the store" in _texts(at.error)
+    assert not at.exception
+
+
+def test_unlocked_embedded_store_is_not_opened(monkeypatch, tmp_path):
+    monkeypatch.setenv("HANDOFFS_STORE", f"chdb://{tmp_path / 'other'}")
+    at = _app()
+    text = _texts(at.error)
+    assert "handoffs serve" in text and "--store http://127.0.0.1:" in text
+    assert not (tmp_path / "other" / "status").exists()  # chDB was never opened there
+
+
+def test_bad_custom_time_names_the_field(store_env):
+    at = _app({"from": "yesterday", "to": WINDOW["to"]})
+    assert "From" in _texts(at.warning) and "ISO-8601" in _texts(at.warning)
+    assert not at.exception
