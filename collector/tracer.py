@@ -16,19 +16,33 @@ one span. No regex, no deep copy per transition.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Final
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
-from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, TraceFlags
+from opentelemetry.trace import Link, NonRecordingSpan, SpanContext
 
 from collector import semconv as sc
 from collector._redact import InputFilter
-from collector.contract import TRANSITIONS, Event, IllegalTransition, State
+from collector._wire import (
+    EVENT_TARGET,
+    INSTRUMENTATION_NAME,
+    RESERVED,
+    SPAN_NAME,
+    STATES,
+    TABLE,
+    bad_attr,
+    default_filter,
+    envelope_attributes,
+    format_traceparent,
+    parse_traceparent,
+    synthetic_anchor,
+    to_ns,
+)
+from collector.contract import IllegalTransition, State
 from collector.envelope import Envelope, EnvelopeError, EvidenceRef
 
 if TYPE_CHECKING:
@@ -41,139 +55,6 @@ __all__ = [
     "format_traceparent",
     "parse_traceparent",
 ]
-
-INSTRUMENTATION_NAME: Final = "handoff-observatory.collector"
-_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
-_US: Final = timedelta(microseconds=1)
-
-#: The state each event leads to in the table (every event has exactly one target); used
-#: as `to_state` of a flagged illegal transition a lenient tracer emits.
-_EVENT_TARGET: Final[dict[str, str]] = {str(e): str(s) for (_f, e), s in TRANSITIONS.items()}
-_EVENT_TARGET[str(Event.CREATE)] = str(State.CREATED)
-# Plain-str keyed copy of the table: the hot path looks up (str, str) without enum work.
-_TABLE: Final[dict[tuple[str, str], str]] = {
-    (str(f), str(e)): str(s) for (f, e), s in TRANSITIONS.items()
-}
-_SPAN_NAME: Final[dict[str, str]] = {str(e): f"handoff.{e}" for e in Event}
-_STATES: Final = frozenset(str(s) for s in State)
-#: Attributes the shim owns; `extra` may not override them.
-_RESERVED: Final = frozenset(
-    {
-        sc.TASK_ID,
-        sc.HANDOFF_ID,
-        sc.EVENT,
-        sc.FROM_STATE,
-        sc.TO_STATE,
-        sc.ACTOR,
-        sc.VALID,
-        sc.INVALID_REASON,
-    }
-    | {sc.GEN_AI_AGENT_NAME, sc.GEN_AI_OPERATION_NAME}
-)
-
-_DEFAULT_FILTER: InputFilter | None = None
-
-
-def _default_filter() -> InputFilter:
-    global _DEFAULT_FILTER
-    if _DEFAULT_FILTER is None:
-        _DEFAULT_FILTER = InputFilter()
-    return _DEFAULT_FILTER
-
-
-def format_traceparent(ctx: SpanContext) -> str:
-    """W3C `traceparent` (version 00) of a span context."""
-    return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
-
-
-def parse_traceparent(value: Any) -> SpanContext:
-    """A remote SpanContext from a W3C `traceparent`; EnvelopeError('traceparent', ...) if bad."""
-    if not isinstance(value, str):
-        raise EnvelopeError("traceparent", f"must be a string, got {type(value).__name__}")
-    parts = value.strip().split("-")
-    if (
-        len(parts) < 4
-        or len(parts[0]) != 2
-        or len(parts[1]) != 32
-        or len(parts[2]) != 16
-        or len(parts[3]) != 2
-    ):
-        raise EnvelopeError("traceparent", f"not a W3C traceparent: {value!r}")
-    try:
-        version, trace_id, span_id, flags = (int(p, 16) for p in parts[:4])
-    except ValueError:
-        raise EnvelopeError("traceparent", f"not hexadecimal: {value!r}") from None
-    if version == 0xFF or (version == 0 and len(parts) != 4):
-        raise EnvelopeError("traceparent", f"invalid version in {value!r}")
-    if trace_id == 0 or span_id == 0:
-        raise EnvelopeError("traceparent", f"all-zero trace or span id in {value!r}")
-    return SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(flags))
-
-
-def _to_ns(at: datetime | int | None, clock: Callable[[], int]) -> int:
-    if at is None:
-        return clock()
-    if type(at) is int:
-        if at < 0:
-            raise ValueError(f"at: must be >= 0 ns since the epoch, got {at}")
-        return at
-    if isinstance(at, datetime):
-        if at.tzinfo is None or at.utcoffset() is None:
-            raise ValueError(
-                "at: naive datetime; pass an aware datetime (e.g. tzinfo=timezone.utc)"
-            )
-        return ((at - _EPOCH) // _US) * 1000
-    raise TypeError(
-        f"at: expected an aware datetime, int ns since the epoch or None, got {type(at).__name__}"
-    )
-
-
-def _envelope_attributes(env: Envelope, filt: InputFilter) -> dict[str, Any]:
-    """The `create` span's envelope attributes, filtered. Computed once per handoff."""
-    a: dict[str, Any] = {
-        sc.PROTOCOL: env.protocol,
-        sc.MODE: env.mode,
-        sc.FROM_AGENT: env.from_agent,
-        sc.TO_AGENT: env.to_agent,
-        sc.TOPOLOGY: env.topology,
-    }
-    for name, value in (
-        (sc.CONTRACT_VERSION, env.contract_version),
-        (sc.IDEMPOTENCY_KEY, env.idempotency_key),
-        (sc.DEADLINE_MS, env.deadline_ms),
-        (sc.MAX_TOOL_CALLS, env.max_tool_calls),
-        (sc.CAUSATION_ID, env.causation_id),
-        (sc.STATE_VERSION, env.state_version),
-        (sc.FENCE_TOKEN, env.fence_token),
-        (sc.PAYLOAD_HASH, env.payload_hash),
-    ):
-        if value is not None:
-            a[name] = value
-    if env.capabilities:
-        a[sc.CAPABILITIES] = env.capabilities
-    if env.evidence_refs:
-        a[sc.EVIDENCE_REFS] = tuple(r.id for r in env.evidence_refs)
-    if env.objective is not None:
-        a[sc.OBJECTIVE_HASH] = filt.digest(env.objective)
-        a[sc.OBJECTIVE_SUMMARY] = filt.summary(env.objective)
-    if env.constraints is not None:
-        # Same canonical form as ingest.integrity.canonical_json (the shim must not import ingest).
-        a[sc.CONSTRAINTS] = json.dumps(
-            filt.redact(env.constraints),
-            sort_keys=True,
-            separators=(",", ":"),
-            ensure_ascii=False,
-            default=str,
-        )
-    if env.parent_state is not None:
-        a[sc.PARENT_STATE] = filt.redact_text(env.parent_state)
-    if env.reply_contract is not None:
-        a[sc.REPLY_CONTRACT] = filt.redact_text(env.reply_contract)
-    return a
-
-
-def _bad(name: str, expected: str, value: Any) -> ValueError:
-    return ValueError(f"{name}: expected {expected}, got {type(value).__name__} {value!r}")
 
 
 class HandoffTracer:
@@ -207,7 +88,7 @@ class HandoffTracer:
         self.actor = actor
         self.strict = bool(strict)
         self._tracer: Tracer = provider.get_tracer(INSTRUMENTATION_NAME)
-        self._filter = input_filter if input_filter is not None else _default_filter()
+        self._filter = input_filter if input_filter is not None else default_filter()
         self._clock = clock if clock is not None else time.time_ns
 
     def create(self, envelope: Envelope, at: datetime | int | None = None) -> Handoff:
@@ -215,8 +96,8 @@ class HandoffTracer:
         or a new trace's root) and return the Handoff in state `created`."""
         if not isinstance(envelope, Envelope):
             raise TypeError(f"envelope: expected an Envelope, got {type(envelope).__name__}")
-        start_ns = _to_ns(at, self._clock)
-        attrs = _envelope_attributes(envelope, self._filter)
+        start_ns = to_ns(at, self._clock)
+        attrs = envelope_attributes(envelope, self._filter)
         attrs.update(
             {
                 sc.TASK_ID: envelope.task_id,
@@ -238,18 +119,17 @@ class HandoffTracer:
     def receive(self, wire: Mapping[str, Any]) -> Handoff:
         """The handoff a sender's `Handoff.to_wire()` describes, on this (receiving) side.
 
-        Emits no span. Later transitions join the sender's trace (from `traceparent`). The
-        state is taken from the wire (`created` when absent). Raises EnvelopeError on a bad
-        envelope, a missing/invalid traceparent or an unknown state.
+        Emits no span. Later transitions join the sender's trace (from `traceparent`); without
+        a traceparent they share one fresh trace. The state is taken from the wire (`created`
+        when absent). Raises EnvelopeError on a bad envelope, a malformed traceparent or an
+        unknown state.
         """
         envelope = Envelope.from_wire(wire)
-        if "traceparent" not in wire:
-            raise EnvelopeError(
-                "traceparent", "required field missing (the sender's trace context)"
-            )
-        anchor = parse_traceparent(wire["traceparent"])
+        tp = wire.get("traceparent")
+        # No traceparent (a sender without telemetry, or not our shim): one fresh trace.
+        anchor = synthetic_anchor() if tp is None else parse_traceparent(tp)
         state = wire.get("state") or "created"
-        if state not in _STATES:
+        if not isinstance(state, str) or state not in STATES:
             raise EnvelopeError("state", f"unknown state {state!r}")
         return Handoff(self, envelope, anchor, str(state))
 
@@ -320,7 +200,8 @@ class Handoff:
         """JSON-able dict for the receiver: the envelope fields, `traceparent` and `state`."""
         if self._wire is None:
             self._wire = self.envelope.to_wire()
-            self._wire["traceparent"] = self.traceparent
+            if self._anchor.is_valid:  # invalid when no SDK is configured (no-op tracer)
+                self._wire["traceparent"] = self.traceparent
         d = dict(self._wire)
         d["state"] = str(self.state)
         return d
@@ -359,39 +240,39 @@ class Handoff:
         (ints are int, evidence_valid a bool); `extra` may add `handoff.*` (or other) keys
         but not override the contract's identity keys.
         """
-        start_ns = _to_ns(at, self._t._clock)
+        start_ns = to_ns(at, self._t._clock)
         a = self._base.copy()
         if error_code is not None:
             if not isinstance(error_code, str):
-                raise _bad("error_code", "str", error_code)
+                raise bad_attr("error_code", "str", error_code)
             a[sc.ERROR_CODE] = error_code
         if fence_token is not None:
             if type(fence_token) is not int:
-                raise _bad("fence_token", "int", fence_token)
+                raise bad_attr("fence_token", "int", fence_token)
             a[sc.FENCE_TOKEN] = fence_token
         if state_version is not None:
             if type(state_version) is not int:
-                raise _bad("state_version", "int", state_version)
+                raise bad_attr("state_version", "int", state_version)
             a[sc.STATE_VERSION] = state_version
         if payload_hash is not None:
             if not isinstance(payload_hash, str):
-                raise _bad("payload_hash", "str", payload_hash)
+                raise bad_attr("payload_hash", "str", payload_hash)
             a[sc.PAYLOAD_HASH] = payload_hash
         if evidence_count is not None:
             if type(evidence_count) is not int or evidence_count < 0:
-                raise _bad("evidence_count", "int >= 0", evidence_count)
+                raise bad_attr("evidence_count", "int >= 0", evidence_count)
             a[sc.EVIDENCE_COUNT] = evidence_count
         if evidence_valid is not None:
             if type(evidence_valid) is not bool:
-                raise _bad("evidence_valid", "bool", evidence_valid)
+                raise bad_attr("evidence_valid", "bool", evidence_valid)
             a[sc.EVIDENCE_VALID] = evidence_valid
         if evidence_refs is not None:
             if isinstance(evidence_refs, str):
-                raise _bad("evidence_refs", "a list of ids", evidence_refs)
+                raise bad_attr("evidence_refs", "a list of ids", evidence_refs)
             refs = tuple(r.id if isinstance(r, EvidenceRef) else r for r in evidence_refs)
             for r in refs:
                 if not isinstance(r, str):
-                    raise _bad("evidence_refs", "a list of str ids", r)
+                    raise bad_attr("evidence_refs", "a list of str ids", r)
             a[sc.EVIDENCE_REFS] = refs
         for name, key, value in (
             ("receipt_status", sc.RECEIPT_STATUS, receipt_status),
@@ -402,16 +283,16 @@ class Handoff:
         ):
             if value is not None:
                 if not isinstance(value, str):
-                    raise _bad(name, "str", value)
+                    raise bad_attr(name, "str", value)
                 a[key] = value
         if extra:
             for k in extra:
-                if not isinstance(k, str) or k in _RESERVED:
+                if not isinstance(k, str) or k in RESERVED:
                     raise ValueError(f"extra: key {k!r} is not allowed (reserved or not a string)")
             a.update(extra)
 
         event = str(event)
-        name = _SPAN_NAME.get(event)
+        name = SPAN_NAME.get(event)
         if name is None or event == "create":
             reason = "create is not an event of an existing handoff" if event == "create" else None
             raise IllegalTransition(self.state, event, reason or f"unknown event {event!r}")
@@ -419,13 +300,13 @@ class Handoff:
         a[sc.GEN_AI_OPERATION_NAME] = name
         with self._lock:
             src = self.state
-            dst = _TABLE.get((src, event))
+            dst = TABLE.get((src, event))
             a[sc.FROM_STATE] = src
             if dst is None:
                 exc = IllegalTransition(src, event)
                 if self._t.strict:
                     raise exc
-                a[sc.TO_STATE] = _EVENT_TARGET[event]
+                a[sc.TO_STATE] = EVENT_TARGET[event]
                 a[sc.VALID] = False
                 a[sc.INVALID_REASON] = str(exc)
             else:
@@ -440,7 +321,7 @@ class Handoff:
         """Re-emit the last transition as a NEW span with the same attributes (an
         at-least-once duplicate delivery). The state does not change. Raises
         IllegalTransition when this Handoff object has emitted nothing yet."""
-        start_ns = _to_ns(at, self._t._clock)
+        start_ns = to_ns(at, self._t._clock)
         with self._lock:
             if self._last is None:
                 raise IllegalTransition(

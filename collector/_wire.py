@@ -1,0 +1,181 @@
+"""Span-attribute and wire helpers of the tracer shim: pure functions and tables.
+
+Kept apart from collector/tracer.py (which owns the OTel calls): the state table keyed by
+plain strings for the hot path, W3C traceparent formatting/parsing, `at` -> ns, and the
+`create` span's envelope attributes (filtered once per handoff).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final
+
+from opentelemetry.trace import SpanContext, TraceFlags
+
+from collector import semconv as sc
+from collector._redact import InputFilter
+from collector.contract import TRANSITIONS, Event, State
+from collector.envelope import Envelope, EnvelopeError
+
+__all__ = [
+    "EVENT_TARGET",
+    "INSTRUMENTATION_NAME",
+    "RESERVED",
+    "SPAN_NAME",
+    "STATES",
+    "TABLE",
+    "bad_attr",
+    "default_filter",
+    "envelope_attributes",
+    "format_traceparent",
+    "parse_traceparent",
+    "synthetic_anchor",
+    "to_ns",
+]
+
+INSTRUMENTATION_NAME: Final = "handoff-observatory.collector"
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+_US: Final = timedelta(microseconds=1)
+
+#: The state each event leads to in the table (every event has exactly one target); used
+#: as `to_state` of a flagged illegal transition a lenient tracer emits.
+EVENT_TARGET: Final[dict[str, str]] = {str(e): str(s) for (_f, e), s in TRANSITIONS.items()}
+EVENT_TARGET[str(Event.CREATE)] = str(State.CREATED)
+# Plain-str keyed copy of the table: the hot path looks up (str, str) without enum work.
+TABLE: Final[dict[tuple[str, str], str]] = {
+    (str(f), str(e)): str(s) for (f, e), s in TRANSITIONS.items()
+}
+SPAN_NAME: Final[dict[str, str]] = {str(e): f"handoff.{e}" for e in Event}
+STATES: Final = frozenset(str(s) for s in State)
+#: Attributes the shim owns; `extra` may not override them.
+RESERVED: Final = frozenset(
+    {
+        sc.TASK_ID,
+        sc.HANDOFF_ID,
+        sc.EVENT,
+        sc.FROM_STATE,
+        sc.TO_STATE,
+        sc.ACTOR,
+        sc.VALID,
+        sc.INVALID_REASON,
+    }
+    | {sc.GEN_AI_AGENT_NAME, sc.GEN_AI_OPERATION_NAME}
+)
+
+_TRACEPARENT_RE: Final = re.compile(
+    r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?$"
+)
+
+_DEFAULT_FILTER: InputFilter | None = None
+
+
+def default_filter() -> InputFilter:
+    global _DEFAULT_FILTER
+    if _DEFAULT_FILTER is None:
+        _DEFAULT_FILTER = InputFilter()
+    return _DEFAULT_FILTER
+
+
+def format_traceparent(ctx: SpanContext) -> str:
+    """W3C `traceparent` (version 00) of a span context."""
+    return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
+
+
+def parse_traceparent(value: Any) -> SpanContext:
+    """A remote SpanContext from a W3C `traceparent`; EnvelopeError('traceparent', ...) if bad."""
+    if not isinstance(value, str):
+        raise EnvelopeError("traceparent", f"must be a string, got {type(value).__name__}")
+    m = _TRACEPARENT_RE.match(value.strip())
+    if not m:
+        raise EnvelopeError(
+            "traceparent", f"not a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>): {value!r}"
+        )
+    version, trace_id, span_id, flags, rest = m.groups()
+    if version == "ff" or (version == "00" and rest):
+        raise EnvelopeError("traceparent", f"invalid version in {value!r}")
+    if int(trace_id, 16) == 0 or int(span_id, 16) == 0:
+        raise EnvelopeError("traceparent", f"all-zero trace or span id in {value!r}")
+    return SpanContext(
+        int(trace_id, 16), int(span_id, 16), is_remote=True, trace_flags=TraceFlags(int(flags, 16))
+    )
+
+
+def synthetic_anchor() -> SpanContext:
+    """A fresh remote parent for a handoff received without a traceparent: the receiver's
+    spans then share one new trace (whose root span was never recorded)."""
+    return SpanContext(
+        random.getrandbits(128) or 1,
+        random.getrandbits(64) or 1,
+        is_remote=True,
+        trace_flags=TraceFlags(TraceFlags.SAMPLED),
+    )
+
+
+def to_ns(at: datetime | int | None, clock: Callable[[], int]) -> int:
+    if at is None:
+        return clock()
+    if type(at) is int:
+        if at < 0:
+            raise ValueError(f"at: must be >= 0 ns since the epoch, got {at}")
+        return at
+    if isinstance(at, datetime):
+        if at.tzinfo is None or at.utcoffset() is None:
+            raise ValueError(
+                "at: naive datetime; pass an aware datetime (e.g. tzinfo=timezone.utc)"
+            )
+        return ((at - _EPOCH) // _US) * 1000
+    raise TypeError(
+        f"at: expected an aware datetime, int ns since the epoch or None, got {type(at).__name__}"
+    )
+
+
+def envelope_attributes(env: Envelope, filt: InputFilter) -> dict[str, Any]:
+    """The `create` span's envelope attributes, filtered. Computed once per handoff."""
+    a: dict[str, Any] = {
+        sc.PROTOCOL: env.protocol,
+        sc.MODE: env.mode,
+        sc.FROM_AGENT: env.from_agent,
+        sc.TO_AGENT: env.to_agent,
+        sc.TOPOLOGY: env.topology,
+    }
+    for name, value in (
+        (sc.CONTRACT_VERSION, env.contract_version),
+        (sc.IDEMPOTENCY_KEY, env.idempotency_key),
+        (sc.DEADLINE_MS, env.deadline_ms),
+        (sc.MAX_TOOL_CALLS, env.max_tool_calls),
+        (sc.CAUSATION_ID, env.causation_id),
+        (sc.STATE_VERSION, env.state_version),
+        (sc.FENCE_TOKEN, env.fence_token),
+        (sc.PAYLOAD_HASH, env.payload_hash),
+    ):
+        if value is not None:
+            a[name] = value
+    if env.capabilities:
+        a[sc.CAPABILITIES] = env.capabilities
+    if env.evidence_refs:
+        a[sc.EVIDENCE_REFS] = tuple(r.id for r in env.evidence_refs)
+    if env.objective is not None:
+        a[sc.OBJECTIVE_HASH] = filt.digest(env.objective)
+        a[sc.OBJECTIVE_SUMMARY] = filt.summary(env.objective)
+    if env.constraints is not None:
+        # Same canonical form as ingest.integrity.canonical_json (the shim must not import ingest).
+        a[sc.CONSTRAINTS] = json.dumps(
+            filt.redact(env.constraints),
+            sort_keys=True,
+            separators=(",", ":"),
+            ensure_ascii=False,
+            default=str,
+        )
+    if env.parent_state is not None:
+        a[sc.PARENT_STATE] = filt.redact_text(env.parent_state)
+    if env.reply_contract is not None:
+        a[sc.REPLY_CONTRACT] = filt.redact_text(env.reply_contract)
+    return a
+
+
+def bad_attr(name: str, expected: str, value: Any) -> ValueError:
+    return ValueError(f"{name}: expected {expected}, got {type(value).__name__} {value!r}")
