@@ -1,9 +1,88 @@
-"""CLI subcommands of ingest/ (filled by its issue)."""
+"""CLI subcommands of ingest/: `serve` and `ingest FILE...`."""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
+
+from handoffs import settings
+
+EXIT_OK, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 2, 3
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add this area's subcommands to the `handoffs` parser."""
+    p = sub.add_parser(
+        "serve",
+        help="receive OTLP/HTTP spans into the store; in embedded mode also answer read-only "
+        "ClickHouse HTTP queries on loopback",
+    )
+    p.add_argument("--store", help=f"chdb:///dir or http://host:port (env {settings.STORE.env})")
+    p.add_argument("--database", help=f"database (env {settings.DATABASE.env}, default handoffs)")
+    p.add_argument(
+        "--host", help=f"OTLP bind address (env {settings.OTLP_HOST.env}, default 127.0.0.1)"
+    )
+    p.add_argument(
+        "--otlp-port", type=int, help=f"OTLP/HTTP port (env {settings.OTLP_PORT.env}, default 4318)"
+    )
+    p.add_argument(
+        "--query-port",
+        type=int,
+        help=f"loopback ClickHouse HTTP port, embedded mode only; 0 = off (env {settings.QUERY_PORT.env}, default 8124)",
+    )
+    p.add_argument(
+        "--tokens",
+        help=f"'token=tenant,...' bearer tokens (env {settings.TOKENS.env}); none = no auth",
+    )
+    p.add_argument("--spool-dir", help=f"spool directory (env {settings.SPOOL_DIR.env})")
+    p.add_argument(
+        "--max-body-bytes", type=int, help=f"largest OTLP body (env {settings.MAX_BODY_BYTES.env})"
+    )
+    p.add_argument(
+        "--spool-max-bytes",
+        type=int,
+        help=f"spool backlog that triggers 503 (env {settings.SPOOL_MAX_BYTES.env})",
+    )
+    p.set_defaults(func=_serve)
+
+    from ingest._files_cli import register_ingest
+
+    register_ingest(sub)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from handoffs.store import StoreError, parse_store
+    from ingest._serve import ServeConfig, run_serve
+
+    try:
+        spec = parse_store(args.store, database=args.database)
+        tokens = settings.parse_tokens(settings.resolve(settings.TOKENS, args.tokens))
+        query_port = settings.resolve_int(settings.QUERY_PORT, args.query_port)
+        spool_dir = settings.resolve(settings.SPOOL_DIR, args.spool_dir)
+        cfg = ServeConfig(
+            store=spec,
+            otlp_host=settings.resolve(settings.OTLP_HOST, args.host),
+            otlp_port=settings.resolve_int(settings.OTLP_PORT, args.otlp_port),
+            query_port=query_port if (spec.embedded and query_port) else None,
+            tokens=tokens,
+            spool_dir=Path(spool_dir).resolve() if spool_dir else None,
+            max_body_bytes=settings.resolve_int(settings.MAX_BODY_BYTES, args.max_body_bytes),
+            spool_max_bytes=settings.resolve_int(settings.SPOOL_MAX_BYTES, args.spool_max_bytes),
+        )
+    except (ValueError, StoreError) as exc:
+        print(f"handoffs serve: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        return run_serve(cfg)
+    except StoreError as exc:
+        print(f"handoffs serve: {exc}", file=sys.stderr)
+        if spec.embedded and "lock" in str(exc).lower():
+            print(
+                "handoffs serve: another process (a running serve?) holds the embedded store",
+                file=sys.stderr,
+            )
+        return EXIT_UNAVAILABLE
+    except OSError as exc:
+        print(f"handoffs serve: cannot listen: {exc}", file=sys.stderr)
+        return EXIT_UNAVAILABLE

@@ -38,3 +38,32 @@ def fresh_db(chdb_client) -> str:
     yield name
     if not os.environ.get("HANDOFFS_KEEP_TEST_DBS"):
         chdb_client.command(f"DROP DATABASE IF EXISTS {name} SYNC")
+
+
+# --- `handoffs serve` as a subprocess (provided by ingest/; see ingest/testing.py) ---------
+# start_serve(tmp_path, tokens=None) -> ServeHandle(otlp_url, query_url, store_dir, database,
+# process, stop(), kill(), client(), wait_stored(), health()). The query URL speaks
+# ClickHouse HTTP (read-only): clickhouse_connect.get_client(host="127.0.0.1", port=Q, ...).
+
+
+@pytest.fixture
+def start_serve(tmp_path: Path):
+    """Factory: start_serve(tokens=None, **kw) -> ServeHandle; every serve started is stopped."""
+    from ingest.testing import start_serve as _start
+
+    handles = []
+
+    def factory(tokens: str | None = None, **kwargs):
+        h = _start(kwargs.pop("tmp_path", tmp_path), tokens, **kwargs)
+        handles.append(h)
+        return h
+
+    yield factory
+    for h in handles:
+        h.stop()
+
+
+@pytest.fixture
+def serve_process(start_serve):
+    """A running `handoffs serve` on a fresh embedded store (no auth); stopped afterwards."""
+    return start_serve()

@@ -1,0 +1,118 @@
+"""`handoffs serve`: own the store, receive OTLP, answer read-only ClickHouse HTTP queries.
+
+Start: open the store, apply the schema, replay the spool a crash left, then listen.
+SIGTERM / SIGINT: stop accepting, store everything spooled, exit 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from handoffs.store import StoreSpec, apply_schema, connect
+from ingest._otlp_http import OtlpConfig, make_otlp_server
+from ingest._query_http import QueryEngine, make_query_server
+from ingest._service import Ingestor
+from ingest._spool import Spool
+
+__all__ = ["ServeConfig", "run_serve"]
+
+log = logging.getLogger("handoffs.serve")
+
+
+@dataclass(frozen=True, slots=True)
+class ServeConfig:
+    """Everything serve needs; ports 0 pick free ports, query_port None = no query endpoint."""
+
+    store: StoreSpec
+    otlp_host: str = "127.0.0.1"
+    otlp_port: int = 4318
+    query_host: str = "127.0.0.1"
+    query_port: int | None = 8124
+    tokens: dict[str, str] = field(default_factory=dict)
+    spool_dir: Path | None = None
+    max_body_bytes: int = 16 * 1024 * 1024
+    spool_max_bytes: int = 1024 * 1024 * 1024
+    fsync: bool = True
+
+
+def _spool_dir(cfg: ServeConfig) -> Path:
+    if cfg.spool_dir is not None:
+        return cfg.spool_dir
+    if cfg.store.embedded and cfg.store.path:
+        return Path(cfg.store.path) / "spool"
+    return Path("handoffs-spool").resolve()
+
+
+def run_serve(
+    cfg: ServeConfig, *, ready: threading.Event | None = None, stop: threading.Event | None = None
+) -> int:
+    """Run until SIGTERM/SIGINT (or `stop` is set); returns the exit code (0 after a full drain)."""
+    spec = cfg.store
+    admin = connect(spec, database="")
+    apply_schema(admin, spec.database)
+    client = connect(spec)
+    spool = Spool(_spool_dir(cfg), max_bytes=cfg.spool_max_bytes, fsync=cfg.fsync)
+    ingestor = Ingestor(client, spec.database, spool)
+    replayed = ingestor.start()
+    if replayed:
+        print(f"serve: replayed {replayed} spooled request(s) left by a crash", file=sys.stderr)
+    otlp = make_otlp_server(
+        cfg.otlp_host, cfg.otlp_port, ingestor, OtlpConfig(cfg.max_body_bytes, dict(cfg.tokens))
+    )
+    servers = [otlp]
+    engine = None
+    query_url = None
+    if spec.embedded and cfg.query_port is not None:
+        engine = QueryEngine(spec.path or ".")
+        qs = make_query_server(cfg.query_host, cfg.query_port, engine, database=spec.database)
+        servers.append(qs)
+        query_url = f"http://{qs.server_address[0]}:{qs.server_address[1]}"
+    threads = [
+        threading.Thread(target=s.serve_forever, name=f"http-{i}", daemon=True)
+        for i, s in enumerate(servers)
+    ]
+    for t in threads:
+        t.start()
+    stop = stop or threading.Event()
+
+    def _on_signal(signum: int, _frame: object) -> None:
+        stop.set()
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _on_signal)
+        signal.signal(signal.SIGINT, _on_signal)
+    host, port = otlp.server_address[:2]
+    print(
+        f"serve: {spec.describe()}, database {spec.database}; OTLP http://{host}:{port}/v1/traces"
+        + (f"; ClickHouse HTTP (read-only) {query_url}" if query_url else "")
+        + f"; spool {spool.dir}; auth {'on' if cfg.tokens else 'off'}",
+        file=sys.stderr,
+        flush=True,
+    )
+    if ready is not None:
+        ready.set()
+    while not stop.wait(0.5):
+        pass
+    print("serve: stopping: no new requests; storing what is spooled", file=sys.stderr, flush=True)
+    otlp.shutdown()
+    otlp.server_close()
+    drained = ingestor.stop(timeout=120)
+    spool.close()
+    for s in servers[1:]:
+        s.shutdown()
+        s.server_close()
+    if engine is not None:
+        engine.close()
+    client.close()
+    admin.close()
+    print(
+        f"serve: stopped ({'drained' if drained else 'NOT drained, spool kept for replay'})",
+        file=sys.stderr,
+        flush=True,
+    )
+    return 0 if drained else 1

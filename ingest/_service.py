@@ -1,0 +1,212 @@
+"""The ingest pipeline behind serve: decode -> spool (durable) -> writer thread -> store.
+
+`Ingestor.submit` returns only after the request is on disk in the spool, so a 200 never
+precedes durability. One writer thread stores spool records in order, one ingest batch per
+request, its id (and dedup token) derived from tenant and body: a retried request or a
+replayed spool record maps to the same batch and is stored once. A failing store is retried
+with backoff; while it fails, submit refuses new work (503) instead of accepting it blindly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import queue
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ingest._decode import DecodedBatch, decode_request
+from ingest._spool import Spool
+from ingest._writer import last_chain_hash, make_token, write_batch
+
+if TYPE_CHECKING:
+    from clickhouse_connect.driver.client import Client
+
+__all__ = ["Ingestor", "StoreUnavailable"]
+
+log = logging.getLogger("handoffs.ingest")
+_KNOWN_BATCHES = 50_000  # batch ids remembered to keep a retried request off the chain
+
+
+class StoreUnavailable(RuntimeError):
+    """The store is failing; the caller should answer 503 and the client retry later."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Item:
+    seq: int
+    batch_id: str
+    received_at_ms: int
+    decoded: DecodedBatch
+
+
+class Ingestor:
+    """Owns the spool and the writer thread. Keyword-only `clock` (epoch seconds) for tests."""
+
+    def __init__(
+        self,
+        client: Client,
+        database: str,
+        spool: Spool,
+        *,
+        source: str = "otlp-http",
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.client = client
+        self.database = database
+        self.spool = spool
+        self.source = source
+        self._clock = clock
+        self._queue: queue.Queue[_Item | None] = queue.Queue()
+        self._known: OrderedDict[str, str] = OrderedDict()
+        self._chain = ""
+        self._store_error: str | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self.stats: dict[str, int] = {
+            "requests": 0,
+            "spans": 0,
+            "stored": 0,
+            "rejected": 0,
+            "batches": 0,
+            "duplicate_batches": 0,
+            "store_errors": 0,
+        }
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self) -> int:
+        """Load the chain head, replay the spool left by a crash, start the writer.
+
+        Returns the number of spool records replayed.
+        """
+        self._load_chain()
+        replayed = 0
+        for rec in self.spool.uncommitted():
+            h = rec.header
+            decoded = decode_request(rec.body, h["fmt"], tenant=h["tenant"])
+            self._write(_Item(rec.seq, h["batch"], int(h["received_at_ms"]), decoded), retry=True)
+            replayed += 1
+        self._thread = threading.Thread(target=self._run, name="ingest-writer", daemon=True)
+        self._thread.start()
+        return replayed
+
+    def stop(self, *, timeout: float = 60.0) -> bool:
+        """Store everything queued, then stop the writer. True when drained within timeout (s)."""
+        if self._thread is None:
+            return True
+        self._queue.put(None)
+        self._thread.join(timeout)
+        drained = not self._thread.is_alive()
+        self._stopping.set()
+        return drained
+
+    def _load_chain(self) -> None:
+        self._chain = last_chain_hash(self.client, self.database)
+        rows = self.client.query(
+            f"SELECT ingest_batch, chain_hash FROM {self.database}.ingest_batches "
+            f"ORDER BY received_at DESC, ingest_batch DESC LIMIT {_KNOWN_BATCHES}"
+        ).result_rows
+        for bid, ch in reversed(rows):
+            self._known[bid] = ch
+
+    # ------------------------------------------------------------ request path
+
+    def submit(self, body: bytes, fmt: str, *, tenant: str) -> DecodedBatch:
+        """Decode, validate and durably spool one request; return the decoded batch.
+
+        Raises DecodeError (bad body), SpoolFull or StoreUnavailable (answer 503).
+        Empty requests are acknowledged without touching the spool.
+        """
+        decoded = decode_request(body, fmt, tenant=tenant)
+        with self._lock:
+            self.stats["requests"] += 1
+            self.stats["spans"] += decoded.spans
+        if decoded.spans == 0:
+            return decoded
+        if self._store_error is not None:
+            raise StoreUnavailable(f"store is failing: {self._store_error}")
+        batch_id = make_token(tenant, hashlib.sha256(body).hexdigest())
+        received = int(self._clock() * 1000)
+        header = {"tenant": tenant, "fmt": fmt, "batch": batch_id, "received_at_ms": received}
+        seq = self.spool.append(header, body)  # durable when it returns; may raise SpoolFull
+        self._queue.put(_Item(seq, batch_id, received, decoded))
+        return decoded
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "status": "ok" if self._store_error is None else "store_unavailable",
+            "store_error": self._store_error,
+            "queued": self._queue.qsize(),
+            "spool_backlog_bytes": self.spool.backlog_bytes,
+            **self.stats,
+        }
+
+    def wait_idle(self, timeout: float = 30.0) -> bool:
+        """True once every accepted request is stored (polls; for tests and drains)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._queue.unfinished_tasks == 0:
+                return True
+            time.sleep(0.01)
+        return False
+
+    # ------------------------------------------------------------ writer
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                self._write(item, retry=True)
+            finally:
+                self._queue.task_done()
+
+    def _write(self, item: _Item, *, retry: bool) -> None:
+        delay = 0.05
+        while True:
+            try:
+                self._write_once(item)
+                self._store_error = None
+                return
+            except Exception as exc:  # the store failed: keep the record, retry, never drop
+                self._store_error = str(exc)[:500]
+                with self._lock:
+                    self.stats["store_errors"] += 1
+                log.warning("store write failed (batch %s), retrying: %s", item.batch_id, exc)
+                if not retry or self._stopping.is_set():
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    def _write_once(self, item: _Item) -> None:
+        if item.batch_id in self._known:
+            # Already stored completely (ingest_batches is written last): a retried request.
+            with self._lock:
+                self.stats["duplicate_batches"] += 1
+            self.spool.commit(item.seq)
+            return
+        res = write_batch(
+            self.client,
+            self.database,
+            [item.decoded],
+            batch_id=item.batch_id,
+            prev_chain=self._chain,
+            received_at_ms=item.received_at_ms,
+            source=self.source,
+        )
+        self._chain = res.chain_hash
+        self._known[item.batch_id] = res.chain_hash
+        while len(self._known) > _KNOWN_BATCHES:
+            self._known.popitem(last=False)
+        with self._lock:
+            self.stats["stored"] += res.stored
+            self.stats["rejected"] += res.rejected
+            self.stats["batches"] += 1
+        self.spool.commit(item.seq)

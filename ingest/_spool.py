@@ -1,0 +1,218 @@
+"""Append-only, fsynced spool of accepted OTLP requests: serve's durability before the 200.
+
+Records are framed `MAGIC | header_len | body_len | crc32 | header JSON | body` in numbered
+segment files. `append` returns once the record is on disk (fdatasync, group commit: one
+sync covers every record written before it, so concurrent requests share syncs). A torn
+record at the tail (a crash mid-write) is cut off on open; it was never acknowledged.
+`commit(seq)` marks every record up to seq as stored; segments wholly committed are deleted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import struct
+import threading
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+__all__ = ["Spool", "SpoolFull", "SpoolRecord"]
+
+_MAGIC: Final = b"HOS1"
+_FRAME: Final = struct.Struct(">4sIII")
+_SEGMENT_BYTES: Final = 64 * 1024 * 1024
+
+
+class SpoolFull(RuntimeError):
+    """The spool holds SPOOL_MAX_BYTES of records not yet stored: the store is behind."""
+
+
+@dataclass(frozen=True, slots=True)
+class SpoolRecord:
+    seq: int
+    header: dict[str, Any]
+    body: bytes
+
+
+def _seg_name(n: int) -> str:
+    return f"seg-{n:010d}.log"
+
+
+class Spool:
+    """A directory of spool segments. Thread-safe. `fsync=False` only for benchmarks' baselines.
+
+    `max_bytes` bounds the bytes of uncommitted records (SpoolFull beyond it).
+    """
+
+    def __init__(
+        self,
+        directory: str | Path,
+        *,
+        max_bytes: int,
+        fsync: bool = True,
+        segment_bytes: int = _SEGMENT_BYTES,
+    ) -> None:
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.max_bytes = max_bytes
+        self._fsync = fsync
+        self._segment_bytes = segment_bytes
+        self._lock = threading.Lock()
+        self._sync_lock = threading.Lock()
+        self._committed = self._read_checkpoint()
+        # segment number -> (max seq in it, bytes)
+        self._segments: dict[int, list[int]] = {}
+        self._pending: dict[int, int] = {}  # seq -> record bytes, not yet committed
+        self._next_seq = self._committed + 1
+        self._scan()
+        self._seg_no = max(self._segments, default=0) + 1
+        self._open_segment()
+        self._written = 0  # records written to the active segment's fd (monotonic)
+        self._synced = 0
+
+    # ------------------------------------------------------------ open / scan
+
+    def _read_checkpoint(self) -> int:
+        try:
+            return int((self.dir / "committed").read_text().strip() or 0)
+        except FileNotFoundError:
+            return 0
+        except ValueError:
+            return 0
+
+    def _scan(self) -> None:
+        for path in sorted(self.dir.glob("seg-*.log")):
+            n = int(path.stem.split("-")[1])
+            max_seq, good = 0, 0
+            for rec, end in self._read_segment(path):
+                max_seq = max(max_seq, rec.seq)
+                if rec.seq > self._committed:
+                    self._pending[rec.seq] = end - good
+                good = end
+                self._next_seq = max(self._next_seq, rec.seq + 1)
+            if path.stat().st_size != good:  # torn tail from a crash: never acknowledged
+                with open(path, "r+b") as f:
+                    f.truncate(good)
+            self._segments[n] = [max_seq, good]
+        self._gc()
+
+    @staticmethod
+    def _read_segment(path: Path) -> Iterator[tuple[SpoolRecord, int]]:
+        data = path.read_bytes()
+        pos = 0
+        while pos + _FRAME.size <= len(data):
+            magic, hlen, blen, crc = _FRAME.unpack_from(data, pos)
+            start = pos + _FRAME.size
+            end = start + hlen + blen
+            if magic != _MAGIC or end > len(data):
+                return
+            payload = data[start:end]
+            if zlib.crc32(payload) != crc:
+                return
+            try:
+                header = json.loads(payload[:hlen])
+            except ValueError:
+                return
+            yield SpoolRecord(int(header["seq"]), header, bytes(payload[hlen:])), end
+            pos = end
+
+    def _open_segment(self) -> None:
+        path = self.dir / _seg_name(self._seg_no)
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._segments.setdefault(self._seg_no, [0, 0])
+        if self._fsync:
+            dfd = os.open(self.dir, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+
+    # ------------------------------------------------------------ write path
+
+    @property
+    def backlog_bytes(self) -> int:
+        with self._lock:
+            return sum(self._pending.values())
+
+    def append(self, header: dict[str, Any], body: bytes) -> int:
+        """Write one record durably; return its sequence number. Raises SpoolFull."""
+        with self._lock:
+            size = sum(self._pending.values())
+            if size + len(body) > self.max_bytes and self._pending:
+                raise SpoolFull(
+                    f"spool holds {size} bytes not yet stored (limit {self.max_bytes}); retry later"
+                )
+            seq = self._next_seq
+            self._next_seq += 1
+            hdr = json.dumps({**header, "seq": seq}, separators=(",", ":")).encode()
+            payload = hdr + body
+            frame = _FRAME.pack(_MAGIC, len(hdr), len(body), zlib.crc32(payload)) + payload
+            os.write(self._fd, frame)
+            seg = self._segments[self._seg_no]
+            seg[0] = seq
+            seg[1] += len(frame)
+            self._pending[seq] = len(frame)
+            self._written += 1
+            mine = self._written
+        self._sync(mine)
+        return seq
+
+    def _sync(self, target: int) -> None:
+        with self._sync_lock:
+            if self._synced >= target:
+                return
+            with self._lock:
+                upto = self._written
+                rotate = self._segments[self._seg_no][1] >= self._segment_bytes
+            if self._fsync:
+                os.fdatasync(self._fd)
+            self._synced = upto
+            if rotate:
+                with self._lock:
+                    os.close(self._fd)
+                    self._seg_no += 1
+                    self._open_segment()
+
+    # ------------------------------------------------------------ read / commit
+
+    def uncommitted(self) -> Iterator[SpoolRecord]:
+        """Records not yet committed, in sequence order (for replay after a crash)."""
+        for n in sorted(self._segments):
+            path = self.dir / _seg_name(n)
+            if not path.exists():
+                continue
+            for rec, _end in self._read_segment(path):
+                if rec.seq > self._committed:
+                    yield rec
+
+    def commit(self, seq: int) -> None:
+        """Mark records up to `seq` stored (in order). The checkpoint is not fsynced: losing
+        it only replays records whose inserts are deduplicated by their token."""
+        with self._lock:
+            for s in [s for s in self._pending if s <= seq]:
+                del self._pending[s]
+            if seq <= self._committed:
+                return
+            self._committed = seq
+            tmp = self.dir / "committed.tmp"
+            tmp.write_text(str(seq))
+            os.replace(tmp, self.dir / "committed")
+            self._gc()
+
+    def _gc(self) -> None:
+        active = getattr(self, "_seg_no", None)
+        for n, (max_seq, _size) in list(self._segments.items()):
+            if n != active and max_seq <= self._committed:
+                with contextlib.suppress(FileNotFoundError):
+                    (self.dir / _seg_name(n)).unlink()
+                del self._segments[n]
+
+    def close(self) -> None:
+        with self._sync_lock, self._lock:
+            if self._fsync:
+                os.fdatasync(self._fd)
+            os.close(self._fd)
