@@ -48,13 +48,17 @@ def fresh_db(chdb_client) -> str:
 
 @pytest.fixture
 def start_serve(tmp_path: Path):
-    """Factory: start_serve(tokens=None, **kw) -> ServeHandle; every serve started is stopped."""
+    """Factory: start_serve([tmp_path], tokens=None, **kw) -> ServeHandle; all stopped after.
+
+    Keyword options (ingest.testing.start_serve): store_dir=, database=, otlp_port=,
+    query_port=, extra_args=(...), env={...}. Reusing store_dir restarts on the same store.
+    """
     from ingest.testing import start_serve as _start
 
     handles = []
 
-    def factory(tokens: str | None = None, **kwargs):
-        h = _start(kwargs.pop("tmp_path", tmp_path), tokens, **kwargs)
+    def factory(path: Path | None = None, tokens: str | None = None, **kwargs):
+        h = _start(path or tmp_path, tokens, **kwargs)
         handles.append(h)
         return h
 
