@@ -6,6 +6,7 @@ those steps through collector.HandoffTracer into OpenTelemetry's OTLP/HTTP expor
 TracerProvider per tenant with that tenant's bearer token; it never writes to the store.
 """
 
+from handoffs.simulator._emit import EmitStats, Emitter, otlp_exporter_factory
 from handoffs.simulator._model import (
     FAULTS,
     FailureRates,
@@ -16,6 +17,7 @@ from handoffs.simulator._model import (
     Step,
     TaskPlan,
 )
+from handoffs.simulator._run import LIVE_SEQ_BASE, run_backfill, run_live
 from handoffs.simulator._scenario import (
     AGENTS,
     MEAN_INTENTS,
@@ -29,9 +31,12 @@ from handoffs.simulator._scenario import (
 __all__ = [
     "AGENTS",
     "FAULTS",
+    "LIVE_SEQ_BASE",
     "MEAN_INTENTS",
     "TOPOLOGIES",
     "WORKFLOWS",
+    "EmitStats",
+    "Emitter",
     "FailureRates",
     "PlannedHandoff",
     "ScenarioConfig",
@@ -41,5 +46,8 @@ __all__ = [
     "TaskPlan",
     "backfill_starts",
     "live_starts",
+    "otlp_exporter_factory",
     "plan_task",
+    "run_backfill",
+    "run_live",
 ]
