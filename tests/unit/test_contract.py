@@ -64,3 +64,75 @@ def test_any_event_sequence_stays_legal(events):
 def test_committed_reachable():
     assert State.COMMITTED in reachable_from("created")
     assert reachable_from("verified") == {State.VERIFIED}
+
+
+# -- reachable exactly along the table's paths ---------------------------------------------------
+
+
+def _walk(events):
+    """Apply events with next_state, skipping refused ones; return (final state, taken events)."""
+    state = next_state(None, "create")
+    taken = []
+    for ev in events:
+        try:
+            state = next_state(state, ev)
+        except IllegalTransition:
+            continue
+        taken.append(ev)
+    return state, taken
+
+
+def _is_table_path(events, src=State.CREATED):
+    state = src
+    for ev in events:
+        if (state, ev) not in TRANSITIONS:
+            return False
+        state = TRANSITIONS[(state, ev)]
+    return True
+
+
+def test_reachable_set_equals_exhaustive_next_state_closure():
+    # Breadth-first over next_state with every event: exactly reachable_from, from every state.
+    for start in State:
+        seen, frontier = {start}, [start]
+        while frontier:
+            s = frontier.pop()
+            for ev in Event:
+                try:
+                    t = next_state(s, ev)
+                except IllegalTransition:
+                    continue
+                if t not in seen:
+                    seen.add(t)
+                    frontier.append(t)
+        assert seen == reachable_from(start), start
+
+
+@given(st.lists(st.sampled_from([e for e in Event if e != Event.CREATE]), max_size=20))
+def test_committed_reached_exactly_along_table_paths(events):
+    state, taken = _walk(events)
+    # every accepted sequence is a path of the table ...
+    assert _is_table_path(taken)
+    # ... and committed is reached iff that path ends there (the table alone decides)
+    end = State.CREATED
+    for ev in taken:
+        end = TRANSITIONS[(end, ev)]
+    assert state == end
+    if state == State.COMMITTED:
+        assert taken[-1] in (Event.COMMIT, Event.RESOLVE_COMMITTED)
+
+
+def test_every_short_table_path_to_committed_is_accepted():
+    paths, frontier = [], [((), State.CREATED)]
+    while frontier:
+        path, s = frontier.pop()
+        if s == State.COMMITTED and path:
+            paths.append(path)
+        if len(path) < 6:
+            frontier += [((*path, e), t) for (src, e), t in TRANSITIONS.items() if src == s]
+    assert (Event.ACCEPT, Event.START, Event.COMMIT) in paths
+    assert (Event.ACCEPT, Event.START, Event.TIMEOUT, Event.RESOLVE_COMMITTED) in paths
+    for path in paths:
+        assert _walk(path) == (State.COMMITTED, list(path))
+    # the shortest way to committed goes through unknown (an outcome resolved after a timeout)
+    assert min(paths, key=len) == (Event.TIMEOUT, Event.RESOLVE_COMMITTED)
