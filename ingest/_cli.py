@@ -73,6 +73,15 @@ def _serve(args: argparse.Namespace) -> int:
     except (ValueError, StoreError) as exc:
         print(f"handoffs serve: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    from ingest._files_cli import store_locked
+
+    if spec.embedded and store_locked(spec.path or ""):
+        print(
+            f"handoffs serve: the embedded store {spec.path} is locked by another process "
+            "(another serve?); stop it first or use a different --store",
+            file=sys.stderr,
+        )
+        return EXIT_UNAVAILABLE
     try:
         return run_serve(cfg)
     except StoreError as exc:
