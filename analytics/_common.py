@@ -1,0 +1,167 @@
+"""Shared pieces of the analytics loaders: the window, time literals, dimensions, the cohort."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Final
+
+from analytics import _contract_sql as cs
+from collector.semconv import DEFAULT_DEADLINE_MS, SETTLE_GRACE_MS
+from handoffs import settings
+
+#: Dimensions every metric can be sliced by (`pair` is "from_agent->to_agent";
+#: `capability` counts a handoff once under each capability it was granted, "" when none).
+DIMENSIONS: Final = (
+    "tenant",
+    "pair",
+    "from_agent",
+    "to_agent",
+    "mode",
+    "topology",
+    "protocol",
+    "capability",
+)
+BUCKETS: Final = (None, "hour", "day")
+_DB_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """A created-time window [start, end) of aware UTC datetimes; `as_of` the clock (None = now).
+
+    The cohort is every handoff whose `create` transition time is in [start, end). `as_of`
+    fixes the clock of the settle rule and of SLA ages, so a result is reproducible.
+    """
+
+    start: datetime
+    end: datetime
+    as_of: datetime | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("start", "end", "as_of"):
+            v = getattr(self, name)
+            if v is None and name == "as_of":
+                continue
+            if not isinstance(v, datetime):
+                raise TypeError(f"Window.{name} must be a datetime, got {type(v).__name__}")
+            if v.tzinfo is None or v.utcoffset() is None:
+                raise ValueError(f"Window.{name} must be timezone-aware (UTC), got naive {v}")
+        if self.end <= self.start:
+            raise ValueError(f"Window.end ({self.end}) must be after Window.start ({self.start})")
+
+    @classmethod
+    def last(cls, hours: float = 24, *, as_of: datetime | None = None) -> Window:
+        """The `hours` before as_of (default now), as_of included as the clock."""
+        now = as_of or datetime.now(UTC)
+        return cls(start=now - timedelta(hours=hours), end=now, as_of=as_of)
+
+    def clock(self) -> datetime:
+        return self.as_of or datetime.now(UTC)
+
+    def shifted(self, delta: timedelta) -> Window:
+        """The same window moved by delta (as_of moved too when set)."""
+        return Window(
+            start=self.start + delta,
+            end=self.end + delta,
+            as_of=None if self.as_of is None else self.as_of + delta,
+        )
+
+
+def check_db(database: str | None) -> str:
+    """The database name, defaulted from settings; ValueError unless a plain identifier."""
+    db = settings.resolve(settings.DATABASE, database)
+    if not _DB_NAME.match(db):
+        raise ValueError(f"database name {db!r} is not a plain identifier")
+    return db
+
+
+def ns(t: datetime) -> int:
+    """Integer nanoseconds since the epoch of an aware datetime."""
+    if t.tzinfo is None:
+        raise ValueError(f"naive datetime {t}: pass an aware UTC datetime")
+    delta = t - datetime(1970, 1, 1, tzinfo=UTC)
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000_000 + delta.microseconds * 1000
+
+
+def ts(t: datetime) -> str:
+    """SQL literal DateTime64(9,'UTC') of an aware datetime (built from an int: no injection)."""
+    return f"fromUnixTimestamp64Nano(toInt64({ns(t)}), 'UTC')"
+
+
+def check_dims(by) -> tuple[str, ...]:
+    by = (by,) if isinstance(by, str) else tuple(by or ())
+    for d in by:
+        if d not in DIMENSIONS:
+            raise ValueError(f"unknown dimension {d!r}; choose from {', '.join(DIMENSIONS)}")
+    if len(set(by)) != len(by):
+        raise ValueError(f"dimension repeated in by={by!r}")
+    return by
+
+
+def dim_expr(dim: str) -> str:
+    """SQL over a summary row (after the per-handoff GROUP BY) for one dimension."""
+    if dim == "pair":
+        return "concat(from_agent, '->', to_agent)"
+    if dim == "capability":
+        return "arrayJoin(if(empty(capabilities), [''], capabilities))"
+    return dim
+
+
+def bucket_expr(bucket: str | None) -> str | None:
+    if bucket not in BUCKETS:
+        raise ValueError(f"bucket must be one of None, 'hour', 'day'; got {bucket!r}")
+    if bucket is None:
+        return None
+    fn = "toStartOfHour" if bucket == "hour" else "toStartOfDay"
+    return f"{fn}(toDateTime(created, 'UTC'))"
+
+
+def cohort_sql(db: str, window: Window, *, tenant_param: bool, extra_where: str = "") -> str:
+    """SQL of one row per cohort handoff with its summary columns plus the contract flags.
+
+    Flags (Bool): is_settled, is_a, is_e, is_v, is_k, is_unk (ever entered unknown),
+    is_unresolved (entered and never left unknown), is_esc (mode escalate or reached escalated), plus deadline_eff (ms).
+    """
+    as_of = ts(window.clock())
+    grace = SETTLE_GRACE_MS
+    tenant_where = "WHERE tenant = {tenant:String}" if tenant_param else ""
+    ok_bit = "(first_result != 65535 AND first_result % 2 = 1)"
+    return f"""
+SELECT *,
+    {cs.has("tmask", cs.TERMINAL_MASK)}
+        OR toUnixTimestamp64Nano({as_of}) - toUnixTimestamp64Nano(created)
+           > (deadline_eff + {grace}) * 1000000 AS is_settled,
+    {cs.has("tmask", cs.ACCEPTED_MASK)} AS is_a,
+    {cs.has("tmask", cs.EXECUTED_MASK)} AS is_e,
+    is_e AND {ok_bit} AS is_v,
+    is_v AND {cs.has("tmask", cs.COMMITTED_MASK)} AS is_k,
+    {cs.has("tmask", cs.UNKNOWN_IN_MASK)} AS is_unk,
+    is_unk AND NOT {cs.has("tmask", cs.UNKNOWN_OUT_MASK)} AS is_unresolved,
+    mode = 'escalate' OR {cs.has("tmask", cs.ESCALATED_MASK)} AS is_esc,
+    {cs.last_state_expr("tmask")} AS last_state
+FROM (
+    SELECT tenant, handoff_id,
+        max(task_id) AS task_id,
+        min(created) AS created,
+        max(deadline_ms) AS deadline_raw,
+        coalesce(deadline_raw, {DEFAULT_DEADLINE_MS}) AS deadline_eff,
+        max(protocol) AS protocol, max(mode) AS mode,
+        max(from_agent) AS from_agent, max(to_agent) AS to_agent,
+        max(topology) AS topology, max(idempotency_key) AS idempotency_key,
+        max(capabilities) AS capabilities,
+        groupBitOr(tmask) AS tmask, min(first_result) AS first_result,
+        min(t_accepted) AS t_accepted, min(t_running) AS t_running,
+        min(t_result) AS t_result, min(t_committed) AS t_committed,
+        min(t_unknown_in) AS t_unknown_in, min(t_unknown_out) AS t_unknown_out,
+        max(last_seen) AS last_seen,
+        sum(transitions) AS transitions, sum(uncounted) AS uncounted
+    FROM {db}.handoff_summary
+    {tenant_where}
+    GROUP BY tenant, handoff_id
+    HAVING created IS NOT NULL
+       AND created >= {ts(window.start)} AND created < {ts(window.end)}
+)
+{extra_where}
+"""

@@ -1,0 +1,338 @@
+"""The handoff funnel and its companions, computed in SQL over handoff_summary (sql/003).
+
+Contract: /work/shared/DESIGN.md "Metric contract"; decisions where it is silent:
+docs/metrics.md. Every loader takes a clickhouse-connect `client` and keyword-only
+arguments; rates with an empty denominator are NaN (shown "—"), never 0.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Final
+
+import pandas as pd
+
+from analytics import _contract_sql as cs
+from analytics._common import (
+    DIMENSIONS,
+    Window,
+    bucket_expr,
+    check_db,
+    check_dims,
+    cohort_sql,
+    dim_expr,
+)
+
+if TYPE_CHECKING:
+    from clickhouse_connect.driver.client import Client
+
+__all__ = [
+    "COUNT_COLUMNS",
+    "RATE_COLUMNS",
+    "STAGES",
+    "find_handoffs",
+    "funnel",
+    "handoffs_behind",
+    "latencies",
+    "rate",
+    "task_stats",
+]
+
+COUNT_COLUMNS: Final = (
+    "settled",
+    "in_flight",
+    "accepted",
+    "executed",
+    "evidenced",
+    "committed",
+    "unknown",
+    "escalated",
+    "unresolved_now",
+    "volume",
+)
+RATE_COLUMNS: Final = (
+    "p_accept",
+    "p_execute",
+    "p_evidence",
+    "p_commit",
+    "p_e2e",
+    "unknown_rate",
+    "escalation_rate",
+)
+
+#: handoffs_behind stages -> SQL condition over the cohort flags (see analytics._common).
+STAGES: Final = {
+    "all": "1",
+    "settled": "is_settled",
+    "in_flight": "NOT is_settled",
+    "accepted": "is_settled AND is_a",
+    "not_accepted": "is_settled AND NOT is_a",
+    "executed": "is_settled AND is_e",
+    "not_executed": "is_settled AND is_a AND NOT is_e",
+    "evidenced": "is_settled AND is_v",
+    "not_evidenced": "is_settled AND is_e AND NOT is_v",
+    "committed": "is_settled AND is_k",
+    "not_committed": "is_settled AND is_v AND NOT is_k",
+    "unknown": "is_settled AND is_unk",
+    "unresolved": "is_unresolved",
+    "escalated": "is_settled AND is_esc",
+}
+
+_LIST_COLUMNS: Final = (
+    "handoff_id",
+    "task_id",
+    "tenant",
+    "from_agent",
+    "to_agent",
+    "mode",
+    "created",
+    "last_state",
+)
+
+
+def rate(num: float, den: float) -> float:
+    """num/den, or NaN when den is 0 (an undefined rate is never shown as 0)."""
+    return float(num) / float(den) if den else math.nan
+
+
+def _params(tenant: str | None) -> dict[str, Any]:
+    return {"tenant": tenant} if tenant is not None else {}
+
+
+def _group_select(by: tuple[str, ...], bucket: str | None) -> tuple[list[str], list[str]]:
+    sel = [f"{dim_expr(d)} AS {d}" for d in by]
+    keys = list(by)
+    b = bucket_expr(bucket)
+    if b:
+        sel.append(f"{b} AS bucket")
+        keys.append("bucket")
+    return sel, keys
+
+
+def funnel(
+    client: Client,
+    *,
+    database: str | None = None,
+    window: Window,
+    by=(),
+    tenant: str | None = None,
+    bucket: str | None = None,
+) -> pd.DataFrame:
+    """The funnel of the cohort created in `window`: one row per group (one row when by=()).
+
+    Columns: [*by, "bucket"] + counts (settled, in_flight, accepted, executed, evidenced,
+    committed, unknown, escalated, unresolved_now, volume; handoffs) + rates (p_accept,
+    p_execute, p_evidence, p_commit, p_e2e, unknown_rate, escalation_rate; fractions 0..1,
+    NaN when undefined). `by` ⊆ DIMENSIONS; bucket None | "hour" | "day" (of created time,
+    UTC). Raises ValueError for an unknown dimension or bucket.
+    """
+    db = check_db(database)
+    by = check_dims(by)
+    sel, keys = _group_select(by, bucket)
+    group = f"GROUP BY {', '.join(keys)} ORDER BY {', '.join(keys)}" if keys else ""
+    sql = f"""
+SELECT {"".join(s + ", " for s in sel)}
+    count() AS volume,
+    countIf(is_settled) AS settled,
+    countIf(NOT is_settled) AS in_flight,
+    countIf(is_settled AND is_a) AS accepted,
+    countIf(is_settled AND is_e) AS executed,
+    countIf(is_settled AND is_v) AS evidenced,
+    countIf(is_settled AND is_k) AS committed,
+    countIf(is_settled AND is_unk) AS unknown,
+    countIf(is_settled AND is_esc) AS escalated,
+    countIf(is_unresolved) AS unresolved_now
+FROM ({cohort_sql(db, window, tenant_param=tenant is not None)})
+{group}
+"""
+    df = client.query_df(sql, parameters=_params(tenant))
+    if df.empty and not keys:
+        df = pd.DataFrame([dict.fromkeys(COUNT_COLUMNS, 0)])
+    return _with_rates(df, keys)
+
+
+def _with_rates(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    for c in COUNT_COLUMNS:
+        df[c] = df[c].astype("int64") if len(df) else pd.Series(dtype="int64")
+
+    def col(num: str, den: str) -> list[float]:
+        return [rate(n, d) for n, d in zip(df[num], df[den], strict=True)]
+
+    df["p_accept"] = col("accepted", "settled")
+    df["p_execute"] = col("executed", "accepted")
+    df["p_evidence"] = col("evidenced", "executed")
+    df["p_commit"] = col("committed", "evidenced")
+    df["p_e2e"] = col("committed", "settled")
+    df["unknown_rate"] = col("unknown", "settled")
+    df["escalation_rate"] = col("escalated", "settled")
+    for c in RATE_COLUMNS:
+        df[c] = df[c].astype("float64")
+    if "bucket" in df:
+        df["bucket"] = pd.to_datetime(df["bucket"]).dt.tz_localize(None).dt.tz_localize("UTC")
+    return df[[*keys, *COUNT_COLUMNS, *RATE_COLUMNS]].reset_index(drop=True)
+
+
+def latencies(
+    client: Client,
+    *,
+    database: str | None = None,
+    window: Window,
+    by=(),
+    tenant: str | None = None,
+) -> pd.DataFrame:
+    """Latency percentiles (milliseconds) of the cohort, per group.
+
+    Columns [*by] + {accept,result,commit,resolve}_{p50,p95,p99}_ms and *_n (samples):
+    accept = created→accepted, result = running→first result, commit = created→committed,
+    resolve = entered unknown→left unknown. Only handoffs with both times count; a negative
+    difference (clock skew, reported as an anomaly) is left out. NaN without samples.
+    """
+    db = check_db(database)
+    by = check_dims(by)
+    sel, keys = _group_select(by, None)
+    pairs = {
+        "accept": ("created", "t_accepted"),
+        "result": ("t_running", "t_result"),
+        "commit": ("created", "t_committed"),
+        "resolve": ("t_unknown_in", "t_unknown_out"),
+    }
+    parts = []
+    for name, (a, b) in pairs.items():
+        d = f"(toUnixTimestamp64Nano({b}) - toUnixTimestamp64Nano({a})) / 1e6"
+        cond = f"{a} IS NOT NULL AND {b} IS NOT NULL AND {d} >= 0"
+        parts.append(f"quantilesExactIf(0.5, 0.95, 0.99)(assumeNotNull({d}), {cond}) AS q_{name}")
+        parts.append(f"countIf({cond}) AS {name}_n")
+    group = f"GROUP BY {', '.join(keys)} ORDER BY {', '.join(keys)}" if keys else ""
+    sql = f"""
+SELECT {"".join(s + ", " for s in sel)} {", ".join(parts)}
+FROM ({cohort_sql(db, window, tenant_param=tenant is not None)})
+{group}
+"""
+    raw = client.query_df(sql, parameters=_params(tenant))
+    out = raw[keys].copy() if keys else pd.DataFrame(index=range(max(len(raw), 1)))
+    for name in pairs:
+        n = raw[f"{name}_n"].astype("int64") if len(raw) else pd.Series([0])
+        q = raw[f"q_{name}"] if len(raw) else pd.Series([[]])
+        for i, p in enumerate(("p50", "p95", "p99")):
+            out[f"{name}_{p}_ms"] = [
+                float(v[i]) if cnt else math.nan for v, cnt in zip(q, n, strict=True)
+            ]
+        out[f"{name}_n"] = list(n)
+    return out.reset_index(drop=True)
+
+
+def task_stats(
+    client: Client, *, database: str | None = None, window: Window, tenant: str | None = None
+) -> dict[str, float | int]:
+    """Task level over the cohort: tasks, tasks_committed (≥1 handoff committed with evidence,
+    i.e. K), task_success_rate (NaN without tasks), attempts_per_task (handoffs per task)."""
+    db = check_db(database)
+    sql = f"""
+SELECT count() AS tasks, countIf(ok) AS tasks_committed, sum(n) AS handoffs
+FROM (
+    SELECT tenant, task_id, max(is_k) AS ok, count() AS n
+    FROM ({cohort_sql(db, window, tenant_param=tenant is not None)})
+    GROUP BY tenant, task_id
+)
+"""
+    tasks, committed, handoffs = client.query(sql, parameters=_params(tenant)).result_rows[0]
+    return {
+        "tasks": int(tasks),
+        "tasks_committed": int(committed),
+        "task_success_rate": rate(committed, tasks),
+        "attempts_per_task": rate(handoffs, tasks),
+    }
+
+
+def _filters_sql(filters: dict[str, str] | None, params: dict[str, Any]) -> list[str]:
+    conds = []
+    for i, (dim, value) in enumerate((filters or {}).items()):
+        if dim not in DIMENSIONS:
+            raise ValueError(
+                f"unknown filter dimension {dim!r}; choose from {', '.join(DIMENSIONS)}"
+            )
+        key = f"f{i}"
+        params[key] = str(value)
+        if dim == "capability":
+            conds.append(
+                f"(has(capabilities, {{{key}:String}}) OR (empty(capabilities) AND {{{key}:String}} = ''))"
+            )
+        else:
+            conds.append(f"{dim_expr(dim)} = {{{key}:String}}")
+    return conds
+
+
+def handoffs_behind(
+    client: Client,
+    *,
+    database: str | None = None,
+    window: Window,
+    stage: str = "settled",
+    tenant: str | None = None,
+    filters: dict[str, str] | None = None,
+    anomaly: str | None = None,
+    limit: int = 200,
+) -> pd.DataFrame:
+    """The cohort handoffs behind one number: columns handoff_id, task_id, tenant, from_agent,
+    to_agent, mode, created (UTC), last_state; newest first, at most `limit` rows.
+
+    stage ∈ STAGES ("not_accepted" = settled and never accepted, etc.); filters {dimension:
+    value}; anomaly one of ANOMALY_KINDS (handoffs flagged with it). ValueError otherwise.
+    """
+    db = check_db(database)
+    if stage not in STAGES:
+        raise ValueError(f"unknown stage {stage!r}; choose from {', '.join(STAGES)}")
+    if not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"limit must be a positive int, got {limit!r}")
+    params = _params(tenant)
+    conds = [STAGES[stage], *_filters_sql(filters, params)]
+    if anomaly is not None:
+        from analytics.anomalies import anomaly_handoff_ids
+
+        ids = anomaly_handoff_ids(
+            client, database=db, window=window, kind=anomaly, tenant=tenant, limit=100_000
+        )
+        params["anomaly_ids"] = ids
+        conds.append("handoff_id IN {anomaly_ids:Array(String)}")
+    sql = f"""
+SELECT {", ".join(_LIST_COLUMNS)}
+FROM ({cohort_sql(db, window, tenant_param=tenant is not None)})
+WHERE {" AND ".join(f"({c})" for c in conds)}
+ORDER BY created DESC, handoff_id
+LIMIT {int(limit)}
+"""
+    return _shape_list(client.query_df(sql, parameters=params))
+
+
+def _shape_list(df: pd.DataFrame) -> pd.DataFrame:
+    if df.empty:
+        return pd.DataFrame({c: pd.Series(dtype="object") for c in _LIST_COLUMNS})
+    df["created"] = pd.to_datetime(df["created"]).dt.tz_localize(None).dt.tz_localize("UTC")
+    return df[list(_LIST_COLUMNS)].reset_index(drop=True)
+
+
+def find_handoffs(
+    client: Client, *, database: str | None = None, query: str, limit: int = 50
+) -> pd.DataFrame:
+    """Handoffs whose handoff_id, task_id or idempotency_key equals `query` (or whose
+    handoff_id starts with it); same columns as handoffs_behind, newest first. The query
+    is a bound parameter. ValueError for an empty query."""
+    db = check_db(database)
+    q = (query or "").strip()
+    if not q:
+        raise ValueError("query must be a non-empty handoff_id, task_id or idempotency_key")
+    sql = f"""
+SELECT handoff_id, max(task_id) AS task_id, tenant, max(from_agent) AS from_agent,
+    max(to_agent) AS to_agent, max(mode) AS mode, min(created) AS created,
+    {cs.last_state_expr("groupBitOr(tmask)")} AS last_state
+FROM {db}.handoff_summary
+WHERE handoff_id IN (
+    SELECT handoff_id FROM {db}.handoff_transitions
+    WHERE handoff_id = {{q:String}} OR task_id = {{q:String}} OR idempotency_key = {{q:String}}
+       OR startsWith(handoff_id, {{q:String}})
+)
+GROUP BY tenant, handoff_id
+ORDER BY created DESC, handoff_id
+LIMIT {int(limit)}
+"""
+    return _shape_list(client.query_df(sql, parameters={"q": q}))
