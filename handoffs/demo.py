@@ -1,0 +1,228 @@
+"""`handoffs demo`: serve on the embedded store + simulated agents + the dashboard.
+
+Starts `handoffs serve --store chdb://<data>` as a subprocess with one demo token per tenant,
+waits for /health, backfills a past window (default 7 days), then keeps a live trickle going
+and (unless disabled) runs `handoffs dashboard` against serve's query port. Stops after
+`duration_s` or on SIGINT/SIGTERM: the exporters are flushed first, then serve gets SIGTERM
+and drains, so everything sent is stored and the CLI can open the same data directory.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+from handoffs.simulator import (
+    EmitStats,
+    Emitter,
+    FailureRates,
+    ScenarioConfig,
+    SkillOutage,
+    otlp_exporter_factory,
+    run_backfill,
+    run_live,
+)
+
+__all__ = ["DEMO_TENANTS", "DemoOptions", "demo_tokens", "run_demo"]
+
+_S = 1_000_000_000
+#: Demo tenants and their traffic share; each gets the bearer token `demo-<tenant>`.
+DEMO_TENANTS = {"acme": 0.5, "globex": 0.3, "initech": 0.2}
+
+
+def demo_tokens(tenants: dict[str, float] | None = None) -> dict[str, str]:
+    """tenant -> bearer token of the demo (`demo-<tenant>`); not secrets, loopback only."""
+    return {t: f"demo-{t}" for t in (tenants or DEMO_TENANTS)}
+
+
+@dataclass(frozen=True, slots=True)
+class DemoOptions:
+    """Settings of one demo run. Ports 0 pick free ones. Durations in seconds."""
+
+    data_dir: Path = field(default_factory=lambda: Path("handoffs-data"))
+    otlp_port: int = 4318
+    query_port: int = 8124
+    dashboard: bool = True
+    dashboard_port: int = 8501
+    duration_s: float | None = None
+    backfill_days: float = 7.0
+    backfill_handoffs: int = 20_000
+    live_rate: float = 2.0
+    seed: int = 7
+    rates: FailureRates = field(default_factory=FailureRates)
+    latency_scale_live: float = 0.05  # live handoffs finish in seconds, not minutes
+
+    def __post_init__(self) -> None:
+        if self.backfill_days <= 0:
+            raise ValueError(f"backfill_days: must be > 0, got {self.backfill_days}")
+        if self.backfill_handoffs < 0:
+            raise ValueError(f"backfill_handoffs: must be >= 0, got {self.backfill_handoffs}")
+        if self.live_rate <= 0:
+            raise ValueError(f"live_rate: must be > 0 handoffs/s, got {self.live_rate}")
+        if self.duration_s is not None and self.duration_s < 0:
+            raise ValueError(f"duration_s: must be >= 0, got {self.duration_s}")
+
+
+def run_demo(
+    opts: DemoOptions,
+    *,
+    out: TextIO = sys.stdout,
+    stop: threading.Event | None = None,
+    progress: bool = True,
+) -> int:
+    """Run the demo until opts.duration_s elapses or `stop` is set (SIGINT/SIGTERM set it when
+    called from the main thread). Returns 0, or 3 when serve cannot start."""
+    from ingest.testing import free_port, start_serve
+
+    stop = stop or threading.Event()
+    restore = _install_signal_handlers(stop)
+    data = opts.data_dir.resolve()
+    (data / "logs").mkdir(parents=True, exist_ok=True)
+    tokens = demo_tokens()
+    spec = ",".join(f"{tok}={tenant}" for tenant, tok in tokens.items())
+    t0 = time.monotonic()
+    print(f"starting serve on chdb://{data} ...", file=out, flush=True)
+    try:
+        serve = start_serve(
+            data / "logs",
+            spec,
+            store_dir=data,
+            otlp_port=opts.otlp_port or free_port(),
+            query_port=opts.query_port or free_port(),
+        )
+    except RuntimeError as exc:
+        print(f"handoffs demo: serve did not start: {str(exc).splitlines()[0]}", file=sys.stderr)
+        print(f"  log: {data / 'logs'}", file=sys.stderr)
+        restore()
+        return 3
+    print(
+        f"serve up in {time.monotonic() - t0:.1f}s: OTLP {serve.otlp_url}, queries {serve.query_url}",
+        file=out,
+        flush=True,
+    )
+    dash: subprocess.Popen | None = None
+    stats: EmitStats | None = None
+    try:
+        emitter = Emitter(
+            exporter_factory=otlp_exporter_factory(serve.otlp_url),
+            tokens=tokens,
+            service_name="demo-agents",
+        )
+        now = time.time_ns()
+        start = now - int(opts.backfill_days * 86400 * _S)
+        outage = SkillOutage(
+            "coder",
+            "code.test",
+            start + int((now - start) * 0.70),
+            start + int((now - start) * 0.74),
+            reject_rate=0.9,
+        )
+        cfg = ScenarioConfig(
+            seed=opts.seed,
+            tenants=DEMO_TENANTS,
+            rates=opts.rates,
+            outage=outage,
+            id_prefix=f"d{now // _S:x}-",
+        )
+        t1 = time.monotonic()
+        stats = run_backfill(
+            emitter,
+            cfg,
+            start_ns=start,
+            end_ns=now,
+            handoffs=opts.backfill_handoffs,
+            progress=progress,
+            stop=stop,
+        )
+        emitter.flush()
+        print(
+            f"backfilled {stats.intents} handoff intents ({stats.handoffs} attempts, "
+            f"{stats.spans} spans) over {opts.backfill_days:g} days in {time.monotonic() - t1:.1f}s",
+            file=out,
+            flush=True,
+        )
+        if opts.dashboard and not stop.is_set():
+            dash = _start_dashboard(serve.query_url, opts.dashboard_port, data / "logs")
+            print(f"dashboard: http://127.0.0.1:{opts.dashboard_port}", file=out, flush=True)
+        if not stop.is_set():
+            remaining = None
+            if opts.duration_s is not None:
+                remaining = max(0.0, opts.duration_s - (time.monotonic() - t0))
+            print(
+                f"live traffic at ~{opts.live_rate:g} handoffs/s"
+                + (f" for {remaining:.0f}s" if remaining is not None else "; Ctrl-C to stop"),
+                file=out,
+                flush=True,
+            )
+            live_cfg = ScenarioConfig(
+                seed=opts.seed,
+                tenants=DEMO_TENANTS,
+                rates=opts.rates,
+                latency_scale=opts.latency_scale_live,
+                id_prefix=cfg.id_prefix,
+            )
+            run_live(emitter, live_cfg, rate=opts.live_rate, duration_s=remaining, stop=stop)
+        stats = emitter.close()
+    finally:
+        if dash is not None and dash.poll() is None:
+            dash.terminate()
+            try:
+                dash.wait(20)
+            except subprocess.TimeoutExpired:
+                dash.kill()
+        code = serve.stop()
+        restore()
+    if stats is not None:
+        print(
+            f"stopped: {stats.spans} spans sent, {stats.exported} exported, "
+            f"{stats.export_failed} failed; serve exit {code}. "
+            f"Data in {data}: handoffs metrics --store chdb://{data}",
+            file=out,
+            flush=True,
+        )
+    return 0
+
+
+def _start_dashboard(query_url: str, port: int, logs: Path) -> subprocess.Popen:
+    log = open(logs / "dashboard.log", "wb")  # noqa: SIM115 - the child keeps writing to it
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "handoffs", "dashboard", "--store", query_url, "--port", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    log.close()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2).close()
+            break
+        except (urllib.error.URLError, OSError):
+            time.sleep(0.2)
+    return proc
+
+
+def _install_signal_handlers(stop: threading.Event):
+    """SIGINT/SIGTERM set `stop` (main thread only); returns a function restoring the old ones."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def handler(signum, frame):
+        stop.set()
+
+    for s in old:
+        signal.signal(s, handler)
+
+    def restore() -> None:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+    return restore
