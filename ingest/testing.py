@@ -152,3 +152,114 @@ def start_serve(
             time.sleep(0.05)
     handle.kill()
     raise RuntimeError(f"serve did not answer /health within {timeout}s:\n{handle.log()}")
+
+
+# --------------------------------------------------------------------- building requests
+
+
+def _any_value_json(v: object) -> dict:
+    if isinstance(v, bool):
+        return {"boolValue": v}
+    if isinstance(v, int):
+        return {"intValue": str(v)}
+    if isinstance(v, float):
+        return {"doubleValue": v}
+    if isinstance(v, (list, tuple)):
+        return {"arrayValue": {"values": [_any_value_json(x) for x in v]}}
+    if isinstance(v, dict):
+        return {
+            "kvlistValue": {
+                "values": [{"key": k, "value": _any_value_json(x)} for k, x in v.items()]
+            }
+        }
+    return {"stringValue": str(v)}
+
+
+def span_json(
+    *,
+    trace_id: str,
+    span_id: str,
+    attributes: dict,
+    start_ns: int,
+    name: str = "handoff",
+    end_ns: int | None = None,
+    parent_span_id: str = "",
+) -> dict:
+    """One OTLP/JSON span; attribute values typed by their Python type (int, bool, list...)."""
+    return {
+        "traceId": trace_id,
+        "spanId": span_id,
+        "parentSpanId": parent_span_id,
+        "name": name,
+        "kind": 1,
+        "startTimeUnixNano": str(start_ns),
+        "endTimeUnixNano": str(end_ns or start_ns + 1000),
+        "attributes": [{"key": k, "value": _any_value_json(v)} for k, v in attributes.items()],
+    }
+
+
+def request_json(spans: list[dict], *, service: str = "test-agent") -> dict:
+    """An OTLP/JSON ExportTraceServiceRequest document holding `spans` (see span_json)."""
+    return {
+        "resourceSpans": [
+            {
+                "resource": {
+                    "attributes": [{"key": "service.name", "value": {"stringValue": service}}]
+                },
+                "scopeSpans": [
+                    {"scope": {"name": "ingest.testing", "version": "1"}, "spans": spans}
+                ],
+            }
+        ]
+    }
+
+
+def request_protobuf(spans: list[dict], *, service: str = "test-agent") -> bytes:
+    """The same request as request_json, serialized as OTLP protobuf."""
+    import copy
+
+    from google.protobuf.json_format import ParseDict
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    doc = copy.deepcopy(request_json(spans, service=service))
+    # protobuf's JSON mapping wants base64 ids; OTLP JSON uses hex.
+    import base64
+
+    for rs in doc["resourceSpans"]:
+        for ss in rs["scopeSpans"]:
+            for sp in ss["spans"]:
+                for key in ("traceId", "spanId", "parentSpanId"):
+                    sp[key] = base64.b64encode(bytes.fromhex(sp[key])).decode()
+    return ParseDict(doc, ExportTraceServiceRequest()).SerializeToString()
+
+
+def transition(
+    handoff_id: str,
+    event: str,
+    from_state: str,
+    to_state: str,
+    *,
+    task_id: str = "task-1",
+    actor: str = "agent-b",
+    **extra: object,
+) -> dict:
+    """Wire attributes of one transition (`create` gets the required envelope fields)."""
+    attrs: dict = {
+        "handoff.task_id": task_id,
+        "handoff.handoff_id": handoff_id,
+        "handoff.event": event,
+        "handoff.from_state": from_state,
+        "handoff.to_state": to_state,
+        "handoff.actor": actor,
+    }
+    if event == "create":
+        attrs.update(
+            {
+                "handoff.protocol": "aa-handoff/v1",
+                "handoff.mode": "delegate",
+                "handoff.from_agent": "agent-a",
+                "handoff.to_agent": "agent-b",
+            }
+        )
+    attrs.update({k.replace("__", "."): v for k, v in extra.items()})
+    return attrs
