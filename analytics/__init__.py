@@ -15,6 +15,7 @@ from analytics.metrics import (
     latencies,
     task_stats,
 )
+from analytics.report import weekly_report
 
 __all__ = [
     "ANOMALY_KINDS",
@@ -31,4 +32,5 @@ __all__ = [
     "latencies",
     "task_stats",
     "verify_package",
+    "weekly_report",
 ]
