@@ -36,6 +36,7 @@ _CONTENT_TYPES: Final = {
 }
 _RPC_CODES: Final = {400: 3, 401: 16, 404: 5, 411: 3, 413: 8, 415: 3, 503: 14, 500: 13}
 RETRY_AFTER_S: Final = 1
+_DRAIN_MAX: Final = 256 * 1024 * 1024  # oversized bodies up to this are read and discarded
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +182,15 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError:
             raise _HttpError(400, f"bad Content-Length {length!r}") from None
         if n > limit:
+            # Read and discard a moderately oversized body so the client sees the 413 instead
+            # of a reset while it is still sending; beyond that, just close the connection.
+            if n <= _DRAIN_MAX:
+                left = n
+                while left > 0:
+                    chunk = self.rfile.read(min(left, 1 << 20))
+                    if not chunk:
+                        break
+                    left -= len(chunk)
             raise _HttpError(413, f"body of {n} bytes exceeds the limit of {limit} bytes")
         data = self.rfile.read(n)
         if len(data) != n:

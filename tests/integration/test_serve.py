@@ -1,0 +1,230 @@
+"""`handoffs serve` (subprocess) answering bad and good OTLP requests as the spec says.
+
+One serve with two tenants' tokens for the module; each test asserts status code and message
+and what was stored; the last test checks that every span acknowledged in the module is
+stored exactly once.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+import time
+
+import pytest
+import requests
+from google.rpc import status_pb2
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+from ingest.testing import request_json, request_protobuf, span_json, start_serve, transition
+
+TOKENS = "tok-acme=acme,tok-globex=globex"
+ACME = {"Authorization": "Bearer tok-acme"}
+PB = {"Content-Type": "application/x-protobuf"}
+JS = {"Content-Type": "application/json"}
+_rng = random.Random(20261130)
+ACKED: list[str] = []  # span ids acknowledged with 200 and not rejected
+
+
+@pytest.fixture(scope="module")
+def serve(tmp_path_factory):
+    h = start_serve(tmp_path_factory.mktemp("serve"), TOKENS)
+    yield h
+    assert h.stop() == 0, h.log()
+
+
+@pytest.fixture(scope="module")
+def ch(serve):
+    c = serve.client()
+    yield c
+    c.close()
+
+
+def _span(attrs, *, name="handoff"):
+    sid = f"{_rng.getrandbits(64) | 1:016x}"
+    return span_json(
+        trace_id=f"{_rng.getrandbits(128) | 1:032x}",
+        span_id=sid,
+        attributes=attrs,
+        start_ns=time.time_ns() - _rng.randrange(10**12),
+        name=name,
+    )
+
+
+def _post(serve, body, headers, **kw):
+    return requests.post(
+        f"{serve.otlp_url}/v1/traces", data=body, headers=headers, timeout=60, **kw
+    )
+
+
+def _status(resp) -> status_pb2.Status:
+    return status_pb2.Status.FromString(resp.content)
+
+
+def test_health(serve):
+    r = requests.get(f"{serve.otlp_url}/health", timeout=10)
+    assert r.status_code == 200 and r.json()["status"] == "ok"
+
+
+def test_good_batch_with_partly_bad_spans_gets_partial_success(serve, ch):
+    good = [_span(transition(f"h-{i}", "create", "", "created")) for i in range(3)]
+    bad = transition("h-bad", "create", "", "created")
+    bad["handoff.deadline_ms"] = "soon"
+    bad_span = _span(bad)
+    r = _post(serve, request_protobuf([*good, bad_span]), {**PB, **ACME})
+    assert r.status_code == 200
+    resp = ExportTraceServiceResponse.FromString(r.content)
+    assert resp.partial_success.rejected_spans == 1
+    assert "handoff.deadline_ms must be int, got string" in resp.partial_success.error_message
+    ACKED.extend(s["spanId"] for s in good)
+    serve.wait_stored()
+    rows = ch.query(
+        "SELECT reason, tenant FROM ingest_rejects WHERE span_id = {s:String}",
+        parameters={"s": bad_span["spanId"]},
+    ).result_rows
+    assert rows == [("attribute handoff.deadline_ms must be int, got string", "acme")]
+    n = ch.query(
+        "SELECT count() FROM otel_traces WHERE SpanId IN {ids:Array(String)}",
+        parameters={"ids": [s["spanId"] for s in good]},
+    ).result_rows[0][0]
+    assert n == 3
+
+
+def test_json_with_gzip_is_accepted(serve, ch):
+    spans = [_span(transition("h-json", "create", "", "created"))]
+    body = gzip.compress(json.dumps(request_json(spans)).encode())
+    r = _post(serve, body, {**JS, **ACME, "Content-Encoding": "gzip"})
+    assert r.status_code == 200 and r.json() == {}
+    ACKED.extend(s["spanId"] for s in spans)
+
+
+def test_truncated_protobuf_is_400(serve):
+    body = request_protobuf([_span(transition("h-t", "create", "", "created"))])
+    r = _post(serve, body[:-9], {**PB, **ACME})
+    assert r.status_code == 400
+    assert "not a valid OTLP ExportTraceServiceRequest protobuf" in _status(r).message
+
+
+def test_wrong_json_shape_is_400_naming_the_path(serve):
+    r = _post(serve, json.dumps({"resourceSpans": [{"scopeSpans": {"spans": []}}]}), {**JS, **ACME})
+    assert r.status_code == 400
+    assert "resourceSpans[0].scopeSpans: expected an array" in r.json()["message"]
+
+
+def test_wrong_attribute_types_reject_spans(serve, ch):
+    a = transition("h-w", "create", "", "created")
+    a["handoff.capabilities"] = "search"
+    r = _post(serve, json.dumps(request_json([_span(a)])), {**JS, **ACME})
+    assert r.status_code == 200
+    ps = r.json()["partialSuccess"]
+    assert ps["rejectedSpans"] == "1"
+    assert "handoff.capabilities must be string[], got string" in ps["errorMessage"]
+
+
+def test_illegal_transition_is_stored_and_flagged(serve, ch):
+    s = _span(transition("h-illegal", "commit", "created", "committed"))
+    r = _post(serve, request_protobuf([s]), {**PB, **ACME})
+    assert r.status_code == 200
+    assert ExportTraceServiceResponse.FromString(r.content).partial_success.rejected_spans == 0
+    ACKED.append(s["spanId"])
+    serve.wait_stored()
+    rows = ch.query(
+        "SELECT valid, attributes['handoff.invalid_reason'], tenant FROM handoff_transitions "
+        "WHERE span_id = {s:String}",
+        parameters={"s": s["spanId"]},
+    ).result_rows
+    assert len(rows) == 1
+    valid, reason, tenant = rows[0]
+    assert valid is False and "not allowed from state 'created'" in reason and tenant == "acme"
+
+
+def test_body_over_the_limit_is_413(serve):
+    body = b"\x0a" * (50 * 1024 * 1024)
+    r = _post(serve, body, {**PB, **ACME})
+    assert r.status_code == 413
+    assert "exceeds the limit" in _status(r).message
+
+
+def test_gzip_bomb_is_413(serve):
+    body = gzip.compress(b"\x00" * (20 * 1024 * 1024))
+    r = _post(serve, body, {**PB, **ACME, "Content-Encoding": "gzip"})
+    assert r.status_code == 413
+    assert "after gunzip" in _status(r).message
+
+
+def test_unknown_content_type_is_415(serve):
+    r = _post(serve, b"hello", {"Content-Type": "text/plain", **ACME})
+    assert r.status_code == 415
+    assert "unsupported Content-Type 'text/plain'" in r.json()["message"]
+
+
+@pytest.mark.parametrize(
+    ("headers", "message"),
+    [({}, "missing bearer token"), ({"Authorization": "Bearer nope"}, "unknown bearer token")],
+)
+def test_missing_or_wrong_token_is_401(serve, headers, message):
+    body = request_protobuf([_span(transition("h-a", "create", "", "created"))])
+    r = _post(serve, body, {**PB, **headers})
+    assert r.status_code == 401
+    assert _status(r).message.startswith(message)
+
+
+def test_span_claiming_another_tenant_is_stored_under_the_credential(serve, ch):
+    a = transition("h-claim", "create", "", "created")
+    a["handoff.tenant"] = "acme"  # claims acme, sent with globex's token
+    s = _span(a)
+    r = _post(serve, request_protobuf([s]), {**PB, "Authorization": "Bearer tok-globex"})
+    assert r.status_code == 200
+    ACKED.append(s["spanId"])
+    serve.wait_stored()
+    rows = ch.query(
+        "SELECT tenant, claimed_tenant, attributes['handoff.tenant_mismatch'] FROM handoff_transitions "
+        "WHERE span_id = {s:String}",
+        parameters={"s": s["spanId"]},
+    ).result_rows
+    assert rows == [("globex", "acme", "true")]
+    assert ch.query(
+        "SELECT Tenant FROM otel_traces WHERE SpanId = {s:String}", parameters={"s": s["spanId"]}
+    ).result_rows == [("globex",)]
+
+
+def test_retried_request_is_stored_once(serve, ch):
+    spans = [_span(transition("h-retry", "create", "", "created"))]
+    body = request_protobuf(spans)
+    for _ in range(3):
+        assert _post(serve, body, {**PB, **ACME}).status_code == 200
+    ACKED.extend(s["spanId"] for s in spans)
+    serve.wait_stored()
+    assert serve.health()["duplicate_batches"] >= 2
+
+
+def test_query_port_is_read_only(ch):
+    from clickhouse_connect.driver.exceptions import DatabaseError
+
+    with pytest.raises(DatabaseError, match="READONLY") as exc:
+        ch.command("TRUNCATE TABLE otel_traces")
+    assert exc.value.code == 164
+    with pytest.raises(DatabaseError):
+        ch.insert("otel_traces", [["x"]], column_names=["TraceId"])
+
+
+def test_ledger_and_batch_chain_match(ch):
+    tl = ch.query("SELECT count() FROM transition_ledger").result_rows[0][0]
+    ht = ch.query("SELECT count() FROM handoff_transitions").result_rows[0][0]
+    assert tl == ht > 0
+    rows = ch.query("SELECT prev_chain_hash, chain_hash FROM ingest_batches").result_rows
+    prevs = {p for p, _ in rows}
+    heads = [c for _, c in rows if c not in prevs]
+    assert len(heads) == 1  # one unbroken chain
+    assert sum(1 for p, _ in rows if p == b"0" * 64 or p == "0" * 64) == 1
+
+
+def test_every_acknowledged_span_is_stored_exactly_once(serve, ch):
+    serve.wait_stored()
+    rows = ch.query(
+        "SELECT SpanId, count() FROM otel_traces WHERE SpanId IN {ids:Array(String)} GROUP BY SpanId",
+        parameters={"ids": ACKED},
+    ).result_rows
+    assert len(ACKED) >= 7
+    assert dict(rows) == dict.fromkeys(ACKED, 1)
