@@ -165,6 +165,13 @@ class Ingestor:
                 if item is None:
                     return
                 self._write(item, retry=True)
+            except Exception as exc:  # only when stopping: the record stays spooled for replay
+                log.error(
+                    "writer stopped with batch %s unstored (kept in the spool): %s",
+                    item and item.batch_id,
+                    exc,
+                )
+                return
             finally:
                 self._queue.task_done()
 
