@@ -87,8 +87,9 @@ UNKNOWN_OUT_MASK: Final = from_mask({State.UNKNOWN})
 ESCALATED_MASK: Final = into_mask({State.ESCALATED})
 REJECTED_MASK: Final = into_mask({State.REJECTED})
 ACCEPT_EVENT_MASK: Final = _mask(lambda f, e, t: (f, e, t) == ("created", "accept", "accepted"))
-RUNNING_OR_LATER_MASK: Final = reached_any_mask(
-    {State.RUNNING, State.PREPARED, State.COMMITTED, State.VERIFIED}
+#: Anything past `accepted`: running or later, unknown, or any terminal state.
+BEYOND_ACCEPTED_MASK: Final = reached_any_mask(
+    set(TERMINAL) | {State.RUNNING, State.PREPARED, State.UNKNOWN}
 )
 
 

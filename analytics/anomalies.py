@@ -38,7 +38,8 @@ DESCRIPTIONS: Final = {
     "committed_without_evidence": "reached committed/verified, but its first result carried no "
     "valid evidence (count >= 1 and valid = true)",
     "unknown_unresolved": "entered unknown and not resolved within the SLA (default 15 min)",
-    "accepted_never_started": "accepted, never running, and past its deadline",
+    "accepted_never_started": "still in accepted (never running, no unknown, no terminal state) "
+    "past its deadline",
     "bounce": "a transfer handed straight back (A->B transfer, then B->A transfer in the task)",
     "rejection_spike": "rejection rate of one to_agent+capability far above its baseline "
     "(the 7 windows before)",
@@ -109,7 +110,7 @@ WHERE event IN ('commit', 'resolve_committed') AND {in_cohort}
   AND {now_ns} - toUnixTimestamp64Nano(assumeNotNull(t_unknown_in)) > {int(sla_ms)} * 1000000"""
     if kind == "accepted_never_started":
         return f"""SELECT handoff_id FROM ({cohort})
-WHERE is_a AND NOT {cs.has("tmask", cs.RUNNING_OR_LATER_MASK)}
+WHERE is_a AND NOT {cs.has("tmask", cs.BEYOND_ACCEPTED_MASK)}
   AND {now_ns} - toUnixTimestamp64Nano(created) > deadline_eff * 1000000"""
     if kind == "implied_accept":
         return f"SELECT handoff_id FROM ({cohort}) WHERE is_a AND NOT {cs.has('tmask', cs.ACCEPT_EVENT_MASK)}"

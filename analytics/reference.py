@@ -213,7 +213,7 @@ def handoff_anomalies(
     if (
         f.created_ns is not None
         and f.a
-        and not (f.reached & {"running", "prepared", "committed", "verified"})
+        and not (f.reached & (set(TERMINAL) | {"running", "prepared", "unknown"}))
     ) and as_of_ns - f.created_ns > f.deadline_ms * 1_000_000:
         kinds.add("accepted_never_started")
     if f.created_ns is not None and f.a and not f.accept_seen:
