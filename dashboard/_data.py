@@ -87,7 +87,7 @@ def _call(fn: Any, store: str, database: str, **kwargs: Any) -> Any:
     c = _client(store, database)
     try:
         return fn(c, database=database, **kwargs)
-    except (StoreUnavailable, ValueError, LookupError):
+    except (StoreUnavailable, ValueError):
         raise
     except Exception as exc:  # the store went away or refused the query
         text = " ".join(str(exc).split())[:300]

@@ -253,7 +253,8 @@ def pickers(src: _data.Source, page: str, *, tenant_picker: bool = True) -> Pick
 
     tenant: str | None = None
     if tenant_picker:
-        with guard():
+        tenants: list[str] = []
+        try:
             by_tenant = _data.funnel(
                 src.store,
                 src.database,
@@ -262,11 +263,11 @@ def pickers(src: _data.Source, page: str, *, tenant_picker: bool = True) -> Pick
                 as_of.isoformat() if as_of else None,
                 by=("tenant",),
             )
-        options = (
-            [ALL_TENANTS, *sorted(str(t) for t in by_tenant["tenant"].tolist())]
-            if len(by_tenant)
-            else [ALL_TENANTS]
-        )
+            tenants = sorted(str(t) for t in by_tenant["tenant"].tolist()) if len(by_tenant) else []
+        except (_data.QueryFailed, ValueError, StoreUnavailable):
+            # the list is a convenience: without it the page still works for all tenants
+            sb.caption("(tenant list unavailable)")
+        options = [ALL_TENANTS, *tenants]
         if ss.get("w_tenant") and ss["w_tenant"] not in options:
             options.append(ss["w_tenant"])  # a tenant from a link with no handoffs in this window
         ss.setdefault("w_tenant", ALL_TENANTS)

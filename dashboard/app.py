@@ -11,19 +11,19 @@ _deep_link = "handoff_id" in st.query_params
 st.navigation(
     [
         st.Page(
-            "pages/overview.py",
+            "views/overview.py",
             title="Overview",
             icon=":material/monitoring:",
             default=not _deep_link,
         ),
-        st.Page("pages/slices.py", title="Slices", icon=":material/grid_view:"),
-        st.Page("pages/anomalies.py", title="Anomalies", icon=":material/report:"),
+        st.Page("views/slices.py", title="Slices", icon=":material/grid_view:"),
+        st.Page("views/anomalies.py", title="Anomalies", icon=":material/report:"),
         st.Page(
-            "pages/explorer.py",
+            "views/explorer.py",
             title="Handoff explorer",
             icon=":material/search:",
             default=_deep_link,
         ),
-        st.Page("pages/reports.py", title="Reports", icon=":material/description:"),
+        st.Page("views/reports.py", title="Reports", icon=":material/description:"),
     ]
 ).run()

@@ -108,17 +108,14 @@ HANDOFFS = (
 )
 IN_WINDOW = [h for h in HANDOFFS if h[6] >= DAY]
 
-_COLUMNS = [
+_EXTRA_COLUMNS = [
     "Timestamp",
     "TraceId",
     "SpanId",
-    "ParentSpanId",
     "SpanName",
     "SpanKind",
     "ServiceName",
     "SpanAttributes",
-    "Duration",
-    "StatusCode",
     "Tenant",
 ]
 
@@ -127,74 +124,124 @@ def _hex(text: str, n: int) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:n]
 
 
-def span_rows(handoffs=HANDOFFS) -> list[list]:
-    """One row per transition, plus one non-handoff span per trace (the trace's other spans)."""
-    rows: list[list] = []
+def transitions(handoffs=HANDOFFS) -> list:
+    """The handoffs as tests/analytics_seed.T records (the analytics engineer's seeding format)."""
+    from tests.analytics_seed import T, create
+
+    out = []
     for hid, flow, tenant, to_agent, mode, topology, created in handoffs:
-        trace = _hex(hid, 32)
         for i, step in enumerate(_FLOWS[flow]):
             event, frm, to = step[:3]
-            extra = step[3] if len(step) > 3 else {}
+            extra = dict(step[3]) if len(step) > 3 else {}
             actor = "planner" if event in ("create", "timeout", "escalate") else to_agent
-            attrs = {
-                "handoff.task_id": f"task-{hid}",
-                "handoff.handoff_id": hid,
-                "handoff.event": event,
-                "handoff.from_state": frm,
-                "handoff.to_state": to,
-                "handoff.actor": actor,
-                **extra,
-            }
+            at = created + timedelta(seconds=5 * i)
             if event == "create":
-                attrs.update(
-                    {
-                        "handoff.protocol": "aa-handoff/v1",
-                        "handoff.mode": mode,
-                        "handoff.from_agent": "planner",
-                        "handoff.to_agent": to_agent,
-                        "handoff.topology": topology,
-                        "handoff.idempotency_key": f"idem-{hid}",
-                        "handoff.capabilities": json.dumps(
-                            ["code.write"] if to_agent == "coder" else ["review"]
-                        ),
-                        "handoff.evidence_refs": json.dumps([f"ev-{hid}"]),
-                    }
+                out.append(create(
+                    hid, at, task_id=f"task-{hid}", mode=mode, from_agent="planner", to_agent=to_agent,
+                    topology=topology, capabilities=["code.write"] if to_agent == "coder" else ["review"],
+                    idempotency_key=f"idem-{hid}", tenant=tenant,
+                    **{"handoff.evidence_refs": [f"ev-{hid}"]},
+                ))  # fmt: skip
+            else:
+                out.append(
+                    T(
+                        hid,
+                        event,
+                        frm,
+                        to,
+                        at,
+                        task_id=f"task-{hid}",
+                        actor=actor,
+                        tenant=tenant,
+                        attrs=extra,
+                    )
                 )
-            rows.append(
-                [
-                    created + timedelta(seconds=5 * i),
-                    trace,
-                    _hex(f"{hid}/{i}", 16),
-                    "",
-                    f"handoff.{event}",
-                    "Internal",
-                    actor,
-                    attrs,
-                    1_000_000,
-                    "Ok",
-                    tenant,
-                ]
-            )
-        rows.append(
-            [
-                created + timedelta(seconds=1),
-                trace,
-                _hex(f"{hid}/llm", 16),
-                "",
-                "llm.call",
-                "Client",
-                to_agent,
-                {"gen_ai.operation.name": "chat"},
-                2_000_000,
-                "Ok",
-                tenant,
-            ]
+    return out
+
+
+def _extra_spans(handoffs=HANDOFFS) -> list[list]:
+    """One non-handoff span per trace (an LLM call): the trace's "other spans"."""
+    return [
+        [created + timedelta(seconds=1), _hex(hid, 32), _hex(f"{hid}/llm", 16), "llm.call", "Client", to_agent,
+         {"gen_ai.operation.name": "chat"}, tenant]
+        for hid, _flow, tenant, to_agent, _mode, _topology, created in handoffs
+    ]  # fmt: skip
+
+
+def seed(client, database: str, handoffs=HANDOFFS) -> None:
+    """Insert the handoffs (with ledger rows, as serve writes them) and one LLM span per trace."""
+    from tests.analytics_seed import seed as seed_transitions
+
+    seed_transitions(client, database, transitions(handoffs))
+    client.insert(f"{database}.otel_traces", _extra_spans(handoffs), column_names=_EXTRA_COLUMNS)
+
+
+def span_rows(handoffs=HANDOFFS) -> list[list]:
+    """[Timestamp, TraceId, SpanId, SpanName, SpanKind, ServiceName, attrs, Tenant] of every span."""
+    from tests.analytics_seed import span_rows as rows_of
+
+    out = []
+    for ns, trace, span, name, service, attrs, tenant in rows_of(transitions(handoffs)):
+        at = datetime.fromtimestamp(ns // 1_000_000_000, UTC) + timedelta(
+            microseconds=(ns % 1_000_000_000) // 1000
         )
-    return rows
+        out.append([at, trace, span, name, "Internal", service, attrs, tenant])
+    return out + _extra_spans(handoffs)
 
 
-def seed(client, database: str, handoffs=HANDOFFS) -> int:
-    """Insert the spans; returns how many rows were written."""
-    rows = span_rows(handoffs)
-    client.insert(f"{database}.otel_traces", rows, column_names=_COLUMNS)
-    return len(rows)
+def _otlp_value(key: str, text: str) -> dict:
+    from collector import semconv as sc
+
+    if key in sc.ARRAY_ATTRIBUTES:
+        return {"arrayValue": {"values": [{"stringValue": v} for v in json.loads(text)]}}
+    if key in sc.INT_ATTRIBUTES:
+        return {"intValue": str(int(text))}
+    if key in sc.BOOL_ATTRIBUTES:
+        return {"boolValue": text == "true"}
+    return {"stringValue": text}
+
+
+def otlp_json(handoffs=HANDOFFS) -> dict:
+    """The same spans as an OTLP/JSON ExportTraceServiceRequest (one resource per service)."""
+    by_service: dict[str, list[dict]] = {}
+    for ts, trace, span, name, kind, service, attrs, _tenant in span_rows(handoffs):
+        start = int(ts.timestamp()) * 1_000_000_000 + ts.microsecond * 1000
+        duration = 2_000_000
+        by_service.setdefault(service, []).append(
+            {
+                "traceId": trace,
+                "spanId": span,
+                "name": name,
+                "kind": 3 if kind == "Client" else 1,
+                "startTimeUnixNano": str(start),
+                "endTimeUnixNano": str(start + duration),
+                "attributes": [{"key": k, "value": _otlp_value(k, v)} for k, v in attrs.items()],
+                "status": {"code": 1},
+            }
+        )
+    return {
+        "resourceSpans": [
+            {
+                "resource": {
+                    "attributes": [{"key": "service.name", "value": {"stringValue": svc}}]
+                },
+                "scopeSpans": [{"scope": {"name": "dashboard-tests"}, "spans": spans}],
+            }
+            for svc, spans in by_service.items()
+        ]
+    }
+
+
+def send(otlp_url: str, handoffs=HANDOFFS) -> dict:
+    """POST the spans to a running serve's /v1/traces as OTLP/JSON; returns its response."""
+    import urllib.request
+
+    body = json.dumps(otlp_json(handoffs)).encode()
+    req = urllib.request.Request(
+        f"{otlp_url}/v1/traces",
+        data=body,
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read() or b"{}")

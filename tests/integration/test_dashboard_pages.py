@@ -82,7 +82,7 @@ def test_overview_tiles_equal_analytics_funnel(store_env, chdb_client):
     for col, label in [
         ("in_flight", "In flight"),
         ("volume", "Volume"),
-        ("unresolved_now", "Unknown, unresolved now"),
+        ("unresolved_now", "Unresolved now"),
     ]:
         assert got[label] == ui.fmt_count(row[col]), label
     assert got["Volume"] == str(len(IN_WINDOW))
@@ -109,7 +109,7 @@ def test_overview_tenant_filter_and_handoffs_behind(store_env, chdb_client):
 
 
 def test_slices_tables_worst_first(store_env, chdb_client):
-    at = _app(WINDOW, page="pages/slices.py")
+    at = _app(WINDOW, page="views/slices.py")
     assert _charts(at) == 1  # the pair heatmap
     by_mode = {d.value.columns[0]: d.value for d in at.dataframe}
     assert {"pair", "mode", "topology", "protocol", "capability"} <= set(by_mode)
@@ -121,7 +121,7 @@ def test_slices_tables_worst_first(store_env, chdb_client):
 
 
 def test_anomalies_counts_equal_analytics(store_env, chdb_client):
-    at = _app(WINDOW, page="pages/anomalies.py")
+    at = _app(WINDOW, page="views/anomalies.py")
     expected = analytics.anomalies(chdb_client, database=store_env, window=_window())
     got = _metrics(at)
     for kind, count in zip(expected["kind"], expected["count"], strict=True):
@@ -139,7 +139,7 @@ def test_deep_link_opens_the_handoff(store_env):
 
 
 def test_explorer_finds_by_task_and_idempotency_key(store_env):
-    at = _app(page="pages/explorer.py")
+    at = _app(page="views/explorer.py")
     at.text_input(key="ex_query").input("task-h-unk").run()
     assert "Handoff h-unk" in _texts(at.subheader)
     at.text_input(key="ex_query").input("idem-h-rej").run()
@@ -154,7 +154,7 @@ def test_explorer_unknown_id_says_so(store_env):
 
 
 def test_reports_page_builds_the_week(store_env):
-    at = _app({"week": WEEK}, page="pages/reports.py")
+    at = _app({"week": WEEK}, page="views/reports.py")
     assert at.selectbox(key="rp_week").value == WEEK
     assert len(at.get("download_button")) == 2
     assert _charts(at) == 1
@@ -166,7 +166,7 @@ def test_empty_store_says_so(monkeypatch, chdb_path, fresh_db):
     monkeypatch.setenv("HANDOFFS_DATABASE", fresh_db)
     at = _app(WINDOW)
     assert "No handoffs were created in this window" in _texts(at.info)
-    for page in ("pages/slices.py", "pages/anomalies.py", "pages/reports.py"):
+    for page in ("views/slices.py", "views/anomalies.py", "views/reports.py"):
         at.switch_page(page).run()
         assert not at.exception, page
 
@@ -182,7 +182,7 @@ def test_store_down_says_so(monkeypatch):
     monkeypatch.setenv("HANDOFFS_DATABASE", "handoffs")
     at = _app()
     assert "Cannot reach the store" in _texts(at.error)
-    at.switch_page("pages/explorer.py").run()
+    at.switch_page("views/explorer.py").run()
     assert "Cannot reach the store" in _texts(at.error)
     assert not at.exception
 

@@ -38,16 +38,18 @@ def _table(df, dim: str) -> None:
 
 
 with _ui.guard():
-    pairs = _data.funnel(
-        src.store, src.database, *p.args, by=("from_agent", "to_agent"), tenant=p.tenant
-    )
-if not len(pairs) or not pairs["volume"].sum():
+    total = _data.funnel(src.store, src.database, *p.args, tenant=p.tenant)
+if not len(total) or not total["volume"].sum():
     st.info(
         f"No handoffs were created in this window ({p.describe()}). Pick a longer range, or send "
         "spans to `handoffs serve` (try `handoffs demo`).",
         icon=":material/inbox:",
     )
     st.stop()
+with _ui.guard():
+    pairs = _data.funnel(
+        src.store, src.database, *p.args, by=("from_agent", "to_agent"), tenant=p.tenant
+    )
 
 st.plotly_chart(_charts.pair_heatmap(pairs), key="sl_heatmap")
 st.caption(

@@ -31,7 +31,7 @@ KPIS = (
     ),
     (
         "unresolved_now",
-        "Unknown, unresolved now",
+        "Unresolved now",
         "count",
         "unresolved",
         "in unknown and not resolved as of now",

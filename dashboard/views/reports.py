@@ -47,12 +47,14 @@ if week == weeks[0]:
     st.caption("This week is not over yet: its numbers are partial.")
 
 with _ui.guard():
+    total = _data.funnel(src.store, src.database, start.isoformat(), end.isoformat(), None)
+if not len(total) or not total["volume"].sum():
+    st.info(f"No handoffs were created in {week}. Pick another week.", icon=":material/inbox:")
+    st.stop()
+with _ui.guard():
     daily = _data.funnel(
         src.store, src.database, start.isoformat(), end.isoformat(), None, bucket="day"
     )
-if not len(daily) or not daily["volume"].sum():
-    st.info(f"No handoffs were created in {week}. Pick another week.", icon=":material/inbox:")
-    st.stop()
 st.plotly_chart(_charts.trend_figure(daily), key="rp_trend")
 
 with _ui.guard():

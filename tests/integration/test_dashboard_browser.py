@@ -1,0 +1,143 @@
+"""Every dashboard page in headless Chromium: `streamlit run` against a real `handoffs serve`.
+
+Data goes in over OTLP/HTTP to serve; the dashboard reads serve's ClickHouse query port.
+Each page must finish running, show no exception and render a chart. Screenshots land in
+the test's tmp dir and are copied to /tmp/dashboard-shots/ for a human to look at.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from urllib.parse import urlencode
+
+import pytest
+from _dashboard_seed import WEEK, WINDOW, send
+
+from dashboard import streamlit_command, streamlit_env
+from ingest.testing import free_port
+
+CHROMIUM = "/usr/bin/chromium"
+SHOTS = Path("/tmp/dashboard-shots")
+PAGE_TIMEOUT_MS = 90_000  # a deadline for a loaded 2-core machine, not a speed assert
+_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+_WINDOW_QS = urlencode(WINDOW)
+PAGES = (
+    ("overview", f"overview?{_WINDOW_QS}", "Overview"),
+    ("slices", f"slices?{_WINDOW_QS}", "Slices"),
+    ("anomalies", f"anomalies?{_WINDOW_QS}", "Anomalies"),
+    ("explorer", "explorer?handoff_id=h-ok-2", "Handoff h-ok-2"),
+    ("reports", f"reports?week={WEEK}", "Reports"),
+)
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+
+def _playwright():
+    if not Path(CHROMIUM).exists():
+        pytest.skip(
+            f"{CHROMIUM} missing: run scripts/ensure-chromium (as root) to install Debian's chromium"
+        )
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.skip("the playwright python package is not installed (pip install -e '.[dev]')")
+    return sync_playwright
+
+
+def _wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"streamlit exited with {proc.returncode}:\n{log.read_text()}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"streamlit did not answer {url} within {timeout}s:\n{log.read_text()}")
+
+
+@pytest.fixture
+def dashboard_url(serve_process, tmp_path):
+    """A running `streamlit run dashboard/app.py` reading serve's query port, with data in."""
+    send(serve_process.otlp_url)
+    serve_process.wait_stored()
+    port = free_port()
+    log = tmp_path / "streamlit.log"
+    env = streamlit_env(store=serve_process.query_url, database=serve_process.database)
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            streamlit_command(port=port, host="127.0.0.1"),
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        _wait_http(f"http://127.0.0.1:{port}/_stcore/health", proc, log)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+_DONE_JS = """() => {
+  const app = document.querySelector('[data-testid="stApp"]');
+  if (!app) return false;
+  const status = document.querySelector('[data-testid="stStatusWidget"]');
+  if (status && /Running|Connecting/i.test(status.innerText)) return false;
+  if (document.querySelector('[data-testid="stException"]')) return true;
+  const plot = document.querySelector('.js-plotly-plot .main-svg');
+  const alert = document.querySelector('[data-testid="stAlert"]');
+  return Boolean(plot || alert);
+}"""
+
+
+def test_every_page_renders_in_chromium(dashboard_url, tmp_path):
+    sync_playwright = _playwright()
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    problems: list[str] = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1440, "height": 1000})
+            for name, path, marker in PAGES:
+                page.goto(f"{dashboard_url}/{path}", wait_until="domcontentloaded")
+                page.wait_for_function(_DONE_JS, timeout=PAGE_TIMEOUT_MS)
+                # the marker text proves the page itself ran, not just the app shell
+                page.get_by_text(marker, exact=False).first.wait_for(timeout=PAGE_TIMEOUT_MS)
+                shot = tmp_path / f"{name}.png"
+                page.screenshot(path=str(shot), full_page=True)
+                shutil.copy(shot, SHOTS / shot.name)
+                body = page.inner_text("body")
+                if page.locator('[data-testid="stException"]').count() or "Traceback" in body:
+                    problems.append(f"{name}: shows an exception:\n{body[:2000]}")
+                charts = (
+                    page.locator(".js-plotly-plot").count()
+                    + page.locator("[data-testid='stMain'] canvas").count()
+                )
+                if not charts:
+                    problems.append(f"{name}: no chart rendered")
+                if "Integrity check FAILED" in body or "Cannot reach the store" in body:
+                    problems.append(f"{name}: unexpected error message:\n{body[:2000]}")
+        finally:
+            browser.close()
+    assert not problems, "\n\n".join(problems)
