@@ -148,26 +148,6 @@ def _rates(args: argparse.Namespace):
     return FailureRates(**values)
 
 
-def _parse_outage(spec: str, start_ns: int, end_ns: int):
-    from handoffs.simulator import SimulatorConfigError, SkillOutage
-
-    try:
-        who, _, window = spec.partition("@")
-        agent, _, cap = who.partition(":")
-        lo, _, hi = window.partition("-")
-        a, b = float(lo), float(hi)
-    except ValueError:
-        raise SimulatorConfigError(
-            "--outage", f"expected AGENT:CAPABILITY@FROM-TO, got {spec!r}"
-        ) from None
-    if not (0 <= a < b <= 1):
-        raise SimulatorConfigError(
-            "--outage", f"fractions must satisfy 0 <= FROM < TO <= 1, got {spec!r}"
-        )
-    span = end_ns - start_ns
-    return SkillOutage(agent, cap, start_ns + int(span * a), start_ns + int(span * b))
-
-
 def _simulate(args: argparse.Namespace) -> int:
     import json
 
@@ -175,6 +155,7 @@ def _simulate(args: argparse.Namespace) -> int:
         Emitter,
         ScenarioConfig,
         SimulatorConfigError,
+        SkillOutage,
         otlp_exporter_factory,
         run_backfill,
         run_live,
@@ -189,7 +170,7 @@ def _simulate(args: argparse.Namespace) -> int:
         if args.days <= 0:
             raise SimulatorConfigError("--days", f"must be > 0, got {args.days}")
         start_ns = end_ns - int(args.days * 86400 * _S)
-        outage = None if args.no_outage else _parse_outage(args.outage, start_ns, end_ns)
+        outage = None if args.no_outage else SkillOutage.from_spec(args.outage, start_ns, end_ns)
         cfg = ScenarioConfig(
             seed=args.seed,
             tenants=tenants,
@@ -266,6 +247,7 @@ def _demo(args: argparse.Namespace) -> int:
             live_rate=args.rate,
             seed=args.seed,
             rates=_rates(args),
+            outage=args.outage,
         )
     except (SimulatorConfigError, ValueError) as exc:
         print(f"handoffs demo: {exc}", file=sys.stderr)

@@ -59,6 +59,7 @@ class DemoOptions:
     seed: int = 7
     rates: FailureRates = field(default_factory=FailureRates)
     latency_scale_live: float = 0.05  # live handoffs finish in seconds, not minutes
+    outage: str = "coder:code.test@0.70-0.74"  # AGENT:CAPABILITY@FROM-TO of the backfill; "none"
 
     def __post_init__(self) -> None:
         if self.backfill_days <= 0:
@@ -67,6 +68,8 @@ class DemoOptions:
             raise ValueError(f"backfill_handoffs: must be >= 0, got {self.backfill_handoffs}")
         if self.live_rate <= 0:
             raise ValueError(f"live_rate: must be > 0 handoffs/s, got {self.live_rate}")
+        if self.outage != "none":
+            SkillOutage.from_spec(self.outage, 0, 1)  # raises naming the field when malformed
         if self.duration_s is not None and self.duration_s < 0:
             raise ValueError(f"duration_s: must be >= 0, got {self.duration_s}")
 
@@ -118,13 +121,7 @@ def run_demo(
         )
         now = time.time_ns()
         start = now - int(opts.backfill_days * 86400 * _S)
-        outage = SkillOutage(
-            "coder",
-            "code.test",
-            start + int((now - start) * 0.70),
-            start + int((now - start) * 0.74),
-            reject_rate=0.9,
-        )
+        outage = None if opts.outage == "none" else SkillOutage.from_spec(opts.outage, start, now)
         cfg = ScenarioConfig(
             seed=opts.seed,
             tenants=DEMO_TENANTS,

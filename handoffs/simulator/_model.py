@@ -144,6 +144,27 @@ class SkillOutage:
                 "outage.reject_rate", f"must be in [0, 1], got {self.reject_rate}"
             )
 
+    @classmethod
+    def from_spec(
+        cls, spec: str, start_ns: int, end_ns: int, *, reject_rate: float = 0.9
+    ) -> SkillOutage:
+        """Parse 'AGENT:CAPABILITY@FROM-TO' (FROM, TO fractions of [start_ns, end_ns))."""
+        try:
+            who, _, window = spec.partition("@")
+            agent, _, cap = who.partition(":")
+            lo, _, hi = window.partition("-")
+            a, b = float(lo), float(hi)
+        except ValueError:
+            raise SimulatorConfigError(
+                "outage", f"expected AGENT:CAPABILITY@FROM-TO, got {spec!r}"
+            ) from None
+        if not (0 <= a < b <= 1):
+            raise SimulatorConfigError(
+                "outage", f"fractions must satisfy 0 <= FROM < TO <= 1, got {spec!r}"
+            )
+        span = end_ns - start_ns
+        return cls(agent, cap, start_ns + int(span * a), start_ns + int(span * b), reject_rate)
+
     def covers(self, to_agent: str, capabilities: tuple[str, ...], at_ns: int) -> bool:
         return (
             to_agent == self.to_agent
