@@ -69,7 +69,8 @@ def write_batch(
     """Insert `parts` (all of one tenant) as one ingest batch; idempotent per batch_id.
 
     Writes otel_traces (and through the view handoff_transitions), transition_ledger,
-    ingest_rejects and one ingest_batches row whose chain_hash = chain(prev_chain, batch_hash).
+    ingest_rejects and one ingest_batches row whose chain_hash = chain(prev_chain, batch_hash),
+    batch_hash = integrity.batch_hash(sorted row hashes of the batch's ledger rows).
     `received_at_ms` is epoch milliseconds. Raises whatever the client raises when the store
     fails; the caller retries with the same arguments.
     """
@@ -141,7 +142,7 @@ def write_batch(
             ],
             settings=settings("ingest_rejects"),
         )
-    bh = batch_hash(hashes)
+    bh = batch_hash(sorted(hashes))  # sorted: an auditor can recompute it from the ledger
     ch = chain(prev_chain, bh)
     client.insert(
         f"{database}.ingest_batches",

@@ -5,7 +5,8 @@
 -- auditor relies on. `handoffs evidence verify` recomputes the hash from handoff_transitions
 -- as they are now and names every row whose hash differs (an ALTER UPDATE after ingest).
 -- ingest_batches: one row per batch, chained: chain_hash = sha256(prev_chain_hash || batch_hash),
--- batch_hash = sha256 of the batch's row hashes in order, so deleting or rewriting ledger
+-- batch_hash = integrity.batch_hash of the batch's ledger row hashes SORTED ascending (so an
+-- auditor recomputes it from transition_ledger alone), so deleting or rewriting ledger
 -- rows is itself detectable.
 -- Both ordered for their one lookup (by handoff_id; by batch time).
 CREATE TABLE IF NOT EXISTS {db}.transition_ledger
