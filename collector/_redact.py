@@ -13,28 +13,63 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
 __all__ = ["DEFAULT_FIELD_NAMES", "DEFAULT_PATTERNS", "REDACTED", "InputFilter"]
 
 REDACTED: Final = "[REDACTED]"
 
-#: Default secret patterns. Each is applied case-sensitively unless it carries (?i).
-DEFAULT_PATTERNS: Final[tuple[str, ...]] = (
-    # key = value / key: value assignments of secrets (keeps the key, hides the value)
+_ASSIGN: Final = (
     r"(?i)(?<![\w])((?:password|passwd|pwd|secret|token|api[_-]?key|access[_-]?key|client[_-]?secret"
-    r"|private[_-]?key|auth)\s*[:=]\s*)(\"[^\"]*\"|'[^']*'|[^\s,;]+)",
-    r"(?i)\bbearer\s+[A-Za-z0-9._~+/=-]{8,}",
-    r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}",  # JWT
-    r"\b(?:sk|pk|rk)-(?:[A-Za-z0-9]+-)*[A-Za-z0-9_]{16,}",  # OpenAI / Stripe-style keys
-    r"\b(?:ghp|gho|ghu|ghs|ghr|github_pat)_[A-Za-z0-9_]{20,}",  # GitHub tokens
-    r"\bxox[abprs]-[A-Za-z0-9-]{10,}",  # Slack tokens
-    r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b",  # AWS access key ids
-    r"\bAIza[0-9A-Za-z_-]{35}\b",  # Google API keys
-    r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----",
-    r"[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}",  # email addresses
+    r"|private[_-]?key|auth)\s*[:=]\s*)(\"[^\"]*\"|'[^']*'|[^\s,;]+)"
 )
+_BEARER: Final = r"(?i)\bbearer\s+[A-Za-z0-9._~+/=-]{8,}"
+_JWT: Final = r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"
+_SK: Final = r"\b(?:sk|pk|rk)-(?:[A-Za-z0-9]+-)*[A-Za-z0-9_]{16,}"  # OpenAI / Stripe-style keys
+_GH: Final = r"\b(?:ghp|gho|ghu|ghs|ghr|github_pat)_[A-Za-z0-9_]{20,}"  # GitHub tokens
+_SLACK: Final = r"\bxox[abprs]-[A-Za-z0-9-]{10,}"
+_AWS: Final = r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"  # AWS access key ids
+_GOOGLE: Final = r"\bAIza[0-9A-Za-z_-]{35}\b"
+_PEM: Final = r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----"
+_EMAIL: Final = r"[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}"
+
+#: Default secret patterns: `key = value` assignments of secrets (the key is kept), bearer
+#: credentials, JWTs, API keys/tokens (OpenAI/Stripe-style, GitHub, Slack, AWS, Google),
+#: PEM private keys, email addresses.
+DEFAULT_PATTERNS: Final[tuple[str, ...]] = (
+    _ASSIGN,
+    _BEARER,
+    _JWT,
+    _SK,
+    _GH,
+    _SLACK,
+    _AWS,
+    _GOOGLE,
+    _PEM,
+    _EMAIL,
+)
+
+_ASSIGN_WORDS: Final = ("pass", "pwd", "secret", "token", "key", "auth")
+#: Entries of each per-filter memo (text -> redacted text, key -> sensitive) before it is reset.
+_MEMO_MAX: Final = 4096
+#: Texts longer than this are never memoized (characters).
+_MEMO_TEXT_MAX: Final = 2048
+
+# Cheap necessary conditions of the default patterns (text, lower-cased text) -> bool: a
+# pattern whose literal cannot occur is not run. Only for these exact pattern strings.
+_GUARDS: Final[dict[str, Callable[[str, str], bool]]] = {
+    _ASSIGN: lambda t, low: ("=" in t or ":" in t) and any(k in low for k in _ASSIGN_WORDS),
+    _BEARER: lambda _t, low: "bearer" in low,
+    _JWT: lambda t, _l: "eyJ" in t,
+    _SK: lambda t, _l: "k-" in t,
+    _GH: lambda t, _l: "gh" in t and "_" in t,
+    _SLACK: lambda t, _l: "xox" in t,
+    _AWS: lambda t, _l: "AKIA" in t or "ASIA" in t,
+    _GOOGLE: lambda t, _l: "AIza" in t,
+    _PEM: lambda t, _l: "PRIVATE KEY" in t,
+    _EMAIL: lambda t, _l: "@" in t,
+}
 
 #: Default sensitive field names (matched as substrings of normalized constraint keys).
 DEFAULT_FIELD_NAMES: Final[tuple[str, ...]] = (
@@ -65,10 +100,19 @@ class InputFilter:
     first capture group ending in `=`/`:` keeps that group, i.e. the key). `field_names`:
     mapping keys containing one of them (normalized) get their whole value replaced.
     Pass `patterns=()` / `field_names=()` to disable either. Limits: `max_summary_chars`
-    characters of summary (>= 1); nested mappings/lists are walked up to depth 32.
+    characters of summary (>= 1); nested mappings/lists are walked up to depth 32 (deeper
+    values are replaced whole). Results for short texts and keys are memoized per filter
+    (templates repeat), at most 4096 entries each. Thread-safe.
     """
 
-    __slots__ = ("_field_names", "_regexes", "max_summary_chars", "replacement")
+    __slots__ = (
+        "_field_names",
+        "_key_memo",
+        "_regexes",
+        "_text_memo",
+        "max_summary_chars",
+        "replacement",
+    )
 
     def __init__(
         self,
@@ -93,13 +137,15 @@ class InputFilter:
         regexes = []
         for p in patterns:
             try:
-                regexes.append(re.compile(p))
+                regexes.append((re.compile(p), _GUARDS.get(p)))
             except re.error as exc:
                 raise ValueError(f"patterns: invalid regex {p!r}: {exc}") from None
         self._regexes = tuple(regexes)
         self._field_names = tuple(_norm_key(n) for n in field_names)
         self.replacement = replacement
         self.max_summary_chars = max_summary_chars
+        self._text_memo: dict[str, str] = {}
+        self._key_memo: dict[str, bool] = {}
 
     def _sub(self, m: re.Match[str]) -> str:
         if m.re.groups >= 2 and m.group(1) is not None and m.group(1).rstrip().endswith((":", "=")):
@@ -108,21 +154,41 @@ class InputFilter:
 
     def redact_text(self, text: str) -> str:
         """`text` with every pattern match replaced."""
-        for rx in self._regexes:
-            text = rx.sub(self._sub, text)
-        return text
+        hit = self._text_memo.get(text)
+        if hit is not None:
+            return hit
+        out = text
+        low = text.lower()
+        for rx, guard in self._regexes:
+            if guard is None or guard(out, low):
+                out = rx.sub(self._sub, out)
+        if len(text) <= _MEMO_TEXT_MAX:
+            if len(self._text_memo) >= _MEMO_MAX:
+                self._text_memo.clear()
+            self._text_memo[text] = out
+        return out
 
     def is_sensitive_key(self, key: str) -> bool:
-        k = _norm_key(key)
-        return any(n in k for n in self._field_names)
+        """True when the normalized key contains one of the sensitive field names."""
+        hit = self._key_memo.get(key)
+        if hit is None:
+            k = _norm_key(key)
+            hit = any(n in k for n in self._field_names)
+            if len(self._key_memo) >= _MEMO_MAX:
+                self._key_memo.clear()
+            self._key_memo[key] = hit
+        return hit
 
     def redact(self, value: Any, _depth: int = 0) -> Any:
         """A redacted copy of a JSON-like value (str / Mapping / list / tuple / scalars)."""
-        if isinstance(value, str):
+        t = type(value)
+        if t is str:
             return self.redact_text(value)
+        if t is int or t is float or t is bool or value is None:
+            return value
         if _depth >= 32:
             return self.replacement
-        if isinstance(value, Mapping):
+        if t is dict or isinstance(value, Mapping):
             return {
                 k: (
                     self.replacement
@@ -131,8 +197,10 @@ class InputFilter:
                 )
                 for k, v in value.items()
             }
-        if isinstance(value, list | tuple):
+        if t is list or t is tuple:
             return [self.redact(v, _depth + 1) for v in value]
+        if isinstance(value, str):
+            return self.redact_text(str(value))
         return value
 
     def summary(self, text: str) -> str:

@@ -70,6 +70,12 @@ _TRACEPARENT_RE: Final = re.compile(
     r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?$"
 )
 
+# Same canonical form as ingest.integrity.canonical_json (the shim must not import ingest);
+# one encoder object, not one per call.
+_CANONICAL: Final = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str
+)
+
 _DEFAULT_FILTER: InputFilter | None = None
 
 
@@ -162,14 +168,7 @@ def envelope_attributes(env: Envelope, filt: InputFilter) -> dict[str, Any]:
         a[sc.OBJECTIVE_HASH] = filt.digest(env.objective)
         a[sc.OBJECTIVE_SUMMARY] = filt.summary(env.objective)
     if env.constraints is not None:
-        # Same canonical form as ingest.integrity.canonical_json (the shim must not import ingest).
-        a[sc.CONSTRAINTS] = json.dumps(
-            filt.redact(env.constraints),
-            sort_keys=True,
-            separators=(",", ":"),
-            ensure_ascii=False,
-            default=str,
-        )
+        a[sc.CONSTRAINTS] = _CANONICAL.encode(filt.redact(env.constraints))
     if env.parent_state is not None:
         a[sc.PARENT_STATE] = filt.redact_text(env.parent_state)
     if env.reply_contract is not None:

@@ -23,7 +23,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
-from opentelemetry.trace import Link, NonRecordingSpan, SpanContext
+from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, get_current_span
 
 from collector import semconv as sc
 from collector._redact import InputFilter
@@ -147,8 +147,11 @@ class Handoff:
         "_base",
         "_last",
         "_lock",
+        "_otel",
         "_parent_ctx",
+        "_strict",
         "_t",
+        "_trace_id",
         "_wire",
         "envelope",
         "state",
@@ -161,6 +164,9 @@ class Handoff:
         self.envelope = envelope
         self.state = state
         self._anchor = anchor
+        self._trace_id = anchor.trace_id
+        self._otel = tracer._tracer
+        self._strict = tracer.strict
         self._parent_ctx = trace.set_span_in_context(NonRecordingSpan(anchor))
         self._base = {
             sc.TASK_ID: envelope.task_id,
@@ -240,7 +246,7 @@ class Handoff:
         (ints are int, evidence_valid a bool); `extra` may add `handoff.*` (or other) keys
         but not override the contract's identity keys.
         """
-        start_ns = to_ns(at, self._t._clock)
+        start_ns = self._t._clock() if at is None else to_ns(at, self._t._clock)
         a = self._base.copy()
         if error_code is not None:
             if not isinstance(error_code, str):
@@ -274,17 +280,26 @@ class Handoff:
                 if not isinstance(r, str):
                     raise bad_attr("evidence_refs", "a list of str ids", r)
             a[sc.EVIDENCE_REFS] = refs
-        for name, key, value in (
-            ("receipt_status", sc.RECEIPT_STATUS, receipt_status),
-            ("receipt_hash", sc.RECEIPT_HASH, receipt_hash),
-            ("result_version", sc.RESULT_VERSION, result_version),
-            ("execution_id", sc.EXECUTION_ID, execution_id),
-            ("execution_version", sc.EXECUTION_VERSION, execution_version),
-        ):
-            if value is not None:
-                if not isinstance(value, str):
-                    raise bad_attr(name, "str", value)
-                a[key] = value
+        if receipt_status is not None:
+            if not isinstance(receipt_status, str):
+                raise bad_attr("receipt_status", "str", receipt_status)
+            a[sc.RECEIPT_STATUS] = receipt_status
+        if receipt_hash is not None:
+            if not isinstance(receipt_hash, str):
+                raise bad_attr("receipt_hash", "str", receipt_hash)
+            a[sc.RECEIPT_HASH] = receipt_hash
+        if result_version is not None:
+            if not isinstance(result_version, str):
+                raise bad_attr("result_version", "str", result_version)
+            a[sc.RESULT_VERSION] = result_version
+        if execution_id is not None:
+            if not isinstance(execution_id, str):
+                raise bad_attr("execution_id", "str", execution_id)
+            a[sc.EXECUTION_ID] = execution_id
+        if execution_version is not None:
+            if not isinstance(execution_version, str):
+                raise bad_attr("execution_version", "str", execution_version)
+            a[sc.EXECUTION_VERSION] = execution_version
         if extra:
             for k in extra:
                 if not isinstance(k, str) or k in RESERVED:
@@ -304,14 +319,26 @@ class Handoff:
             a[sc.FROM_STATE] = src
             if dst is None:
                 exc = IllegalTransition(src, event)
-                if self._t.strict:
+                if self._strict:
                     raise exc
                 a[sc.TO_STATE] = EVENT_TARGET[event]
                 a[sc.VALID] = False
                 a[sc.INVALID_REASON] = str(exc)
             else:
                 a[sc.TO_STATE] = dst
-            self._emit(name, a, start_ns)
+            # _emit, inlined: this is the hot path.
+            cur = get_current_span().get_span_context()
+            if cur.is_valid and cur.trace_id == self._trace_id:
+                span = self._otel.start_span(name, attributes=a, start_time=start_ns)
+            else:
+                span = self._otel.start_span(
+                    name,
+                    context=self._parent_ctx,
+                    attributes=a,
+                    start_time=start_ns,
+                    links=(Link(cur),) if cur.is_valid else None,
+                )
+            span.end(end_time=start_ns)
             self._last = (name, a)
             if dst is not None:
                 self.state = dst
@@ -331,12 +358,12 @@ class Handoff:
             self._emit(name, a, start_ns)
 
     def _emit(self, name: str, attrs: dict[str, Any], start_ns: int) -> None:
-        cur = trace.get_current_span().get_span_context()
-        if cur.is_valid and cur.trace_id == self._anchor.trace_id:
-            span = self._t._tracer.start_span(name, attributes=attrs, start_time=start_ns)
+        cur = get_current_span().get_span_context()
+        if cur.is_valid and cur.trace_id == self._trace_id:
+            span = self._otel.start_span(name, attributes=attrs, start_time=start_ns)
         else:
             links = (Link(cur),) if cur.is_valid else None
-            span = self._t._tracer.start_span(
+            span = self._otel.start_span(
                 name, context=self._parent_ctx, attributes=attrs, start_time=start_ns, links=links
             )
         span.end(end_time=start_ns)
