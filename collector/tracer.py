@@ -168,7 +168,7 @@ class Handoff:
         self._otel = tracer._tracer
         self._strict = tracer.strict
         self._parent_ctx = trace.set_span_in_context(NonRecordingSpan(anchor))
-        self._base = {
+        self._base: dict[str, Any] = {
             sc.TASK_ID: envelope.task_id,
             sc.HANDOFF_ID: envelope.handoff_id,
             sc.ACTOR: tracer.actor,
