@@ -20,7 +20,7 @@ from collector.a2a import A2A_STATES, a2a_event
 from collector.contract import PROTOCOL, STATES, TERMINAL, TRANSITIONS, Event
 from collector.envelope import REQUIRED_FIELDS, Envelope
 
-__all__ = ["DOC_PATH", "main", "render"]
+__all__ = ["DOC_PATH", "USAGE_EXAMPLE", "main", "render"]
 
 DOC_PATH: Final = Path(__file__).resolve().parent.parent / "docs" / "semantic-conventions.md"
 
@@ -83,6 +83,30 @@ def _a2a_rows() -> list[str]:
     return rows
 
 
+#: The usage example in the doc; tests/unit/test_docs.py executes it.
+USAGE_EXAMPLE: Final = """\
+from collector import Envelope, HandoffTracer, InMemoryRecorder
+
+sender_rec, receiver_rec = InMemoryRecorder(), InMemoryRecorder()  # or any TracerProvider
+planner = HandoffTracer("planner", tracer_provider=sender_rec.provider)
+coder = HandoffTracer("coder", tracer_provider=receiver_rec.provider)
+
+env = Envelope(task_id="t1", handoff_id="h1", from_agent="planner", to_agent="coder",
+               mode="delegate", capabilities=("code.write",), deadline_ms=60_000,
+               idempotency_key="k1", topology="agent_as_tool", objective="fix bug 12")
+h = planner.create(env)                  # span `create`, state created
+wire = h.to_wire()                       # JSON-able: envelope + traceparent + state
+h2 = coder.receive(wire)                 # same handoff, the sender's trace, no span
+h2.accept()
+h2.start()
+h2.prepare(evidence_count=2, evidence_valid=True, evidence_refs=["doc:1", "test:2"])
+h2.commit(receipt_status="ok", receipt_hash="sha256:0f", result_version="v1")
+assert h2.state == "committed" and h2.trace_id == h.trace_id
+assert [t["handoff.event"] for t in receiver_rec.transitions()] == [
+    "accept", "start", "prepare", "commit"]
+"""
+
+
 def render() -> str:
     """The full Markdown text of docs/semantic-conventions.md."""
     filt = InputFilter()
@@ -95,6 +119,22 @@ def render() -> str:
         f"Protocol: `{PROTOCOL}`. Every handoff transition is one OpenTelemetry span; its name is free",
         "(the shim uses `handoff.<event>`), the attributes below identify it. The transition time is",
         "the span's start time.",
+        "",
+        "## Using the shim",
+        "",
+        "```python",
+        *USAGE_EXAMPLE.rstrip("\n").split("\n"),
+        "```",
+        "",
+        "`HandoffTracer(actor, *, tracer_provider=None, strict=True, input_filter=None, clock=None)`:",
+        "without a provider it reads `opentelemetry.trace.get_tracer_provider()` and never sets it.",
+        "Every event of the table is a method (`accept`, `reject`, `expire`, `timeout`, `start`,",
+        "`prepare`, `commit`, `fail`, `verify`, `verify_fail`, `resolve_committed`, `resolve_failed`,",
+        "`cancel`, `escalate`), as is `transition(event, at=None, **attrs)`; `redeliver()` re-emits",
+        "the last transition as a new span (an at-least-once duplicate). `at` is an aware datetime",
+        "or int nanoseconds since the epoch. A span is a child of the caller's current span when",
+        "that span is in the handoff's trace, else of the handoff's `create` span (linked to the",
+        "caller's span from another trace).",
         "",
         "## Wire attributes",
         "",

@@ -151,7 +151,7 @@ class Envelope:
     protocol: str = PROTOCOL
     contract_version: str | None = None
     objective: str | None = None
-    constraints: Mapping[str, Any] | None = None
+    constraints: Mapping[str, Any] | None = field(default=None, hash=False)
     parent_state: str | None = None
     evidence_refs: tuple[EvidenceRef, ...] = ()
     capabilities: tuple[str, ...] = ()
@@ -164,7 +164,7 @@ class Envelope:
     state_version: int | None = None
     fence_token: int | None = None
     payload_hash: str | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    extra: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         for name in REQUIRED_FIELDS:
@@ -226,6 +226,8 @@ class Envelope:
             for k in self.constraints:
                 if not isinstance(k, str):
                     raise EnvelopeError("constraints", f"keys must be strings, got {k!r}")
+            # a shallow copy: the caller mutating its dict later does not change the envelope
+            object.__setattr__(self, "constraints", dict(self.constraints))
         if not isinstance(self.extra, Mapping):
             raise EnvelopeError("extra", f"must be a dict, got {type(self.extra).__name__}")
         clash = _FIELD_NAMES.intersection(self.extra)

@@ -31,3 +31,10 @@ def test_check_mode_detects_drift(tmp_path, capsys):
     assert "is out of date: run `python -m collector._docs`" in capsys.readouterr().err
     assert main(["--path", str(stale)]) == 0
     assert main(["--check", "--path", str(stale)]) == 0
+
+
+def test_usage_example_in_the_doc_runs():
+    from collector._docs import USAGE_EXAMPLE
+
+    assert USAGE_EXAMPLE in render()
+    exec(compile(USAGE_EXAMPLE, "docs/semantic-conventions.md", "exec"), {})

@@ -176,3 +176,12 @@ def test_round_trip_property(ids, mode, topology, caps, deadline, objective, ext
         extra=extra,
     )
     assert Envelope.from_wire(json.loads(json.dumps(e.to_wire()))) == e
+
+
+def test_envelope_is_hashable_and_decoupled_from_caller_dicts():
+    constraints = {"lang": "python"}
+    e = env(constraints=constraints, extra={"hint": 1})
+    constraints["lang"] = "rust"
+    assert e.constraints == {"lang": "python"}
+    assert hash(e) == hash(env(constraints={"other": 1}))  # dict fields do not take part in hash
+    assert len({e, env(constraints={"lang": "python"}, extra={"hint": 1})}) == 1
