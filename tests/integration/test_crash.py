@@ -1,0 +1,122 @@
+"""kill -9 serve repeatedly while a client streams spans and retries per OTLP rules.
+
+After the last restart every span that got a 200 must be stored exactly once: the spool made
+it durable before the 200, the restart replayed it, and dedup tokens kept the replay and the
+client's retries of unacknowledged requests from doubling anything.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import pytest
+import requests
+
+from ingest.testing import free_port, request_protobuf, span_json, start_serve, transition
+
+KILLS = 3
+SPANS_PER_REQUEST = 20
+_RETRYABLE = {429, 502, 503, 504}
+
+
+class _Client:
+    """Streams requests; retries each until it is acknowledged (connection errors, 503...)."""
+
+    def __init__(self, url: str, seed: int) -> None:
+        self.url = url
+        self.rng = random.Random(seed)
+        self.acked: list[str] = []
+        self.requests_acked = 0
+        self.retries = 0
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _request(self, n: int) -> tuple[bytes, list[str]]:
+        spans = []
+        for i in range(SPANS_PER_REQUEST):
+            ev = ("create", "", "created") if i % 2 == 0 else ("accept", "created", "accepted")
+            spans.append(
+                span_json(
+                    trace_id=f"{self.rng.getrandbits(128) | 1:032x}",
+                    span_id=f"{self.rng.getrandbits(64) | 1:016x}",
+                    attributes=transition(f"h-{n}-{i // 2}", *ev, task_id=f"t-{n}"),
+                    start_ns=time.time_ns() + i,
+                )
+            )
+        return request_protobuf(spans), [s["spanId"] for s in spans]
+
+    def _run(self) -> None:
+        try:
+            n = 0
+            while not self.stop.is_set():
+                body, ids = self._request(n)
+                delay = 0.02
+                while True:
+                    try:
+                        r = requests.post(
+                            self.url,
+                            data=body,
+                            headers={"Content-Type": "application/x-protobuf"},
+                            timeout=30,
+                        )
+                        if r.status_code == 200:
+                            break
+                        assert r.status_code in _RETRYABLE, (r.status_code, r.text)
+                        time.sleep(float(r.headers.get("Retry-After", delay)))
+                    except requests.ConnectionError:
+                        time.sleep(delay)
+                    self.retries += 1
+                    delay = min(delay * 2, 0.5)
+                self.acked.extend(ids)
+                self.requests_acked += 1
+                n += 1
+        except BaseException as exc:  # surfaced by the test
+            self.error = exc
+
+
+def _wait(cond, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+@pytest.mark.slow
+def test_kill_9_loses_and_doubles_nothing_acknowledged(tmp_path):
+    store = tmp_path / "data"
+    ports = {"otlp_port": free_port(), "query_port": free_port()}
+    serve = start_serve(tmp_path, store_dir=store, **ports)
+    client = _Client(f"{serve.otlp_url}/v1/traces", seed=7)
+    client.thread.start()
+    try:
+        for k in range(KILLS):
+            target = client.requests_acked + 5
+            _wait(lambda t=target: client.requests_acked >= t or client.error, 120, "acks")
+            assert client.error is None, client.error
+            serve.kill()  # SIGKILL: no drain, requests may be in flight
+            serve = start_serve(tmp_path, store_dir=store, **ports)
+            assert serve.process.pid, k
+        target = client.requests_acked + 5
+        _wait(lambda: client.requests_acked >= target or client.error, 120, "acks after restarts")
+    finally:
+        client.stop.set()
+        client.thread.join(60)
+    assert client.error is None, client.error
+    serve.wait_stored()
+    ch = serve.client()
+    counts = dict(ch.query("SELECT SpanId, count() FROM otel_traces GROUP BY SpanId").result_rows)
+    assert len(client.acked) >= (KILLS + 1) * 5 * SPANS_PER_REQUEST
+    missing = [s for s in client.acked if s not in counts]
+    doubled = {s: n for s, n in counts.items() if n != 1}
+    assert not missing, f"{len(missing)} acknowledged spans lost"
+    assert not doubled, f"{len(doubled)} spans stored more than once"
+    assert set(counts) == set(client.acked)  # nothing stored that was never acknowledged
+    ht = ch.query("SELECT count(), uniqExact(span_id) FROM handoff_transitions").result_rows[0]
+    tl = ch.query("SELECT count(), uniqExact(span_id) FROM transition_ledger").result_rows[0]
+    assert ht == tl == (len(client.acked), len(client.acked))
+    ch.close()
+    assert serve.stop() == 0
