@@ -133,6 +133,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=8124,
         help="serve's query port (0 = any free; default %(default)s)",
     )
+    demo.add_argument(
+        "--outage",
+        default="coder:code.test@0.70-0.74",
+        help="skill removed from an Agent Card: AGENT:CAPABILITY@FROM-TO, fractions of the "
+        "backfill window (default %(default)s); 'none' for no outage",
+    )
     demo.add_argument("--dashboard-port", type=int, default=8501)
     demo.add_argument("--no-progress", action="store_true")
     demo.set_defaults(func=_demo)

@@ -69,7 +69,7 @@ class DemoOptions:
         if self.live_rate <= 0:
             raise ValueError(f"live_rate: must be > 0 handoffs/s, got {self.live_rate}")
         if self.outage != "none":
-            SkillOutage.from_spec(self.outage, 0, 1)  # raises naming the field when malformed
+            SkillOutage.from_spec(self.outage, 0, _S)  # raises naming the field when malformed
         if self.duration_s is not None and self.duration_s < 0:
             raise ValueError(f"duration_s: must be >= 0, got {self.duration_s}")
 

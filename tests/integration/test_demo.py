@@ -1,0 +1,165 @@
+"""`handoffs demo` end to end: the command path a new user runs, then the CLI on its data.
+
+The demo runs as a subprocess (it owns serve, which owns the embedded store) with
+--no-dashboard, a small 2-day backfill and a short live phase. After it stops, `handoffs
+metrics` / `handoffs anomalies` open the same data directory and must show every topology,
+mode and tenant and every injected failure mode. A second run is stopped with SIGINT during
+the live phase: it must exit 0 with everything it sent stored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from ingest.testing import free_port
+
+pytestmark = pytest.mark.slow
+
+RATES = (
+    "bounce=0.08,partial_result=0.06,duplicate_delivery=0.05,stale_fence=0.03,stale_state_version=0.03,"
+    "after_terminal=0.04,idempotency_conflict=0.04,timeout=0.08,expire=0.03,cancel=0.03,reject=0.03"
+)
+
+
+def _demo_cmd(data: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable, "-m", "handoffs", "demo", "--data", str(data), "--no-dashboard", "--no-progress",
+        "--otlp-port", str(free_port()), "--query-port", str(free_port()),
+        "--backfill-days", "2", "--rates", RATES, "--seed", "42", *extra,
+    ]  # fmt: skip
+
+
+def _cli(*args: str) -> object:
+    r = subprocess.run(
+        [sys.executable, "-m", "handoffs", *args], capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, f"handoffs {' '.join(args)} -> {r.returncode}\n{r.stderr}"
+    return json.loads(r.stdout)
+
+
+def _iso(dt: datetime) -> str:
+    return dt.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory):
+    data = tmp_path_factory.mktemp("demo") / "handoffs-data"
+    t0 = datetime.now(UTC)
+    cmd = _demo_cmd(data, "--backfill-handoffs", "1500", "--duration", "15", "--rate", "5",
+                    "--outage", "coder:code.test@0.5-0.75")  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return {"data": data, "t0": t0, "stdout": r.stdout, "store": f"chdb://{data}"}
+
+
+def test_demo_prints_what_it_did_and_everything_was_exported(demo_run):
+    out = demo_run["stdout"]
+    assert "serve up" in out and "backfilled" in out and "live traffic" in out
+    last = next(ln for ln in out.splitlines() if ln.startswith("stopped:"))
+    sent, exported, failed = (int(last.split()[i]) for i in (1, 4, 6))
+    assert sent == exported and failed == 0, last
+    assert "serve exit 0" in last
+
+
+def test_every_topology_mode_and_tenant_shows_in_metrics(demo_run):
+    window = [
+        "--from",
+        _iso(demo_run["t0"] - timedelta(days=3)),
+        "--to",
+        _iso(datetime.now(UTC) + timedelta(hours=1)),
+    ]
+    store = ["--store", demo_run["store"], "--json", *window]
+    by_topology = {r["topology"]: r for r in _cli("metrics", *store, "--by", "topology")}
+    assert set(by_topology) == {"in_process", "agent_as_tool", "shared_queue", "federated_a2a"}
+    by_mode = {r["mode"]: r for r in _cli("metrics", *store, "--by", "mode")}
+    assert set(by_mode) == {"delegate", "consult", "transfer", "escalate"}
+    by_tenant = {r["tenant"]: r for r in _cli("metrics", *store, "--by", "tenant")}
+    assert set(by_tenant) == {"acme", "globex", "initech"}  # each tenant's own token
+    overall = _cli("metrics", *store)
+    overall = overall[0] if isinstance(overall, list) else overall
+    assert overall["settled"] > 1000
+    # rejects/expiries, failures and partial results, unknowns and escalations all show
+    assert overall["p_accept"] < 0.97
+    assert overall["p_execute"] < 0.97
+    assert overall["p_evidence"] < 0.97
+    assert overall["unknown_rate"] > 0.02
+    assert overall["escalation_rate"] > 0
+
+
+def test_every_injected_failure_mode_shows_in_anomalies(demo_run):
+    now = datetime.now(UTC)
+    window = [
+        "--from",
+        _iso(demo_run["t0"] - timedelta(days=3)),
+        "--to",
+        _iso(now + timedelta(hours=1)),
+    ]
+    got = {
+        r["kind"]: r["count"]
+        for r in _cli("anomalies", "--store", demo_run["store"], "--json", *window)
+    }
+    for kind in (
+        "bounce",  # wrong specialist, handed back
+        "committed_without_evidence",  # partial results
+        "duplicate_delivery",  # retries without dedup key
+        "stale_fence",  # consumer lag + stale fence tokens
+        "invalid_transition",  # messages to terminal handoffs
+        "idempotency_conflict",  # same key, changed payload
+        "unknown_unresolved",  # timeouts never resolved
+    ):
+        assert got[kind] > 0, (kind, got)
+    # the skill removed from the coder's Agent Card: a rejection spike inside its slice
+    t0 = demo_run["t0"]
+    slice_ = [
+        "--from",
+        _iso(t0 - timedelta(hours=23, minutes=50)),
+        "--to",
+        _iso(t0 - timedelta(hours=12, minutes=10)),
+    ]
+    spike = {
+        r["kind"]: r for r in _cli("anomalies", "--store", demo_run["store"], "--json", *slice_)
+    }
+    assert spike["rejection_spike"]["count"] > 0, spike["rejection_spike"]
+
+
+def test_sigint_stops_cleanly_with_everything_stored(tmp_path):
+    data = tmp_path / "handoffs-data"
+    cmd = _demo_cmd(data, "--backfill-handoffs", "200", "--rate", "20")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        lines = []
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            assert line, "demo exited early:\n" + "".join(lines) + proc.stderr.read()
+            lines.append(line)
+            if line.startswith("live traffic"):
+                break
+        time.sleep(3)  # let some live traffic flow (what is measured is the count, not the time)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    last = next(ln for ln in out.splitlines() if ln.startswith("stopped:"))
+    sent, exported = int(last.split()[1]), int(last.split()[4])
+    assert sent == exported > 0
+    # the store opens in another process (serve released the lock) and holds every span sent
+    count = subprocess.run(
+        [sys.executable, "-c", "import sys; from handoffs.store import parse_store, connect; "
+         "c = connect(parse_store(sys.argv[1])); print(c.query('SELECT count() FROM otel_traces').result_rows[0][0])",
+         f"chdb://{data}"],
+        capture_output=True, text=True, timeout=120, env={**os.environ},
+    )  # fmt: skip
+    assert count.returncode == 0, count.stderr
+    assert int(count.stdout.strip()) == sent
