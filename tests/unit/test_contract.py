@@ -1,4 +1,4 @@
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from collector.contract import (
@@ -108,6 +108,7 @@ def test_reachable_set_equals_exhaustive_next_state_closure():
         assert seen == reachable_from(start), start
 
 
+@settings(derandomize=True)  # seeded: a failure replays
 @given(st.lists(st.sampled_from([e for e in Event if e != Event.CREATE]), max_size=20))
 def test_committed_reached_exactly_along_table_paths(events):
     state, taken = _walk(events)

@@ -405,7 +405,7 @@ _EVENTS = [e for e in Event if e != Event.CREATE]
 _PROP_REC = InMemoryRecorder()  # one provider for all examples; cleared per example
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150, deadline=None, derandomize=True)
 @given(events=st.lists(st.sampled_from(_EVENTS), max_size=25), strict=st.booleans())
 def test_any_event_sequence_through_the_tracer_stays_legal(events, strict):
     _PROP_REC.clear()
@@ -475,7 +475,7 @@ def test_every_table_path_to_committed_drives_the_tracer_to_committed(sender):
         assert h.state == "committed", path
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150, deadline=None, derandomize=True)
 @given(events=st.lists(st.sampled_from(_EVENTS), max_size=12))
 def test_committed_reached_only_along_table_paths(events):
     _PROP_REC.clear()
