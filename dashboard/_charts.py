@@ -79,6 +79,9 @@ def trend_figure(
             "side": "right",
             "showgrid": False,
             "rangemode": "tozero",
+            "tickformat": ",d",
+            # whole handoffs only: small counts would otherwise get fractional ticks
+            **({"dtick": 1} if len(df) and (df["settled"].max() or 0) <= 8 else {}),
         },
         legend={"orientation": "h", "y": -0.2},
         **_LAYOUT,
@@ -180,6 +183,7 @@ def timeline_figure(transitions: list[dict[str, Any]]) -> go.Figure:
         marker={"size": 14, "color": colors, "line": {"width": 1, "color": "#333"}},
         hovertemplate="%{y}<br>%{text}<br>%{x}<extra></extra>",
         showlegend=False,
+        cliponaxis=False,  # labels above the top lane stay visible
     )
     fig.update_layout(
         title="Transitions by actor (green valid, red flagged)",
@@ -188,6 +192,7 @@ def timeline_figure(transitions: list[dict[str, Any]]) -> go.Figure:
             "categoryorder": "array",
             "categoryarray": actors,
             "title": "actor",
+            "range": [-0.5, len(actors) - 0.3],  # headroom for the top lane's labels
         },
         xaxis={"title": "time (UTC)"},
         **{**_LAYOUT, "height": max(260, 120 + 70 * len(actors))},

@@ -29,6 +29,7 @@ __all__ = [
     "RANGES",
     "Picked",
     "arrived_params",
+    "delta_color",
     "delta_count",
     "delta_rate",
     "explorer_link",
@@ -90,6 +91,17 @@ def delta_count(cur: Any, prev: Any) -> str | None:
     if is_undefined(cur) or is_undefined(prev):
         return None
     return f"{int(cur) - int(prev):+,}"
+
+
+def delta_color(delta: str | None, *, inverse: bool = False) -> str:
+    """st.metric delta_color: grey for no change, else red-for-worse ("inverse" when up is bad)."""
+    if delta is not None:
+        try:
+            if float(delta.replace("pp", "").replace(",", "").strip()) == 0:
+                return "off"
+        except ValueError:
+            pass
+    return "inverse" if inverse else "normal"
 
 
 def parse_utc(text: str, *, field: str) -> datetime:

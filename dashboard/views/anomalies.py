@@ -40,15 +40,16 @@ total = int(cur["count"].sum())
 st.caption(f"{total:,} anomalies in {p.describe()}" + (f" · tenant {p.tenant}" if p.tenant else ""))
 
 rows = list(cur.itertuples(index=False))
-for start in range(0, len(rows), 5):
-    cols = st.columns(5)
-    for col, r in zip(cols, rows[start : start + 5], strict=False):
+for start in range(0, len(rows), 4):
+    cols = st.columns(4)
+    for col, r in zip(cols, rows[start : start + 4], strict=False):
+        delta = _ui.delta_count(r.count, prev_counts.get(r.kind))
         col.metric(
             str(r.kind).replace("_", " "),
             f"{int(r.count):,}",
-            _ui.delta_count(r.count, prev_counts.get(r.kind)),
-            delta_color="inverse",
-            help=str(r.description),
+            delta,
+            delta_color=_ui.delta_color(delta, inverse=True),
+            help=f"{r.description} Bars: counts over {TREND_SLICES} equal slices of the window.",
             chart_data=trend[r.kind],
             chart_type="bar",
             border=True,

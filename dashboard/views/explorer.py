@@ -68,12 +68,15 @@ terminal = package.get("terminal") or {}
 transitions = package.get("transitions") or []
 env = package.get("envelope") or {}
 st.subheader(f"Handoff {hid}")
-m = st.columns(5)
-m[0].metric("Task", str(package.get("task_id") or _ui.DASH))
-m[1].metric("Tenant", str(package.get("tenant") or _ui.DASH))
-m[2].metric("Mode", str(env.get("mode") or _ui.DASH))
-m[3].metric("Terminal state", str(terminal.get("state") or "in flight"))
-m[4].metric("Transitions", f"{len(transitions):,}")
+m = st.columns([3, 1, 1])
+m[0].markdown(
+    f"**Task** `{package.get('task_id') or _ui.DASH}` · **Tenant** `{package.get('tenant') or _ui.DASH}`  \n"
+    f"**Mode** {env.get('mode') or _ui.DASH} · **From** {env.get('from_agent') or _ui.DASH} "
+    f"→ **To** {env.get('to_agent') or _ui.DASH} · **Topology** {env.get('topology') or _ui.DASH}"
+)
+state = str(terminal.get("state") or _ui.DASH)
+m[1].metric("Terminal state" if terminal.get("is_terminal", True) else "Last state (open)", state)
+m[2].metric("Transitions", f"{len(transitions):,}")
 
 with _ui.guard():
     verdict = _data.verify_package(src, package)
@@ -91,14 +94,22 @@ else:
 st.plotly_chart(_charts.timeline_figure(transitions), key="ex_timeline")
 tdf = pd.DataFrame(transitions)
 if len(tdf):
-    st.dataframe(tdf, hide_index=True, key="ex_transitions")
+    # the handoff's own ids are in the header; time_ns would overflow a JS number
+    drop = [c for c in ("time_ns", "tenant", "task_id", "handoff_id") if c in tdf]
+    st.dataframe(tdf.drop(columns=drop), hide_index=True, key="ex_transitions")
 
 left, right = st.columns(2)
 with left:
     st.markdown("**Envelope**")
     st.json(env, expanded=2)
     st.markdown("**Input summary**")
-    st.write(package.get("input_summary") or _ui.DASH)
+    summary = package.get("input_summary") or {}
+    if isinstance(summary, dict):
+        st.json(
+            {k: v for k, v in summary.items() if v} or {"objective": "not recorded"}, expanded=True
+        )
+    else:
+        st.write(summary)
 with right:
     st.markdown("**Evidence references**")
     refs = package.get("evidence_refs") or []

@@ -95,7 +95,7 @@ def body() -> None:
                 label,
                 value,
                 delta,
-                delta_color="inverse" if key in _INVERSE else "normal",
+                delta_color=_ui.delta_color(delta, inverse=key in _INVERSE),
                 help=f"{help_}. Delta: against the previous {p.end - p.start} period.",
                 border=True,
             )

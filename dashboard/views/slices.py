@@ -31,7 +31,10 @@ p = _ui.pickers(src, "slices")
 def _table(df, dim: str) -> None:
     cols = [dim, *(c for c in _COUNT_COLS if c in df), *(c for c in _RATE_COLS if c in df)]
     view = df[cols].sort_values("p_e2e", ascending=True, na_position="last", kind="stable")
-    config = {c: st.column_config.NumberColumn(c, format="percent") for c in _RATE_COLS}
+    for c in _RATE_COLS:  # fractions -> percent with one decimal; NaN stays empty ("—")
+        if c in view:
+            view[c] = view[c] * 100
+    config = {c: st.column_config.NumberColumn(c, format="%.1f%%") for c in _RATE_COLS}
     st.dataframe(
         view, hide_index=True, column_config=config, placeholder=_ui.DASH, key=f"sl_tab_{dim}"
     )

@@ -35,10 +35,10 @@ _ARGS = [
 ]
 _WINDOW_QS = urlencode(WINDOW)
 PAGES = (
-    ("overview", f"overview?{_WINDOW_QS}", "Overview"),
+    ("overview", f"?{_WINDOW_QS}", "Overview"),  # the default page lives at the root URL
     ("slices", f"slices?{_WINDOW_QS}", "Slices"),
     ("anomalies", f"anomalies?{_WINDOW_QS}", "Anomalies"),
-    ("explorer", "explorer?handoff_id=h-ok-2", "Handoff h-ok-2"),
+    ("explorer", "?handoff_id=h-ok-2", "Handoff h-ok-2"),  # deep link on the root URL
     ("reports", f"reports?week={WEEK}", "Reports"),
 )
 
@@ -105,9 +105,10 @@ _DONE_JS = """() => {
   const status = document.querySelector('[data-testid="stStatusWidget"]');
   if (status && /Running|Connecting/i.test(status.innerText)) return false;
   if (document.querySelector('[data-testid="stException"]')) return true;
-  const plot = document.querySelector('.js-plotly-plot .main-svg');
-  const alert = document.querySelector('[data-testid="stAlert"]');
-  return Boolean(plot || alert);
+  if (document.querySelector('[data-testid="stSkeleton"]')) return false;
+  const plots = document.querySelectorAll('.js-plotly-plot');
+  const drawn = document.querySelectorAll('.js-plotly-plot .main-svg');
+  return plots.length > 0 && drawn.length >= plots.length;
 }"""
 
 
@@ -118,7 +119,7 @@ def test_every_page_renders_in_chromium(dashboard_url, tmp_path):
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1440, "height": 1000})
+            page = browser.new_page(viewport={"width": 1440, "height": 2000})
             for name, path, marker in PAGES:
                 page.goto(f"{dashboard_url}/{path}", wait_until="domcontentloaded")
                 page.wait_for_function(_DONE_JS, timeout=PAGE_TIMEOUT_MS)
@@ -136,7 +137,13 @@ def test_every_page_renders_in_chromium(dashboard_url, tmp_path):
                 )
                 if not charts:
                     problems.append(f"{name}: no chart rendered")
-                if "Integrity check FAILED" in body or "Cannot reach the store" in body:
+                bad = (
+                    "Integrity check FAILED",
+                    "Cannot reach the store",
+                    "Page not found",
+                    "did not answer",
+                )
+                if any(b in body for b in bad):
                     problems.append(f"{name}: unexpected error message:\n{body[:2000]}")
         finally:
             browser.close()
