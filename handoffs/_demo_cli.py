@@ -102,7 +102,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     demo.add_argument(
         "--backfill-handoffs",
         type=int,
-        default=20_000,
+        default=10_000,
         help="handoff intents in the backfill (default %(default)s)",
     )
     demo.add_argument(

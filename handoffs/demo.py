@@ -14,8 +14,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
@@ -54,7 +52,7 @@ class DemoOptions:
     dashboard_port: int = 8501
     duration_s: float | None = None
     backfill_days: float = 7.0
-    backfill_handoffs: int = 20_000
+    backfill_handoffs: int = 10_000
     live_rate: float = 2.0
     seed: int = 7
     rates: FailureRates = field(default_factory=FailureRates)
@@ -114,6 +112,10 @@ def run_demo(
     dash: subprocess.Popen | None = None
     stats: EmitStats | None = None
     try:
+        if opts.dashboard and not stop.is_set():
+            # started first (not awaited): the page fills in while the backfill runs
+            dash = _start_dashboard(serve.query_url, opts.dashboard_port, data / "logs")
+            print(f"dashboard: http://127.0.0.1:{opts.dashboard_port}", file=out, flush=True)
         emitter = Emitter(
             exporter_factory=otlp_exporter_factory(serve.otlp_url),
             tokens=tokens,
@@ -146,9 +148,6 @@ def run_demo(
             file=out,
             flush=True,
         )
-        if opts.dashboard and not stop.is_set():
-            dash = _start_dashboard(serve.query_url, opts.dashboard_port, data / "logs")
-            print(f"dashboard: http://127.0.0.1:{opts.dashboard_port}", file=out, flush=True)
         if not stop.is_set():
             remaining = None
             if opts.duration_s is not None:
@@ -196,13 +195,6 @@ def _start_dashboard(query_url: str, port: int, logs: Path) -> subprocess.Popen:
         stderr=subprocess.STDOUT,
     )
     log.close()
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2).close()
-            break
-        except (urllib.error.URLError, OSError):
-            time.sleep(0.2)
     return proc
 
 
