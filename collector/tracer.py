@@ -149,12 +149,12 @@ class Handoff:
         "_lock",
         "_otel",
         "_parent_ctx",
+        "_state",
         "_strict",
         "_t",
         "_trace_id",
         "_wire",
         "envelope",
-        "state",
     )
 
     def __init__(
@@ -162,7 +162,7 @@ class Handoff:
     ) -> None:
         self._t = tracer
         self.envelope = envelope
-        self.state = state
+        self._state = state
         self._anchor = anchor
         self._trace_id = anchor.trace_id
         self._otel = tracer._tracer
@@ -179,6 +179,11 @@ class Handoff:
         self._wire: dict[str, Any] | None = None
 
     # -- identity ---------------------------------------------------------------------------
+
+    @property
+    def state(self) -> str:
+        """The current state (read-only: it changes only through transitions)."""
+        return self._state
 
     @property
     def handoff_id(self) -> str:
@@ -209,7 +214,7 @@ class Handoff:
             if self._anchor.is_valid:  # invalid when no SDK is configured (no-op tracer)
                 self._wire["traceparent"] = self.traceparent
         d = dict(self._wire)
-        d["state"] = str(self.state)
+        d["state"] = self._state
         return d
 
     def __repr__(self) -> str:
@@ -310,11 +315,11 @@ class Handoff:
         name = SPAN_NAME.get(event)
         if name is None or event == "create":
             reason = "create is not an event of an existing handoff" if event == "create" else None
-            raise IllegalTransition(self.state, event, reason or f"unknown event {event!r}")
+            raise IllegalTransition(self._state, event, reason or f"unknown event {event!r}")
         a[sc.EVENT] = event
         a[sc.GEN_AI_OPERATION_NAME] = name
         with self._lock:
-            src = self.state
+            src = self._state
             dst = TABLE.get((src, event))
             a[sc.FROM_STATE] = src
             if dst is None:
@@ -341,8 +346,8 @@ class Handoff:
             span.end(end_time=start_ns)
             self._last = (name, a)
             if dst is not None:
-                self.state = dst
-            return self.state
+                self._state = dst
+            return self._state
 
     def redeliver(self, at: datetime | int | None = None) -> None:
         """Re-emit the last transition as a NEW span with the same attributes (an
@@ -352,7 +357,7 @@ class Handoff:
         with self._lock:
             if self._last is None:
                 raise IllegalTransition(
-                    self.state, "redeliver", "nothing to redeliver: no transition emitted yet"
+                    self._state, "redeliver", "nothing to redeliver: no transition emitted yet"
                 )
             name, a = self._last
             self._emit(name, a, start_ns)

@@ -568,3 +568,11 @@ def test_concurrent_transitions_on_one_handoff_are_serialized(sender):
         t.join()
     assert wins == ["ok"]
     assert [r[semconv.EVENT] for r in rec.transitions()] == ["create", "accept"]
+
+
+def test_state_is_read_only(sender):
+    _, tracer = sender
+    h = tracer.create(envelope())
+    with pytest.raises(AttributeError):
+        h.state = "committed"
+    assert h.state == "created"
