@@ -38,7 +38,7 @@ REQUIRED_FIELDS: Final = ("task_id", "handoff_id", "from_agent", "to_agent", "mo
 #: Keys the tracer puts beside the envelope on the wire; not envelope fields, never in `extra`.
 TRANSPORT_KEYS: Final = frozenset({"traceparent", "tracestate", "state"})
 
-_PROTOCOL_RE: Final = re.compile(r"^aa-handoff/v(\d+)(?:\.(\d+))?$")
+_PROTOCOL_RE: Final = re.compile(r"aa-handoff/v([0-9]{1,6})(?:\.([0-9]{1,6}))?")
 #: Upper bound on free-text fields (objective, reply_contract, ...), in characters.
 MAX_TEXT_CHARS: Final = 1_000_000
 
@@ -123,7 +123,7 @@ def _int_field(name: str, value: Any, *, minimum: int) -> None:
 def _protocol_major(protocol: Any) -> int:
     if not isinstance(protocol, str):
         raise EnvelopeError("protocol", f"must be a string, got {type(protocol).__name__}")
-    m = _PROTOCOL_RE.match(protocol)
+    m = _PROTOCOL_RE.fullmatch(protocol)
     if not m:
         raise EnvelopeError(
             "protocol", f"unknown protocol {protocol!r}; expected 'aa-handoff/v<major>'"

@@ -65,6 +65,8 @@ def test_valid_envelope_normalizes_lists_to_tuples():
         ({"topology": "carrier_pigeon"}, "topology", "unknown topology 'carrier_pigeon'"),
         ({"protocol": "aa-handoff/v2"}, "protocol", "unsupported major version 'aa-handoff/v2'"),
         ({"protocol": "http/1.1"}, "protocol", "unknown protocol 'http/1.1'"),
+        ({"protocol": "aa-handoff/v1\n"}, "protocol", "unknown protocol 'aa-handoff/v1\\n'"),
+        ({"protocol": "aa-handoff/v١"}, "protocol", "unknown protocol"),
         ({"constraints": ["a"]}, "constraints", "must be an object (dict), got list"),
         ({"constraints": {1: "a"}}, "constraints", "keys must be strings, got 1"),
         ({"objective": b"bytes"}, "objective", "must be a string, got bytes"),
