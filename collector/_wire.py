@@ -14,7 +14,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
-from opentelemetry.trace import SpanContext, TraceFlags
+from opentelemetry.trace import SpanContext, TraceFlags, TraceState
 
 from collector import semconv as sc
 from collector._redact import InputFilter
@@ -91,8 +91,10 @@ def format_traceparent(ctx: SpanContext) -> str:
     return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
 
 
-def parse_traceparent(value: Any) -> SpanContext:
-    """A remote SpanContext from a W3C `traceparent`; EnvelopeError('traceparent', ...) if bad."""
+def parse_traceparent(value: Any, tracestate: Any = None) -> SpanContext:
+    """A remote SpanContext from a W3C `traceparent` (and optional `tracestate` header value);
+    EnvelopeError('traceparent' / 'tracestate', ...) if bad. An unparsable tracestate entry is
+    dropped, as the W3C spec asks."""
     if not isinstance(value, str):
         raise EnvelopeError("traceparent", f"must be a string, got {type(value).__name__}")
     m = _TRACEPARENT_RE.match(value.strip())
@@ -105,8 +107,17 @@ def parse_traceparent(value: Any) -> SpanContext:
         raise EnvelopeError("traceparent", f"invalid version in {value!r}")
     if int(trace_id, 16) == 0 or int(span_id, 16) == 0:
         raise EnvelopeError("traceparent", f"all-zero trace or span id in {value!r}")
+    state = None
+    if tracestate is not None:
+        if not isinstance(tracestate, str):
+            raise EnvelopeError("tracestate", f"must be a string, got {type(tracestate).__name__}")
+        state = TraceState.from_header([tracestate])
     return SpanContext(
-        int(trace_id, 16), int(span_id, 16), is_remote=True, trace_flags=TraceFlags(int(flags, 16))
+        int(trace_id, 16),
+        int(span_id, 16),
+        is_remote=True,
+        trace_flags=TraceFlags(int(flags, 16)),
+        trace_state=state,
     )
 
 

@@ -127,7 +127,7 @@ class HandoffTracer:
         envelope = Envelope.from_wire(wire)
         tp = wire.get("traceparent")
         # No traceparent (a sender without telemetry, or not our shim): one fresh trace.
-        anchor = synthetic_anchor() if tp is None else parse_traceparent(tp)
+        anchor = synthetic_anchor() if tp is None else parse_traceparent(tp, wire.get("tracestate"))
         state = wire.get("state") or "created"
         if not isinstance(state, str) or state not in STATES:
             raise EnvelopeError("state", f"unknown state {state!r}")
@@ -208,11 +208,14 @@ class Handoff:
         return self._t.actor
 
     def to_wire(self) -> dict[str, Any]:
-        """JSON-able dict for the receiver: the envelope fields, `traceparent` and `state`."""
+        """JSON-able dict for the receiver: the envelope fields, `traceparent` (plus
+        `tracestate` when the trace carries one) and `state`."""
         if self._wire is None:
             self._wire = self.envelope.to_wire()
             if self._anchor.is_valid:  # invalid when no SDK is configured (no-op tracer)
                 self._wire["traceparent"] = self.traceparent
+                if self._anchor.trace_state:
+                    self._wire["tracestate"] = self._anchor.trace_state.to_header()
         d = dict(self._wire)
         d["state"] = self._state
         return d

@@ -66,7 +66,7 @@ def assert_wire_types(attrs) -> None:
 
 
 def test_two_providers_receiver_joins_sender_trace_with_typed_attributes(sender, receiver):
-    s_rec, s_tracer = sender
+    _, s_tracer = sender
     r_rec, r_tracer = receiver
     h = s_tracer.create(envelope(evidence_refs=["spec:1"], max_tool_calls=5, fence_token=2))
     assert h.state == "created"
@@ -523,3 +523,29 @@ def test_state_is_read_only(sender):
     with pytest.raises(AttributeError):
         h.state = "committed"
     assert h.state == "created"
+
+
+def test_tracestate_travels_with_the_traceparent(sender, receiver):
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
+
+    _, s_tracer = sender
+    r_rec, r_tracer = receiver
+    upstream = SpanContext(
+        0xABC,
+        0xDEF,
+        is_remote=True,
+        trace_flags=TraceFlags(1),
+        trace_state=TraceState([("vendor", "v1")]),
+    )
+    with trace.use_span(NonRecordingSpan(upstream)):
+        h = s_tracer.create(envelope())
+    wire = h.to_wire()
+    assert wire["tracestate"] == "vendor=v1"
+    r_tracer.receive(wire).accept()
+    (accept,) = r_rec.spans()
+    assert accept.context.trace_state.get("vendor") == "v1"
+    assert accept.context.trace_id == 0xABC
+    with pytest.raises(
+        EnvelopeError, match="envelope field 'tracestate': must be a string, got int"
+    ):
+        r_tracer.receive({**wire, "tracestate": 5})
