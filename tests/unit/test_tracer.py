@@ -66,7 +66,7 @@ def assert_wire_types(attrs) -> None:
 
 
 def test_two_providers_receiver_joins_sender_trace_with_typed_attributes(sender, receiver):
-    _, s_tracer = sender
+    s_rec, s_tracer = sender
     r_rec, r_tracer = receiver
     h = s_tracer.create(envelope(evidence_refs=["spec:1"], max_tool_calls=5, fence_token=2))
     assert h.state == "created"
