@@ -1,0 +1,301 @@
+"""OpenAI Agents SDK adapter: the SDK's handoff spans become handoff transitions.
+
+Register `HandoffTracingProcessor` with the SDK (`agents.set_trace_processors([p])` keeps
+everything local; `agents.add_trace_processor(p)` keeps the SDK's OpenAI exporter too). It
+reads the SDK's own trace events and emits our transitions through `collector.HandoffTracer`
+on the TracerProvider you pass (keyword-only; never the global one):
+
+| SDK event | our transitions |
+|---|---|
+| handoff span ends, `from_agent -> to_agent` | `create` (actor from_agent, at span start), `accept` + `start` (actor to_agent, at span end) |
+| the target's agent span ends without error | `prepare` (evidence, below) + `commit` (receipt `ok`) |
+| the target's agent span, or a non-tool span under it, ends with an error | `fail` (error_code = the SDK error message, snake_case) |
+| handoff span error "Multiple handoffs requested" | the chosen handoff as above; each ignored one: `create` + `reject` (error_code `multiple_handoffs`) |
+| handoff span ends without a target agent | `create` + `reject` (error_code `handoff_target_unresolved`), to_agent `unknown` |
+| the SDK trace ends before the target agent ran/finished | `fail` (error_code `run_ended_before_target_finished`) |
+
+Identity: task_id = the SDK trace id (one Runner run), handoff_id = the SDK handoff span id
+(`<id>:<n>` for the n-th ignored handoff). mode defaults to `transfer` (an SDK handoff hands
+the conversation over), topology `in_process`. One OTel span `openai_agents.trace` per SDK
+trace (a child of your current OTel span, if any) parents every `create`, so all handoffs of
+one run share one OTel trace.
+
+Evidence (limit: a heuristic, not a judgement of the answer): the items are the target
+agent's model turns and tool calls that ended without error (SDK spans of type
+turn/response/generation/function under its agent span); `handoff.evidence.count` = their
+number, `.valid` = count >= 1, `handoff.evidence_refs` = `openai-agents:<span id>` (first 32).
+
+The processor never raises into the SDK: a failure is logged and counted in `errors`.
+Memory: per SDK trace in flight, one record (span parents + handoffs), freed at trace end.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Final
+
+from agents.tracing import TracingProcessor
+from opentelemetry import trace as otel_trace
+
+from collector.envelope import MODES, Envelope
+from collector.tracer import HandoffTracer
+
+if TYPE_CHECKING:
+    from agents.tracing import Span, Trace
+    from opentelemetry.trace import TracerProvider
+
+    from collector._redact import InputFilter
+    from collector.tracer import Handoff
+
+__all__ = ["HandoffTracingProcessor"]
+
+_log = logging.getLogger(__name__)
+
+MULTIPLE_HANDOFFS_MESSAGE: Final = "Multiple handoffs requested"  # agents 0.24 wording
+_EVIDENCE_TYPES: Final = frozenset({"response", "generation", "function"})
+_NOT_FAILING_TYPES: Final = frozenset({"function", "handoff"})  # tool errors go to the model
+_MAX_REFS: Final = 32
+_INSTRUMENTATION: Final = "collector.adapters.openai_agents"
+
+
+def _slug(message: str | None) -> str:
+    s = re.sub(r"[^a-z0-9]+", "_", (message or "error").lower()).strip("_")
+    return s[:64] or "error"
+
+
+def _span_type(span: Span[Any]) -> str:
+    data = span.span_data
+    t = getattr(data, "type", "")
+    if t == "custom" and getattr(data, "name", "") == "turn":
+        return "turn"
+    return t
+
+
+@dataclass(slots=True)
+class _Target:
+    """An accepted+started handoff waiting for (or inside) its target agent's run."""
+
+    handoff: Handoff
+    to_agent: str
+    agent_span_id: str | None = None
+    evidence: list[str] = field(default_factory=list)
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class _Run:
+    """What one SDK trace (one Runner run) needs while in flight."""
+
+    task_id: str
+    root: Any = None  # the OTel span parenting the run's `create`s
+    parents: dict[str, str | None] = field(default_factory=dict)
+    pending: list[_Target] = field(default_factory=list)  # target agent span not started yet
+    running: dict[str, _Target] = field(default_factory=dict)  # by target agent span id
+
+
+class HandoffTracingProcessor(TracingProcessor):
+    """An OpenAI Agents SDK TracingProcessor that emits handoff transitions (module doc).
+
+    `tracer_provider`: the OTel TracerProvider to emit on (required, keyword-only).
+    `mode`: envelope mode of every handoff (default `transfer`). `deadline_ms`: envelope
+    deadline in ms (None: the analytics default, 300 s). `strict`, `input_filter`, `clock`:
+    passed to each HandoffTracer (clock() -> int ns since the epoch, used only when the SDK
+    gives no timestamp). Raises ValueError on a bad mode or deadline.
+    `errors`: callbacks that failed (logged, never raised into the SDK).
+    """
+
+    def __init__(
+        self,
+        *,
+        tracer_provider: TracerProvider,
+        mode: str = "transfer",
+        deadline_ms: int | None = None,
+        strict: bool = True,
+        input_filter: InputFilter | None = None,
+        clock: Callable[[], int] | None = None,
+    ) -> None:
+        if tracer_provider is None:
+            raise ValueError("tracer_provider: required (an OTel TracerProvider)")
+        if mode not in MODES:
+            raise ValueError(f"mode: must be one of {sorted(MODES)}, got {mode!r}")
+        if deadline_ms is not None and (type(deadline_ms) is not int or deadline_ms <= 0):
+            raise ValueError(f"deadline_ms: must be a positive int (ms), got {deadline_ms!r}")
+        self._provider = tracer_provider
+        self._otel = tracer_provider.get_tracer(_INSTRUMENTATION)
+        self._mode = mode
+        self._deadline_ms = deadline_ms
+        self._strict = strict
+        self._filter = input_filter
+        self._clock = clock
+        self._tracers: dict[str, HandoffTracer] = {}
+        self._runs: dict[str, _Run] = {}
+        self._lock = threading.RLock()
+        self.errors = 0
+
+    # -- TracingProcessor -------------------------------------------------------------------
+
+    def on_trace_start(self, trace: Trace) -> None:
+        self._guard(self._trace_start, trace)
+
+    def on_trace_end(self, trace: Trace) -> None:
+        self._guard(self._trace_end, trace)
+
+    def on_span_start(self, span: Span[Any]) -> None:
+        self._guard(self._span_start, span)
+
+    def on_span_end(self, span: Span[Any]) -> None:
+        self._guard(self._span_end, span)
+
+    def shutdown(self) -> None:
+        """Flush what was emitted; the TracerProvider is the caller's and stays open."""
+        self.force_flush()
+
+    def force_flush(self) -> None:
+        flush = getattr(self._provider, "force_flush", None)
+        if flush is not None:
+            flush()
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _guard(self, fn: Callable[[Any], None], arg: Any) -> None:
+        try:
+            with self._lock:
+                fn(arg)
+        except Exception:
+            self.errors += 1
+            _log.exception("handoff tracing processor failed in %s", fn.__name__)
+
+    def _tracer(self, actor: str) -> HandoffTracer:
+        t = self._tracers.get(actor)
+        if t is None:
+            t = HandoffTracer(
+                actor,
+                tracer_provider=self._provider,
+                strict=self._strict,
+                input_filter=self._filter,
+                clock=self._clock,
+            )
+            self._tracers[actor] = t
+        return t
+
+    def _at(self, iso: str | None) -> datetime | int | None:
+        return datetime.fromisoformat(iso) if iso else None
+
+    def _run(self, trace_id: str) -> _Run:
+        run = self._runs.get(trace_id)
+        if run is None:  # registered mid-run: no trace start seen
+            run = self._runs[trace_id] = _Run(task_id=trace_id)
+        return run
+
+    def _trace_start(self, trace: Trace) -> None:
+        root = self._otel.start_span(
+            f"openai_agents.trace {trace.name}",
+            attributes={"openai_agents.trace_id": trace.trace_id},
+        )
+        self._runs[trace.trace_id] = _Run(task_id=trace.trace_id, root=root)
+
+    def _trace_end(self, trace: Trace) -> None:
+        run = self._runs.pop(trace.trace_id, None)
+        if run is None:
+            return
+        for target in [*run.pending, *run.running.values()]:
+            target.handoff.fail(error_code="run_ended_before_target_finished")
+        if run.root is not None:
+            run.root.end()
+
+    def _span_start(self, span: Span[Any]) -> None:
+        run = self._run(span.trace_id)
+        run.parents[span.span_id] = span.parent_id
+        if _span_type(span) != "agent" or not run.pending:
+            return
+        name = getattr(span.span_data, "name", None)
+        for i, target in enumerate(run.pending):
+            if target.to_agent == name:
+                target.agent_span_id = span.span_id
+                run.running[span.span_id] = run.pending.pop(i)
+                return
+
+    def _span_end(self, span: Span[Any]) -> None:
+        run = self._run(span.trace_id)
+        kind = _span_type(span)
+        if kind == "handoff":
+            self._handoff_end(run, span)
+        elif kind == "agent" and span.span_id in run.running:
+            self._target_end(run, run.running.pop(span.span_id), span)
+        else:
+            target = self._enclosing_target(run, span)
+            if target is not None:
+                if span.error is not None and kind not in _NOT_FAILING_TYPES:
+                    target.error = target.error or _slug(span.error.get("message"))
+                elif span.error is None and (kind in _EVIDENCE_TYPES or kind == "turn"):
+                    target.evidence.append(f"openai-agents:{span.span_id}")
+
+    def _enclosing_target(self, run: _Run, span: Span[Any]) -> _Target | None:
+        sid: str | None = span.parent_id
+        for _ in range(256):  # bounded walk up the SDK span tree
+            if sid is None:
+                return None
+            target = run.running.get(sid)
+            if target is not None:
+                return target
+            sid = run.parents.get(sid)
+        return None
+
+    def _create(self, run: _Run, handoff_id: str, src: str, dst: str, at: Any) -> Handoff:
+        env = Envelope(
+            task_id=run.task_id,
+            handoff_id=handoff_id,
+            from_agent=src,
+            to_agent=dst,
+            mode=self._mode,
+            topology="in_process",
+            deadline_ms=self._deadline_ms,
+        )
+        tracer = self._tracer(src)
+        if run.root is None:
+            return tracer.create(env, at=at)
+        with otel_trace.use_span(run.root, end_on_exit=False):
+            return tracer.create(env, at=at)
+
+    def _handoff_end(self, run: _Run, span: Span[Any]) -> None:
+        data = span.span_data
+        src = getattr(data, "from_agent", None) or "unknown"
+        dst = getattr(data, "to_agent", None)
+        started, ended = self._at(span.started_at), self._at(span.ended_at)
+        if not dst:
+            h = self._create(run, span.span_id, src, "unknown", started)
+            h.reject(ended, error_code="handoff_target_unresolved")
+            return
+        h = self._create(run, span.span_id, src, dst, started)
+        recv = self._tracer(dst).receive(h.to_wire())
+        recv.accept(ended)
+        recv.start(ended)
+        run.pending.append(_Target(recv, dst))
+        err = span.error
+        if err is not None and err.get("message") == MULTIPLE_HANDOFFS_MESSAGE:
+            requested = (err.get("data") or {}).get("requested_agents") or []
+            for n, ignored in enumerate(requested[1:], start=1):
+                lost = self._create(run, f"{span.span_id}:{n}", src, str(ignored), started)
+                lost.reject(ended, error_code="multiple_handoffs")
+
+    def _target_end(self, run: _Run, target: _Target, span: Span[Any]) -> None:
+        at = self._at(span.ended_at)
+        h = target.handoff
+        error = _slug(span.error.get("message")) if span.error is not None else target.error
+        if error is not None:
+            h.fail(at, error_code=error, execution_id=span.span_id)
+            return
+        refs = target.evidence
+        h.prepare(
+            at,
+            evidence_count=len(refs),
+            evidence_valid=len(refs) >= 1,
+            evidence_refs=refs[:_MAX_REFS],
+            execution_id=span.span_id,
+        )
+        h.commit(at, receipt_status="ok", execution_id=span.span_id)
