@@ -14,6 +14,7 @@ type, a missing required attribute, a malformed id) is rejected alone: it is lis
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -21,8 +22,7 @@ from typing import Any, Final
 from google.protobuf.message import DecodeError as _PbDecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from ingest._validate import check_handoff_span
-from ingest.integrity import row_hash
+from ingest._validate import EXPECTED_TAG, check_handoff_span, type_problem
 
 __all__ = [
     "OTEL_COLUMNS",
@@ -117,6 +117,10 @@ def _fmt_double(v: float) -> str:
     return repr(v)
 
 
+def _dumps(v: Any) -> str:
+    return json.dumps(v, separators=(",", ":"), ensure_ascii=False)
+
+
 def _pb_plain(av: Any) -> Any:
     """A protobuf AnyValue as the plain Python value (for JSON encoding of arrays/maps)."""
     kind = av.WhichOneof("value")
@@ -137,66 +141,74 @@ def _pb_plain(av: Any) -> Any:
     return None
 
 
-def _pb_value(av: Any) -> tuple[str, Any]:
-    """(type tag, raw value) of a protobuf AnyValue; tags: string,int,bool,double,array,map,bytes,empty."""
-    kind = av.WhichOneof("value")
-    if kind == "string_value":
-        return "string", av.string_value
-    if kind == "int_value":
-        return "int", av.int_value
-    if kind == "bool_value":
-        return "bool", av.bool_value
-    if kind == "double_value":
-        return "double", av.double_value
-    if kind == "array_value":
-        return "array", [_pb_plain(x) for x in av.array_value.values]
-    if kind == "kvlist_value":
-        return "map", {kv.key: _pb_plain(kv.value) for kv in av.kvlist_value.values}
-    if kind == "bytes_value":
-        return "bytes", av.bytes_value
-    return "empty", None
-
-
-def _encode(tag: str, v: Any) -> str:
-    if tag == "string":
-        return v
-    if tag == "int":
-        return str(v)
-    if tag == "bool":
-        return "true" if v else "false"
-    if tag == "double":
-        return _fmt_double(v)
-    if tag in ("array", "map"):
-        return json.dumps(v, separators=(",", ":"), ensure_ascii=False)
-    if tag == "bytes":
-        return base64.b64encode(v).decode()
-    return ""
-
-
-def _pb_attrs(kvs: Any) -> tuple[dict[str, str], dict[str, tuple[str, Any]]]:
-    enc: dict[str, str] = {}
-    typed: dict[str, tuple[str, Any]] = {}
+def _pb_attrs(kvs: Any, check: bool) -> tuple[dict[str, str], str | None]:
+    """Encode protobuf KeyValues; with `check`, also the first wire-type problem (or None)."""
+    out: dict[str, str] = {}
+    problem = None
     for kv in kvs:
-        tv = _pb_value(kv.value)
-        enc[kv.key] = _encode(*tv)
-        if kv.key.startswith("handoff."):
-            typed[kv.key] = tv
-    return enc, typed
-
-
-def _pb_attrs_enc(kvs: Any) -> dict[str, str]:
-    return {kv.key: _encode(*_pb_value(kv.value)) for kv in kvs}
+        key = kv.key
+        v = kv.value
+        w = v.WhichOneof("value")
+        items = None
+        if w == "string_value":
+            s = v.string_value
+        elif w == "int_value":
+            s = str(v.int_value)
+        elif w == "bool_value":
+            s = "true" if v.bool_value else "false"
+        elif w == "double_value":
+            s = _fmt_double(v.double_value)
+        elif w == "array_value":
+            items = [_pb_plain(x) for x in v.array_value.values]
+            s = _dumps(items)
+        elif w == "kvlist_value":
+            s = _dumps({x.key: _pb_plain(x.value) for x in v.kvlist_value.values})
+        elif w == "bytes_value":
+            s = base64.b64encode(v.bytes_value).decode()
+        else:
+            s = ""
+        out[key] = s
+        if check and problem is None and key in EXPECTED_TAG:
+            want = EXPECTED_TAG[key]
+            if w != want or items is not None:
+                problem = type_problem(key, w, items)
+    return out, problem
 
 
 # ---------------------------------------------------------------- span assembly
 
+_ENC = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+_NO_EVENTS: Final[tuple[list, list, list]] = ([], [], [])
+_NO_LINKS: Final[tuple[list, list, list, list]] = ([], [], [], [])
 
-def _add_span(
+
+def _fast_row_hash(
+    tenant: str, start: int, trace_id: str, span_id: str, attrs: dict[str, str]
+) -> str:
+    """ingest.integrity.row_hash for a decoded span (same canonical JSON, one shared encoder)."""
+    g = attrs.get
+    payload = {
+        "tenant": tenant,
+        "time_ns": start,
+        "trace_id": trace_id,
+        "span_id": span_id,
+        "task_id": g("handoff.task_id", ""),
+        "handoff_id": attrs["handoff.handoff_id"],
+        "event": g("handoff.event", ""),
+        "from_state": g("handoff.from_state", ""),
+        "to_state": g("handoff.to_state", ""),
+        "actor": g("handoff.actor", ""),
+        "attributes": attrs,
+    }
+    return hashlib.sha256(_ENC.encode(payload).encode()).hexdigest()
+
+
+def _finish(
     batch: DecodedBatch,
-    *,
     res: dict[str, str],
     service: str,
-    scope: tuple[str, str],
+    scope_name: str,
+    scope_version: str,
     trace_id: str,
     span_id: str,
     parent_id: str,
@@ -206,31 +218,32 @@ def _add_span(
     start: int,
     end: int,
     attrs: dict[str, str],
-    typed: dict[str, tuple[str, Any]],
-    status: tuple[int, str],
-    events: tuple[list[int], list[str], list[dict[str, str]]],
-    links: tuple[list[str], list[str], list[str], list[dict[str, str]]],
-    span_json: Any,
+    problem: str | None,
+    status_code: int,
+    status_message: str,
+    events: tuple[list, list, list],
+    links: tuple[list, list, list, list],
+    raw: Any,
 ) -> None:
     batch.spans += 1
-    problem = None
-    if len(trace_id) != 32 or trace_id == "0" * 32:
-        problem = f"traceId must be 16 non-zero bytes, got {trace_id!r}"
-    elif len(span_id) != 16 or span_id == "0" * 16:
-        problem = f"spanId must be 8 non-zero bytes, got {span_id!r}"
-    elif parent_id and len(parent_id) != 16:
-        problem = f"parentSpanId must be 8 bytes or empty, got {parent_id!r}"
-    elif start <= 0:
-        problem = "startTimeUnixNano is missing or zero"
+    if problem is None:
+        if len(trace_id) != 32 or trace_id == _ZERO_TRACE:
+            problem = f"traceId must be 16 non-zero bytes, got {trace_id!r}"
+        elif len(span_id) != 16 or span_id == _ZERO_SPAN:
+            problem = f"spanId must be 8 non-zero bytes, got {span_id!r}"
+        elif parent_id and len(parent_id) != 16:
+            problem = f"parentSpanId must be 8 bytes or empty, got {parent_id!r}"
+        elif start <= 0:
+            problem = "startTimeUnixNano is missing or zero"
     is_handoff = False
-    if problem is None and typed:
-        result = check_handoff_span(attrs, typed, tenant=batch.tenant)
+    if problem is None:
+        result = check_handoff_span(attrs, tenant=batch.tenant)
         problem, is_handoff = result.reject_reason, result.is_handoff
         if result.flags:
             attrs.update(result.flags)
             batch.flagged += 1
     if problem is not None:
-        batch.rejects.append(Reject(trace_id, span_id, problem, _span_json_text(span_json)))
+        batch.rejects.append(Reject(trace_id, span_id, problem, _span_json_text(raw)))
         return
     cols = batch.columns
     idx = len(cols["SpanId"])
@@ -240,15 +253,15 @@ def _add_span(
     cols["ParentSpanId"].append(parent_id)
     cols["TraceState"].append(trace_state)
     cols["SpanName"].append(name)
-    cols["SpanKind"].append(_KINDS[kind] if 0 <= kind < len(_KINDS) else "Unspecified")
+    cols["SpanKind"].append(_KINDS[kind] if 0 <= kind < 6 else "Unspecified")
     cols["ServiceName"].append(service)
     cols["ResourceAttributes"].append(res)
-    cols["ScopeName"].append(scope[0])
-    cols["ScopeVersion"].append(scope[1])
+    cols["ScopeName"].append(scope_name)
+    cols["ScopeVersion"].append(scope_version)
     cols["SpanAttributes"].append(attrs)
-    cols["Duration"].append(max(0, end - start))
-    cols["StatusCode"].append(_STATUS[status[0]] if 0 <= status[0] < 3 else "Unset")
-    cols["StatusMessage"].append(status[1])
+    cols["Duration"].append(end - start if end > start else 0)
+    cols["StatusCode"].append(_STATUS[status_code] if 0 <= status_code < 3 else "Unset")
+    cols["StatusMessage"].append(status_message)
     cols["Events.Timestamp"].append(events[0])
     cols["Events.Name"].append(events[1])
     cols["Events.Attributes"].append(events[2])
@@ -257,27 +270,22 @@ def _add_span(
     cols["Links.TraceState"].append(links[2])
     cols["Links.Attributes"].append(links[3])
     if is_handoff:
-        h = row_hash(
-            {
-                "tenant": batch.tenant,
-                "time_ns": start,
-                "trace_id": trace_id,
-                "span_id": span_id,
-                "task_id": attrs.get("handoff.task_id", ""),
-                "handoff_id": attrs["handoff.handoff_id"],
-                "event": attrs.get("handoff.event", ""),
-                "from_state": attrs.get("handoff.from_state", ""),
-                "to_state": attrs.get("handoff.to_state", ""),
-                "actor": attrs.get("handoff.actor", ""),
-                "attributes": attrs,
-            }
-        )
+        h = _fast_row_hash(batch.tenant, start, trace_id, span_id, attrs)
         batch.ledger.append((idx, attrs["handoff.handoff_id"], h))
 
 
-def _span_json_text(span_json: Any) -> str:
+_ZERO_TRACE: Final = "0" * 32
+_ZERO_SPAN: Final = "0" * 16
+
+
+def _span_json_text(raw: Any) -> str:
     try:
-        text = span_json() if callable(span_json) else json.dumps(span_json, default=str)
+        if isinstance(raw, dict):
+            text = json.dumps(raw, default=str)
+        else:
+            from google.protobuf.json_format import MessageToJson
+
+            text = MessageToJson(raw, indent=None)
     except Exception:  # a reject must still be recorded even if its copy fails
         text = ""
     return text[:MAX_SPAN_JSON]
@@ -297,54 +305,51 @@ def decode_protobuf(body: bytes, *, tenant: str) -> DecodedBatch:
         ) from None
     batch = DecodedBatch(tenant=tenant)
     for rs in req.resource_spans:
-        res = _pb_attrs_enc(rs.resource.attributes)
+        res = _pb_attrs(rs.resource.attributes, False)[0]
         service = res.get("service.name", "")
         for ss in rs.scope_spans:
-            scope = (ss.scope.name, ss.scope.version)
+            scope_name, scope_version = ss.scope.name, ss.scope.version
             for sp in ss.spans:
-                attrs, typed = _pb_attrs(sp.attributes)
+                attrs, problem = _pb_attrs(sp.attributes, True)
                 ev = sp.events
                 lk = sp.links
-                _add_span(
+                st = sp.status
+                _finish(
                     batch,
-                    res=dict(res),
-                    service=service,
-                    scope=scope,
-                    trace_id=sp.trace_id.hex(),
-                    span_id=sp.span_id.hex(),
-                    parent_id=sp.parent_span_id.hex(),
-                    trace_state=sp.trace_state,
-                    name=sp.name,
-                    kind=sp.kind,
-                    start=sp.start_time_unix_nano,
-                    end=sp.end_time_unix_nano,
-                    attrs=attrs,
-                    typed=typed,
-                    status=(sp.status.code, sp.status.message),
-                    events=(
+                    res,
+                    service,
+                    scope_name,
+                    scope_version,
+                    sp.trace_id.hex(),
+                    sp.span_id.hex(),
+                    sp.parent_span_id.hex(),
+                    sp.trace_state,
+                    sp.name,
+                    sp.kind,
+                    sp.start_time_unix_nano,
+                    sp.end_time_unix_nano,
+                    attrs,
+                    problem,
+                    st.code,
+                    st.message,
+                    (
                         [e.time_unix_nano for e in ev],
                         [e.name for e in ev],
-                        [_pb_attrs_enc(e.attributes) for e in ev],
+                        [_pb_attrs(e.attributes, False)[0] for e in ev],
                     )
                     if ev
-                    else ([], [], []),
-                    links=(
+                    else _NO_EVENTS,
+                    (
                         [x.trace_id.hex() for x in lk],
                         [x.span_id.hex() for x in lk],
                         [x.trace_state for x in lk],
-                        [_pb_attrs_enc(x.attributes) for x in lk],
+                        [_pb_attrs(x.attributes, False)[0] for x in lk],
                     )
                     if lk
-                    else ([], [], [], []),
-                    span_json=lambda sp=sp: _pb_span_json(sp),
+                    else _NO_LINKS,
+                    sp,
                 )
     return batch
-
-
-def _pb_span_json(sp: Any) -> str:
-    from google.protobuf.json_format import MessageToJson
-
-    return MessageToJson(sp, indent=None)
 
 
 # ---------------------------------------------------------------- JSON
@@ -396,32 +401,35 @@ def _jplain(av: Any, path: str) -> Any:
     return _jvalue(av, path)[1]
 
 
-def _jvalue(av: Any, path: str) -> tuple[str, Any]:
+def _jvalue(av: Any, path: str) -> tuple[str | None, Any]:
+    """(AnyValue field name, plain value) of an OTLP/JSON AnyValue."""
     if av is None:
-        return "empty", None
+        return None, None
     av = _jobj(av, path)
     if "stringValue" in av:
         v = av["stringValue"]
         if not isinstance(v, str):
             raise _jerr(path, "stringValue must be a string")
-        return "string", v
+        return "string_value", v
     if "intValue" in av:
-        return "int", _jint(av["intValue"], f"{path}.intValue")
+        return "int_value", _jint(av["intValue"], f"{path}.intValue")
     if "boolValue" in av:
         if not isinstance(av["boolValue"], bool):
             raise _jerr(path, "boolValue must be true or false")
-        return "bool", av["boolValue"]
+        return "bool_value", av["boolValue"]
     if "doubleValue" in av:
         v = av["doubleValue"]
         if isinstance(v, bool) or not isinstance(v, (int, float, str)):
             raise _jerr(path, "doubleValue must be a number")
         try:
-            return "double", float(v)
+            return "double_value", float(v)
         except ValueError:
             raise _jerr(path, f"doubleValue must be a number, got {v!r}") from None
     if "arrayValue" in av:
         vals = _jlist(_jobj(av["arrayValue"], f"{path}.arrayValue"), "values", f"{path}.arrayValue")
-        return "array", [_jplain(x, f"{path}.arrayValue.values[{i}]") for i, x in enumerate(vals)]
+        return "array_value", [
+            _jplain(x, f"{path}.arrayValue.values[{i}]") for i, x in enumerate(vals)
+        ]
     if "kvlistValue" in av:
         vals = _jlist(
             _jobj(av["kvlistValue"], f"{path}.kvlistValue"), "values", f"{path}.kvlistValue"
@@ -432,32 +440,47 @@ def _jvalue(av: Any, path: str) -> tuple[str, Any]:
             out[str(kv.get("key", ""))] = _jplain(
                 kv.get("value"), f"{path}.kvlistValue.values[{i}].value"
             )
-        return "map", out
+        return "kvlist_value", out
     if "bytesValue" in av:
         try:
-            return "bytes", base64.b64decode(av["bytesValue"], validate=True)
+            raw = base64.b64decode(av["bytesValue"], validate=True)
         except Exception:
             raise _jerr(path, "bytesValue must be base64") from None
-    return "empty", None
+        return "bytes_value", base64.b64encode(raw).decode()
+    return None, None
 
 
-def _jattrs(kvs: Any, path: str) -> tuple[dict[str, str], dict[str, tuple[str, Any]]]:
+def _jencode(tag: str | None, v: Any) -> str:
+    if tag == "string_value" or tag == "bytes_value":
+        return v
+    if tag == "int_value":
+        return str(v)
+    if tag == "bool_value":
+        return "true" if v else "false"
+    if tag == "double_value":
+        return _fmt_double(v)
+    if tag in ("array_value", "kvlist_value"):
+        return _dumps(v)
+    return ""
+
+
+def _jattrs(kvs: Any, path: str, check: bool = False) -> tuple[dict[str, str], str | None]:
     if kvs is None:
-        return {}, {}
+        return {}, None
     if not isinstance(kvs, list):
         raise _jerr(path, f"expected an array of {{key, value}}, got {type(kvs).__name__}")
     enc: dict[str, str] = {}
-    typed: dict[str, tuple[str, Any]] = {}
+    problem = None
     for i, kv in enumerate(kvs):
         kv = _jobj(kv, f"{path}[{i}]")
         key = kv.get("key")
         if not isinstance(key, str):
             raise _jerr(f"{path}[{i}].key", "expected a string")
-        tv = _jvalue(kv.get("value"), f"{path}[{i}].value")
-        enc[key] = _encode(*tv)
-        if key.startswith("handoff."):
-            typed[key] = tv
-    return enc, typed
+        tag, v = _jvalue(kv.get("value"), f"{path}[{i}].value")
+        enc[key] = _jencode(tag, v)
+        if check and problem is None and key in EXPECTED_TAG:
+            problem = type_problem(key, tag, v if tag == "array_value" else None)
+    return enc, problem
 
 
 def _jkind(v: Any, path: str) -> int:
@@ -497,7 +520,7 @@ def decode_json(body: bytes | str | dict, *, tenant: str) -> DecodedBatch:
             for pi, sp in enumerate(_jlist(ss, "spans", sp_path)):
                 p = f"{sp_path}.spans[{pi}]"
                 sp = _jobj(sp, p)
-                attrs, typed = _jattrs(sp.get("attributes"), f"{p}.attributes")
+                attrs, problem = _jattrs(sp.get("attributes"), f"{p}.attributes", True)
                 evs = _jlist(sp, "events", p)
                 lks = _jlist(sp, "links", p)
                 ev_ts, ev_names, ev_attrs = [], [], []
@@ -519,25 +542,27 @@ def decode_json(body: bytes | str | dict, *, tenant: str) -> DecodedBatch:
                 name = sp.get("name", "")
                 if not isinstance(name, str):
                     raise _jerr(f"{p}.name", "expected a string")
-                _add_span(
+                _finish(
                     batch,
-                    res=dict(res),
-                    service=service,
-                    scope=scope,
-                    trace_id=_jhex(sp.get("traceId"), f"{p}.traceId"),
-                    span_id=_jhex(sp.get("spanId"), f"{p}.spanId"),
-                    parent_id=_jhex(sp.get("parentSpanId"), f"{p}.parentSpanId"),
-                    trace_state=str(sp.get("traceState", "")),
-                    name=name,
-                    kind=_jkind(sp.get("kind", 0), f"{p}.kind"),
-                    start=_jint(sp.get("startTimeUnixNano"), f"{p}.startTimeUnixNano"),
-                    end=_jint(sp.get("endTimeUnixNano"), f"{p}.endTimeUnixNano"),
-                    attrs=attrs,
-                    typed=typed,
-                    status=(_jint(code, f"{p}.status.code"), str(status.get("message", ""))),
-                    events=(ev_ts, ev_names, ev_attrs),
-                    links=(lk_t, lk_s, lk_ts, lk_a),
-                    span_json=sp,
+                    res,
+                    service,
+                    scope[0],
+                    scope[1],
+                    _jhex(sp.get("traceId"), f"{p}.traceId"),
+                    _jhex(sp.get("spanId"), f"{p}.spanId"),
+                    _jhex(sp.get("parentSpanId"), f"{p}.parentSpanId"),
+                    str(sp.get("traceState", "")),
+                    name,
+                    _jkind(sp.get("kind", 0), f"{p}.kind"),
+                    _jint(sp.get("startTimeUnixNano"), f"{p}.startTimeUnixNano"),
+                    _jint(sp.get("endTimeUnixNano"), f"{p}.endTimeUnixNano"),
+                    attrs,
+                    problem,
+                    _jint(code, f"{p}.status.code"),
+                    str(status.get("message", "")),
+                    (ev_ts, ev_names, ev_attrs),
+                    (lk_t, lk_s, lk_ts, lk_a),
+                    sp,
                 )
     return batch
 

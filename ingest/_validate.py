@@ -5,24 +5,49 @@ collector.contract. A span breaking the *shape* (wrong type, required attribute 
 is rejected; a well-formed but *illegal* transition is kept and flagged
 (`handoff.valid=false`, `handoff.invalid_reason`), as is a `handoff.tenant` claim that
 differs from the credential's tenant (`handoff.tenant_mismatch=true`).
+
+Decoders call `type_problem` per `handoff.*` attribute while they encode values (type tags
+are OTLP AnyValue field names: string_value, int_value, bool_value, double_value,
+array_value, kvlist_value, bytes_value), then `check_handoff_span` on the encoded strings.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Final
 
 from collector import contract, semconv
 
-__all__ = ["TENANT_MISMATCH", "CheckResult", "check_handoff_span"]
+__all__ = ["EXPECTED_TAG", "TENANT_MISMATCH", "CheckResult", "check_handoff_span", "type_problem"]
 
 #: Span attribute ingest adds when a span's `handoff.tenant` claim differs from the
 #: credential's tenant (the stored tenant is always the credential's).
 TENANT_MISMATCH: Final = "handoff.tenant_mismatch"
 
-_TYPES: Final = {a.name: a.type for a in semconv.WIRE_ATTRIBUTES}
-_TAG_FOR: Final = {"string": "string", "int": "int", "bool": "bool", "string[]": "array"}
-_IDENTIFYING: Final = frozenset(semconv.REQUIRED_ON_EVERY)
+_WIRE_TYPE: Final = {a.name: a.type for a in semconv.WIRE_ATTRIBUTES}
+#: wire attribute -> the OTLP AnyValue field its value must use.
+EXPECTED_TAG: Final = {
+    name: {
+        "string": "string_value",
+        "int": "int_value",
+        "bool": "bool_value",
+        "string[]": "array_value",
+    }[t]
+    for name, t in _WIRE_TYPE.items()
+}
+_TAG_NAMES: Final = {
+    "string_value": "string",
+    "int_value": "int",
+    "bool_value": "bool",
+    "double_value": "double",
+    "array_value": "array",
+    "kvlist_value": "map",
+    "bytes_value": "bytes",
+    None: "empty",
+}
+_IDENTIFYING: Final = tuple(semconv.REQUIRED_ON_EVERY)
+_NON_EMPTY: Final = (semconv.HANDOFF_ID, semconv.TASK_ID, semconv.EVENT, semconv.TO_STATE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,60 +57,68 @@ class CheckResult:
     flags: dict[str, str] | None = None  # attributes to add to the stored span
 
 
-def _type_problem(name: str, tag: str, value: Any) -> str | None:
-    want = _TYPES.get(name)
-    if want is None:
+def type_problem(name: str, tag: str | None, items: list[Any] | None = None) -> str | None:
+    """Why attribute `name` with AnyValue field `tag` breaks the wire contract, else None.
+
+    For string[] attributes pass the array's plain items (all must be str).
+    """
+    want = EXPECTED_TAG.get(name)
+    if want is None or (tag == want and (want != "array_value" or items is None)):
         return None
-    if tag != _TAG_FOR[want]:
-        return f"attribute {name} must be {want}, got {tag}"
-    if want == "string[]" and not all(isinstance(v, str) for v in value):
+    if tag != want:
+        return f"attribute {name} must be {_WIRE_TYPE[name]}, got {_TAG_NAMES.get(tag, tag)}"
+    if items is not None and not all(isinstance(v, str) for v in items):
         return f"attribute {name} must be string[], got an array with non-string items"
     return None
 
 
-def check_handoff_span(
-    attrs: dict[str, str], typed: dict[str, tuple[str, Any]], *, tenant: str
-) -> CheckResult:
-    """Check a span's `handoff.*` attributes. `typed` maps name -> (type tag, raw value).
+@lru_cache(maxsize=4096)
+def _illegal_reason(from_state: str, event: str, to_state: str) -> str | None:
+    if contract.is_legal(from_state or None, event, to_state):
+        return None
+    try:
+        expected = contract.next_state(from_state or None, event)
+        return f"event {event!r} from {from_state!r} leads to {expected.value!r}, not {to_state!r}"
+    except contract.IllegalTransition as exc:
+        return str(exc)
+
+
+_NOT_HANDOFF: Final = CheckResult(is_handoff=False)
+_HANDOFF_OK: Final = CheckResult(is_handoff=True)
+
+
+def check_handoff_span(attrs: dict[str, str], *, tenant: str) -> CheckResult:
+    """Check a span's encoded attributes (after type checks) against the contract.
 
     A span is a handoff transition when it carries any identifying attribute
-    (semconv.REQUIRED_ON_EVERY); other spans pass through untouched (is_handoff False),
-    except for type checks of the wire attributes they do carry.
+    (semconv.REQUIRED_ON_EVERY); other spans pass through untouched (is_handoff False).
     """
-    for name, (tag, value) in typed.items():
-        problem = _type_problem(name, tag, value)
-        if problem:
-            return CheckResult(is_handoff=False, reject_reason=problem)
-    if not _IDENTIFYING.intersection(typed):
-        return CheckResult(is_handoff=False)
-    missing = [n for n in semconv.REQUIRED_ON_EVERY if n not in typed]
+    present = [n for n in _IDENTIFYING if n in attrs]
+    if not present:
+        return _NOT_HANDOFF
     event = attrs.get(semconv.EVENT, "")
-    if event == contract.CREATE_EVENT:
-        missing += [n for n in semconv.REQUIRED_ON_CREATE if n not in typed]
-    if missing:
-        return CheckResult(
-            is_handoff=False, reject_reason=f"missing required attribute(s): {', '.join(missing)}"
-        )
-    for name in (semconv.HANDOFF_ID, semconv.TASK_ID, semconv.EVENT, semconv.TO_STATE):
+    if len(present) != len(_IDENTIFYING) or event == contract.CREATE_EVENT:
+        missing = [n for n in _IDENTIFYING if n not in attrs]
+        if event == contract.CREATE_EVENT:
+            missing += [n for n in semconv.REQUIRED_ON_CREATE if n not in attrs]
+        if missing:
+            return CheckResult(
+                is_handoff=False,
+                reject_reason=f"missing required attribute(s): {', '.join(missing)}",
+            )
+    for name in _NON_EMPTY:
         if not attrs[name]:
             return CheckResult(
                 is_handoff=False, reject_reason=f"attribute {name} must not be empty"
             )
-    flags: dict[str, str] = {}
-    from_state = attrs[semconv.FROM_STATE]
-    to_state = attrs[semconv.TO_STATE]
-    if not contract.is_legal(from_state or None, event, to_state):
-        try:
-            expected = contract.next_state(from_state or None, event)
-            reason = (
-                f"event {event!r} from {from_state!r} leads to {expected.value!r}, not {to_state!r}"
-            )
-        except contract.IllegalTransition as exc:
-            reason = str(exc)
-        flags[semconv.VALID] = "false"
+    flags: dict[str, str] | None = None
+    reason = _illegal_reason(attrs[semconv.FROM_STATE], event, attrs[semconv.TO_STATE])
+    if reason is not None:
+        flags = {semconv.VALID: "false"}
         if not attrs.get(semconv.INVALID_REASON):
             flags[semconv.INVALID_REASON] = reason
-    claimed = attrs.get(semconv.TENANT, "")
+    claimed = attrs.get(semconv.TENANT)
     if claimed and claimed != tenant:
+        flags = flags or {}
         flags[TENANT_MISMATCH] = "true"
-    return CheckResult(is_handoff=True, flags=flags or None)
+    return CheckResult(is_handoff=True, flags=flags) if flags else _HANDOFF_OK

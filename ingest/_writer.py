@@ -35,6 +35,27 @@ class BatchResult:
     chain_hash: str
 
 
+_TYPE_CACHE: dict[tuple[int, str, str], dict[str, str]] = {}
+
+
+def _insert(
+    client: Client, database: str, table: str, data: Any, names: Sequence[str], **kw: Any
+) -> None:
+    """client.insert with the column types looked up once per (client, table), not per insert."""
+    key = (id(client), database, table)
+    types = _TYPE_CACHE.get(key)
+    if types is None:
+        rows = client.query(f"DESCRIBE TABLE {database}.{table}").result_rows
+        types = _TYPE_CACHE[key] = {r[0]: r[1] for r in rows}
+    client.insert(
+        f"{database}.{table}",
+        data,
+        column_names=list(names),
+        column_type_names=[types[n] for n in names],
+        **kw,
+    )
+
+
 def make_token(*parts: str) -> str:
     """A deterministic batch id / dedup token from its identifying parts (sha256 hex, 32 chars)."""
     return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:32]
@@ -105,18 +126,22 @@ def write_batch(
 
     if stored:
         data = [cols[c] for c in OTEL_COLUMNS] + [[tenant] * stored, [batch_id] * stored]
-        client.insert(
-            f"{database}.otel_traces",
+        _insert(
+            client,
+            database,
+            "otel_traces",
             data,
-            column_names=_OTEL_INSERT_COLUMNS,
+            _OTEL_INSERT_COLUMNS,
             column_oriented=True,
             settings=settings("otel_traces"),
         )
     if ledger_rows:
-        client.insert(
-            f"{database}.transition_ledger",
+        _insert(
+            client,
+            database,
+            "transition_ledger",
             ledger_rows,
-            column_names=[
+            names=[
                 "tenant",
                 "handoff_id",
                 "span_id",
@@ -128,10 +153,12 @@ def write_batch(
             settings=settings("transition_ledger"),
         )
     if reject_rows:
-        client.insert(
-            f"{database}.ingest_rejects",
+        _insert(
+            client,
+            database,
+            "ingest_rejects",
             reject_rows,
-            column_names=[
+            names=[
                 "received_at",
                 "tenant",
                 "ingest_batch",
@@ -144,8 +171,10 @@ def write_batch(
         )
     bh = batch_hash(sorted(hashes))  # sorted: an auditor can recompute it from the ledger
     ch = chain(prev_chain, bh)
-    client.insert(
-        f"{database}.ingest_batches",
+    _insert(
+        client,
+        database,
+        "ingest_batches",
         [
             [
                 batch_id,
@@ -160,7 +189,7 @@ def write_batch(
                 source,
             ]
         ],
-        column_names=[
+        names=[
             "ingest_batch",
             "tenant",
             "received_at",

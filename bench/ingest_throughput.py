@@ -1,0 +1,179 @@
+"""End-to-end ingest throughput: OTLP/protobuf requests of 5,000 transition spans -> serve
+(embedded chDB, spool fsync on) -> stored; and, in the same run, protobuf parsing alone.
+
+Prints figures and a last line
+`RESULT spans_per_s=<e2e> parse_ratio=<e2e/parse> rss_mb=<serve peak RSS>`.
+e2e is measured from the first request sent to the moment serve reports nothing queued
+(every span in otel_traces, handoff_transitions, transition_ledger). Sizes are flags.
+
+    .venv/bin/python bench/ingest_throughput.py --requests 20 --spans 5000 --concurrency 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import requests
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (  # noqa: E402
+    ExportTraceServiceRequest,
+)
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue  # noqa: E402
+
+from ingest._decode import decode_protobuf  # noqa: E402
+from ingest.testing import start_serve  # noqa: E402
+
+_STEPS = [
+    ("create", "", "created"),
+    ("accept", "created", "accepted"),
+    ("start", "accepted", "running"),
+    ("commit", "running", "committed"),
+    ("verify", "committed", "verified"),
+]
+
+
+def _kv(k: str, v: object) -> KeyValue:
+    if isinstance(v, bool):
+        return KeyValue(key=k, value=AnyValue(bool_value=v))
+    if isinstance(v, int):
+        return KeyValue(key=k, value=AnyValue(int_value=v))
+    return KeyValue(key=k, value=AnyValue(string_value=str(v)))
+
+
+def build_request(rng: random.Random, n_spans: int, base_ns: int) -> bytes:
+    """One request of n_spans handoff transitions (5 per handoff), realistic attributes."""
+    req = ExportTraceServiceRequest()
+    rs = req.resource_spans.add()
+    rs.resource.attributes.extend([_kv("service.name", "agent-b"), _kv("host.name", "bench")])
+    ss = rs.scope_spans.add()
+    ss.scope.name = "handoffs.collector"
+    ss.scope.version = "0.1.0"
+    for i in range(n_spans):
+        h, step = divmod(i, len(_STEPS))
+        event, frm, to = _STEPS[step]
+        sp = ss.spans.add()
+        sp.trace_id = rng.randbytes(16)
+        sp.span_id = rng.randbytes(8)
+        sp.parent_span_id = rng.randbytes(8)
+        sp.name = f"handoff.{event}"
+        sp.kind = 1
+        sp.start_time_unix_nano = base_ns + i * 1000
+        sp.end_time_unix_nano = sp.start_time_unix_nano + 500
+        hid = f"h-{base_ns}-{h}"
+        attrs = [
+            ("handoff.task_id", f"task-{h // 2}"),
+            ("handoff.handoff_id", hid),
+            ("handoff.event", event),
+            ("handoff.from_state", frm),
+            ("handoff.to_state", to),
+            ("handoff.actor", "agent-b"),
+            ("gen_ai.agent.name", "agent-b"),
+        ]
+        if event == "create":
+            attrs += [
+                ("handoff.protocol", "aa-handoff/v1"),
+                ("handoff.mode", "delegate"),
+                ("handoff.from_agent", "agent-a"),
+                ("handoff.to_agent", "agent-b"),
+                ("handoff.deadline_ms", 60_000),
+            ]
+        if event == "commit":
+            attrs += [("handoff.evidence.count", 2), ("handoff.evidence.valid", True)]
+        sp.attributes.extend(_kv(k, v) for k, v in attrs)
+    return req.SerializeToString()
+
+
+def _peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=20, help="requests to send (default 20)")
+    ap.add_argument("--spans", type=int, default=5000, help="spans per request (default 5000)")
+    ap.add_argument("--concurrency", type=int, default=2, help="parallel senders (default 2)")
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args()
+
+    rng = random.Random(args.seed)
+    base = time.time_ns()
+    bodies = [build_request(rng, args.spans, base + k * 10**9) for k in range(args.requests)]
+    total = args.requests * args.spans
+    print(f"{args.requests} requests x {args.spans} spans, {sum(map(len, bodies)) / 1e6:.1f} MB protobuf")
+
+    t = time.perf_counter()
+    for b in bodies:
+        ExportTraceServiceRequest.FromString(b)
+    parse_s = time.perf_counter() - t
+    parse_rate = total / parse_s
+    print(f"protobuf parse only:        {parse_rate:12,.0f} spans/s")
+
+    t = time.perf_counter()
+    for b in bodies[: max(1, len(bodies) // 4)]:
+        decode_protobuf(b, tenant="default")
+    n_dec = max(1, len(bodies) // 4) * args.spans
+    decode_rate = n_dec / (time.perf_counter() - t)
+    print(f"decode+validate+hash only:  {decode_rate:12,.0f} spans/s (in this process)")
+
+    with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
+        serve = start_serve(Path(tmp))
+        try:
+            url = f"{serve.otlp_url}/v1/traces"
+            # warm-up request (schema parts, first insert) not counted
+            warm = build_request(random.Random(999), 50, base - 10**12)
+            requests.post(url, data=warm, headers={"Content-Type": "application/x-protobuf"}, timeout=60)
+            serve.wait_stored(120)
+            queue = list(bodies)
+            lock = threading.Lock()
+            errors: list[str] = []
+
+            def sender() -> None:
+                s = requests.Session()
+                while True:
+                    with lock:
+                        if not queue:
+                            return
+                        body = queue.pop()
+                    r = s.post(url, data=body, headers={"Content-Type": "application/x-protobuf"}, timeout=300)
+                    if r.status_code != 200:
+                        errors.append(f"{r.status_code} {r.text[:200]}")
+
+            t0 = time.perf_counter()
+            threads = [threading.Thread(target=sender) for _ in range(args.concurrency)]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
+            acked = time.perf_counter() - t0
+            health = serve.wait_stored(600)
+            e2e_s = time.perf_counter() - t0
+            if errors:
+                print("errors:", errors[:3])
+                return 1
+            ch = serve.client()
+            stored = ch.query("SELECT count() FROM handoff_transitions").result_rows[0][0]
+            ch.close()
+            rss = _peak_rss_mb(serve.process.pid)
+        finally:
+            serve.stop()
+    e2e = total / e2e_s
+    print(f"acknowledged (spooled+fsync): {total / acked:10,.0f} spans/s")
+    print(f"end to end (stored):        {e2e:12,.0f} spans/s  ({total} spans in {e2e_s:.2f} s)")
+    print(f"stored transitions: {stored - 50} of {total}; serve peak RSS {rss:.0f} MB; {health['batches']} batches")
+    print(f"RESULT spans_per_s={e2e:.0f} parse_ratio={e2e / parse_rate:.4f} rss_mb={rss:.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
