@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -144,7 +145,18 @@ def test_sigint_stops_cleanly_with_everything_stored(tmp_path):
             lines.append(line)
             if line.startswith("live traffic"):
                 break
-        time.sleep(3)  # let some live traffic flow (what is measured is the count, not the time)
+        # wait until live spans arrived on top of the backfill (serve's own counter), then stop
+        otlp = next(ln for ln in lines if ln.startswith("serve up")).split("OTLP ")[1].split(",")[0]
+        backfilled = int(
+            next(ln for ln in lines if ln.startswith("backfilled"))
+            .split("attempts, ")[1]
+            .split()[0]
+        )
+        while time.monotonic() < deadline:
+            with urllib.request.urlopen(f"{otlp}/health", timeout=5) as r:
+                if json.loads(r.read())["spans"] > backfilled + 20:
+                    break
+            time.sleep(0.2)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=120)
     finally:
