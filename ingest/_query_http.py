@@ -67,7 +67,7 @@ def is_read_only(sql: str) -> bool:
     """True when the statement starts with a read-only keyword (comments, '(' skipped)."""
     text = _COMMENT.sub(" ", sql).lstrip(" \t\r\n(")
     word = re.match(r"[A-Za-z]+", text)
-    return bool(word) and word.group(0).upper() in _READ_ONLY_START
+    return word is not None and word.group(0).upper() in _READ_ONLY_START
 
 
 class _ChError(Exception):

@@ -71,7 +71,7 @@ def run_serve(
         engine = QueryEngine(spec.path or ".")
         qs = make_query_server(cfg.query_host, cfg.query_port, engine, database=spec.database)
         servers.append(qs)
-        query_url = f"http://{qs.server_address[0]}:{qs.server_address[1]}"
+        query_url = f"http://{cfg.query_host}:{qs.server_address[1]}"
     threads = [
         threading.Thread(target=s.serve_forever, name=f"http-{i}", daemon=True)
         for i, s in enumerate(servers)
@@ -86,7 +86,7 @@ def run_serve(
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _on_signal)
         signal.signal(signal.SIGINT, _on_signal)
-    host, port = otlp.server_address[:2]
+    host, port = cfg.otlp_host, otlp.server_address[1]
     print(
         f"serve: {spec.describe()}, database {spec.database}; OTLP http://{host}:{port}/v1/traces"
         + (f"; ClickHouse HTTP (read-only) {query_url}" if query_url else "")

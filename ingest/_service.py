@@ -30,6 +30,7 @@ __all__ = ["Ingestor", "StoreUnavailable"]
 
 log = logging.getLogger("handoffs.ingest")
 _KNOWN_BATCHES = 50_000  # batch ids remembered to keep a retried request off the chain
+_MAX_QUEUED = 4  # decoded requests held in memory for the writer
 
 
 class StoreUnavailable(RuntimeError):
@@ -61,7 +62,9 @@ class Ingestor:
         self.spool = spool
         self.source = source
         self._clock = clock
-        self._queue: queue.Queue[_Item | None] = queue.Queue()
+        # Bounded: decoded batches waiting for the writer cost memory; when it is full, a
+        # request (already durable in the spool) waits here, which slows senders down.
+        self._queue: queue.Queue[_Item | None] = queue.Queue(maxsize=_MAX_QUEUED)
         self._known: OrderedDict[str, str] = OrderedDict()
         self._chain = ""
         self._store_error: str | None = None
@@ -100,7 +103,10 @@ class Ingestor:
         """Store everything queued, then stop the writer. True when drained within timeout (s)."""
         if self._thread is None:
             return True
-        self._queue.put(None)
+        try:
+            self._queue.put(None, timeout=timeout)
+        except queue.Full:
+            return False
         self._thread.join(timeout)
         drained = not self._thread.is_alive()
         self._stopping.set()
