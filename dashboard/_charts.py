@@ -31,6 +31,7 @@ FUNNEL_STAGES = (
     ("committed", "Committed"),
 )
 
+_PERIOD_MS = {"hour": 3_600_000, "day": 86_400_000}
 _LAYOUT: dict[str, Any] = {"margin": {"l": 10, "r": 10, "t": 40, "b": 10}, "height": 340}
 
 
@@ -52,14 +53,30 @@ def funnel_figure(row: dict[str, Any]) -> go.Figure:
 
 
 def trend_figure(
-    df: pd.DataFrame, *, rates: tuple[str, ...] = ("p_e2e", "unknown_rate", "escalation_rate")
+    df: pd.DataFrame,
+    *,
+    rates: tuple[str, ...] = ("p_e2e", "unknown_rate", "escalation_rate"),
+    bucket: str | None = None,
+    x_range: tuple[Any, Any] | None = None,
 ) -> go.Figure:
-    """Rates per time bucket (lines, left axis, %) over settled volume (bars, right axis)."""
+    """Rates per time bucket (lines, left axis, %) over settled volume (bars, right axis).
+
+    `bucket` ("hour" | "day") centres each point in its period; `x_range` (start, end) shows
+    the whole window even where it has no handoffs.
+    """
     fig = go.Figure()
     x = list(df["bucket"]) if len(df) else []
+    period: dict[str, Any] = {}
+    if bucket in _PERIOD_MS:
+        period = {"xperiod": _PERIOD_MS[bucket], "xperiodalignment": "middle"}
     if len(df):
         fig.add_bar(
-            x=x, y=[_num(v) for v in df["settled"]], name="settled", yaxis="y2", opacity=0.3
+            x=x,
+            y=[_num(v) for v in df["settled"]],
+            name="settled",
+            yaxis="y2",
+            opacity=0.3,
+            **period,
         )
         for col in rates:
             if col in df:
@@ -69,7 +86,10 @@ def trend_figure(
                     name=col,
                     mode="lines+markers",
                     connectgaps=False,
+                    **period,
                 )
+    if x_range is not None:
+        fig.update_xaxes(range=list(x_range))
     fig.update_layout(
         title="Trend per time bucket (UTC)",
         yaxis={"title": "rate", "tickformat": ".0%", "rangemode": "tozero"},

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
 
 __all__ = [
+    "REPORT_TTL_S",
     "TTL_S",
     "QueryFailed",
     "Source",
@@ -40,6 +41,8 @@ __all__ = [
 
 #: Seconds a loaded result is reused; the overview's auto-refresh cannot be faster than this.
 TTL_S = 30
+#: Seconds a generated weekly report is reused (a report reads a whole week).
+REPORT_TTL_S = 300
 
 
 class QueryFailed(RuntimeError):
@@ -218,7 +221,7 @@ def verify_package(src: Source, package: dict) -> analytics.VerifyResult:
         raise QueryFailed(f"The integrity check could not run: {text}") from exc
 
 
-@st.cache_data(ttl=300, show_spinner=False, max_entries=32)
+@st.cache_data(ttl=REPORT_TTL_S, show_spinner=False, max_entries=32)
 def weekly_report(store: str, database: str, week: str, fmt: str) -> str:
     """analytics.weekly_report for an ISO week ("2026-W48"), as HTML or Markdown text."""
     return _call(analytics.weekly_report, store, database, week=week, fmt=fmt)

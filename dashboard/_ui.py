@@ -35,6 +35,7 @@ __all__ = [
     "explorer_link",
     "fmt_count",
     "fmt_rate",
+    "footer",
     "guard",
     "handoffs_table",
     "is_undefined",
@@ -156,6 +157,14 @@ def start_page(title: str) -> _data.Source:
         st.sidebar.caption(f"Store: {src.target.spec.describe()} · database `{src.database}`")
         _data.client(src)
     return src
+
+
+def footer(src: _data.Source, page: str) -> None:
+    """The page's last element: where its numbers came from (also tells tests the page finished)."""
+    st.caption(
+        f"{page} · read from {src.target.spec.describe()}, database {src.database}, at "
+        f"{datetime.now(UTC).strftime('%Y-%m-%d %H:%M:%S')} UTC"
+    )
 
 
 def arrived_params(page: str, keys: tuple[str, ...]) -> dict[str, str]:

@@ -49,6 +49,7 @@ for start in range(0, len(rows), 4):
             f"{int(r.count):,}",
             delta,
             delta_color=_ui.delta_color(delta, inverse=True),
+            delta_arrow="off" if _ui.delta_color(delta) == "off" else "auto",
             help=f"{r.description} Bars: counts over {TREND_SLICES} equal slices of the window.",
             chart_data=trend[r.kind],
             chart_type="bar",
@@ -81,3 +82,4 @@ else:
     else:
         for hid in list(row["examples"])[:20]:
             st.markdown(f"- [{hid}]({_ui.explorer_link(hid)})")
+_ui.footer(src, "Anomalies")

@@ -11,6 +11,17 @@ import streamlit as st
 
 from dashboard import _charts, _data, _ui
 
+
+def _decoded(v):
+    """Array attributes travel as JSON text; show them as lists (the download keeps the text)."""
+    if isinstance(v, str) and v.startswith("["):
+        try:
+            return json.loads(v)
+        except ValueError:
+            return v
+    return v
+
+
 src = _ui.start_page("Handoff explorer")
 
 got = _ui.arrived_params("explorer", ("handoff_id",))
@@ -101,7 +112,7 @@ if len(tdf):
 left, right = st.columns(2)
 with left:
     st.markdown("**Envelope**")
-    st.json(env, expanded=2)
+    st.json({k: _decoded(v) for k, v in env.items()}, expanded=2)
     st.markdown("**Input summary**")
     summary = package.get("input_summary") or {}
     if isinstance(summary, dict):
@@ -152,3 +163,4 @@ st.download_button(
     icon=":material/download:",
     key="ex_download",
 )
+_ui.footer(src, "Handoff explorer")

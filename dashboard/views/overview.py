@@ -96,6 +96,7 @@ def body() -> None:
                 value,
                 delta,
                 delta_color=_ui.delta_color(delta, inverse=key in _INVERSE),
+                delta_arrow="off" if _ui.delta_color(delta) == "off" else "auto",
                 help=f"{help_}. Delta: against the previous {p.end - p.start} period.",
                 border=True,
             )
@@ -109,7 +110,9 @@ def body() -> None:
     left.plotly_chart(_charts.funnel_figure(cur), key="ov_funnel")
     with _ui.guard():
         trend = _data.funnel(src.store, src.database, *p.args, tenant=p.tenant, bucket=p.bucket)
-    right.plotly_chart(_charts.trend_figure(trend), key="ov_trend")
+    right.plotly_chart(
+        _charts.trend_figure(trend, bucket=p.bucket, x_range=(p.start, p.end)), key="ov_trend"
+    )
 
     st.subheader("Handoffs behind a number")
     labels = [f"{label} — {stage.replace('_', ' ')}" for _, label, _, stage, _ in KPIS]
@@ -131,3 +134,4 @@ def body() -> None:
 
 
 body()
+_ui.footer(src, "Overview")

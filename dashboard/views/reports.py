@@ -55,7 +55,7 @@ with _ui.guard():
     daily = _data.funnel(
         src.store, src.database, start.isoformat(), end.isoformat(), None, bucket="day"
     )
-st.plotly_chart(_charts.trend_figure(daily), key="rp_trend")
+st.plotly_chart(_charts.trend_figure(daily, bucket="day", x_range=(start, end)), key="rp_trend")
 
 with _ui.guard():
     md = _data.weekly_report(src.store, src.database, week, "md")
@@ -81,3 +81,5 @@ c2.download_button(
 )
 with st.container(border=True):
     st.markdown(md)
+st.caption(f"Report for {week}; a generated report is reused for {_data.REPORT_TTL_S} s.")
+_ui.footer(src, "Reports")

@@ -92,3 +92,4 @@ if value is not None:
             src.store, src.database, *p.args, stage=stage, tenant=p.tenant, filters=((dim, value),)
         )
     _ui.handoffs_table(df, key="sl_behind_table")
+_ui.footer(src, "Slices")

@@ -34,12 +34,13 @@ _ARGS = [
     "--no-first-run",
 ]
 _WINDOW_QS = urlencode(WINDOW)
+#: (name, path, text of the page's footer: its last element, shown once the whole script ran)
 PAGES = (
-    ("overview", f"?{_WINDOW_QS}", "Overview"),  # the default page lives at the root URL
-    ("slices", f"slices?{_WINDOW_QS}", "Slices"),
-    ("anomalies", f"anomalies?{_WINDOW_QS}", "Anomalies"),
-    ("explorer", "?handoff_id=h-ok-2", "Handoff h-ok-2"),  # deep link on the root URL
-    ("reports", f"reports?week={WEEK}", "Reports"),
+    ("overview", f"?{_WINDOW_QS}", "Overview · read from"),  # default page: root URL
+    ("slices", f"slices?{_WINDOW_QS}", "Slices · read from"),
+    ("anomalies", f"anomalies?{_WINDOW_QS}", "Anomalies · read from"),
+    ("explorer", "?handoff_id=h-ok-2", "Handoff explorer · read from"),  # root deep link
+    ("reports", f"reports?week={WEEK}", "Reports · read from"),
 )
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -122,9 +123,9 @@ def test_every_page_renders_in_chromium(dashboard_url, tmp_path):
             page = browser.new_page(viewport={"width": 1440, "height": 2000})
             for name, path, marker in PAGES:
                 page.goto(f"{dashboard_url}/{path}", wait_until="domcontentloaded")
-                page.wait_for_function(_DONE_JS, timeout=PAGE_TIMEOUT_MS)
-                # the marker text proves the page itself ran, not just the app shell
+                # the marker (the page's last element) proves the whole page script ran
                 page.get_by_text(marker, exact=False).first.wait_for(timeout=PAGE_TIMEOUT_MS)
+                page.wait_for_function(_DONE_JS, timeout=PAGE_TIMEOUT_MS)
                 shot = tmp_path / f"{name}.png"
                 page.screenshot(path=str(shot), full_page=True)
                 shutil.copy(shot, SHOTS / shot.name)
