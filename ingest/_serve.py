@@ -40,6 +40,18 @@ class ServeConfig:
     fsync: bool = True
 
 
+def _limit_malloc_arenas(arenas: int = 2) -> None:
+    """glibc gives each request thread its own malloc arena; freed request memory then stays
+    resident per arena. Two arenas keep peak RSS close to what is live. Best effort (Linux)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-8, arenas)  # M_ARENA_MAX
+    except (OSError, AttributeError):
+        pass
+
+
 def _spool_dir(cfg: ServeConfig) -> Path:
     if cfg.spool_dir is not None:
         return cfg.spool_dir
@@ -52,6 +64,7 @@ def run_serve(
     cfg: ServeConfig, *, ready: threading.Event | None = None, stop: threading.Event | None = None
 ) -> int:
     """Run until SIGTERM/SIGINT (or `stop` is set); returns the exit code (0 after a full drain)."""
+    _limit_malloc_arenas()
     spec = cfg.store
     admin = connect(spec, database="")
     apply_schema(admin, spec.database)

@@ -30,7 +30,7 @@ __all__ = ["Ingestor", "StoreUnavailable"]
 
 log = logging.getLogger("handoffs.ingest")
 _KNOWN_BATCHES = 50_000  # batch ids remembered to keep a retried request off the chain
-_MAX_QUEUED = 4  # decoded requests held in memory for the writer
+_MAX_QUEUED = 2  # decoded requests held in memory for the writer
 
 
 class StoreUnavailable(RuntimeError):
