@@ -1,0 +1,345 @@
+"""Soak: hold `handoffs serve` at a steady rate near its measured capacity; check nothing leaks.
+
+1. Start serve (embedded chDB in a temp dir, a subprocess, as in production).
+2. Calibrate (--calibrate-s): --clients closed-loop clients post as fast as serve answers;
+   capacity = the slower of the acknowledged and the stored span rates (spans/s) — the
+   spool acknowledges before the store writes, so only the stored rate is sustainable.
+   Serve then drains before the soak starts.
+3. Soak (--duration s): the same clients, open loop, paced to --load x capacity (or --rate
+   spans/s), each request --spans-per-request raw OTLP protobuf spans (create + accept
+   transitions of fresh handoffs), retried like an OTLP exporter on 429/502/503/504 and on
+   refused/timed-out connections; any other status is an error and the request is dropped.
+4. Every --sample-s: serve's RSS (/proc/<pid>/status VmRSS), its /health counters.
+5. End: stop clients, wait for serve to store everything, read every stored SpanId back
+   through serve's read-only ClickHouse HTTP port and compare with the acknowledged ones.
+
+Asserts nothing; prints the samples, then the figures, last line:
+`RESULT acked=<n> stored=<n> duplicates=<n> rss_growth_mb=<n> ...` where stored counts the
+acknowledged span ids found, duplicates the extra rows of any span id, and rss_growth_mb
+the median RSS of the last fifth of the soak minus that of its first fifth (after warm-up).
+
+    python bench/soak.py [--duration 600] [--clients 4] [--load 0.8 | --rate N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import requests
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+
+from ingest.testing import start_serve
+
+_RETRYABLE = frozenset({429, 502, 503, 504})
+_PB = {"Content-Type": "application/x-protobuf"}
+
+
+def _attr(span, key: str, value: str) -> None:
+    kv = span.attributes.add()
+    kv.key = key
+    kv.value.string_value = value
+
+
+def build_request(rng: random.Random, n: int, client: int, seq: int) -> tuple[bytes, list[str]]:
+    """n spans (pairs of create + accept transitions of fresh handoffs) as OTLP protobuf."""
+    req = ExportTraceServiceRequest()
+    rs = req.resource_spans.add()
+    kv = rs.resource.attributes.add()
+    kv.key, kv.value.string_value = "service.name", f"soak-agent-{client}"
+    ss = rs.scope_spans.add()
+    ss.scope.name = "bench.soak"
+    now = time.time_ns()
+    ids = []
+    for i in range(n):
+        sp = ss.spans.add()
+        sp.trace_id = rng.getrandbits(128).to_bytes(16, "big") or b"\1" * 16
+        sid = (rng.getrandbits(64) | 1).to_bytes(8, "big")
+        sp.span_id = sid
+        ids.append(sid.hex())
+        sp.name = "handoff.transition"
+        sp.kind = 1
+        sp.start_time_unix_nano = now + i
+        sp.end_time_unix_nano = now + i + 1000
+        h = f"soak-{client}-{seq}-{i // 2}"
+        _attr(sp, "handoff.task_id", f"task-{client}-{seq}")
+        _attr(sp, "handoff.handoff_id", h)
+        _attr(sp, "handoff.actor", "agent-b")
+        if i % 2 == 0:
+            for k, v in (
+                ("handoff.event", "create"),
+                ("handoff.from_state", ""),
+                ("handoff.to_state", "created"),
+                ("handoff.protocol", "aa-handoff/v1"),
+                ("handoff.mode", "delegate"),
+                ("handoff.from_agent", "agent-a"),
+                ("handoff.to_agent", "agent-b"),
+            ):
+                _attr(sp, k, v)
+        else:
+            for k, v in (
+                ("handoff.event", "accept"),
+                ("handoff.from_state", "created"),
+                ("handoff.to_state", "accepted"),
+            ):
+                _attr(sp, k, v)
+    return req.SerializeToString(), ids
+
+
+@dataclass
+class ClientStats:
+    acked_ids: list[str] = field(default_factory=list)
+    statuses: Counter = field(default_factory=Counter)
+    requests_acked: int = 0
+    retries: int = 0
+    dropped_requests: int = 0
+    rejected_spans: int = 0
+    conn_errors: int = 0
+    timeouts: int = 0
+    error_examples: list[str] = field(default_factory=list)
+
+
+class Client(threading.Thread):
+    """One OTLP client: paced (interval s between request starts) or closed loop (0)."""
+
+    def __init__(self, url: str, idx: int, seed: int, spans: int) -> None:
+        super().__init__(name=f"soak-client-{idx}", daemon=True)
+        self.url = f"{url}/v1/traces"
+        self.idx = idx
+        self.rng = random.Random(seed * 1000 + idx)
+        self.spans = spans
+        self.interval = 0.0
+        self.stop = threading.Event()
+        self.stats = ClientStats()
+        self.seq = 0
+        self.session = requests.Session()
+
+    def _send(self, body: bytes, ids: list[str]) -> None:
+        st = self.stats
+        delay = 0.05
+        while True:
+            try:
+                r = self.session.post(self.url, data=body, headers=_PB, timeout=30)
+            except requests.Timeout:
+                st.timeouts += 1
+                st.retries += 1
+                continue
+            except requests.ConnectionError:
+                st.conn_errors += 1
+                st.retries += 1
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+                continue
+            st.statuses[r.status_code] += 1
+            if r.status_code == 200:
+                resp = ExportTraceServiceResponse()
+                resp.ParseFromString(r.content)
+                st.rejected_spans += resp.partial_success.rejected_spans
+                st.acked_ids.extend(ids)
+                st.requests_acked += 1
+                return
+            if r.status_code in _RETRYABLE:
+                st.retries += 1
+                time.sleep(min(float(r.headers.get("Retry-After", delay)), 1.0))
+                continue
+            st.dropped_requests += 1
+            if len(st.error_examples) < 5:
+                st.error_examples.append(f"{r.status_code}: {r.text[:200]}")
+            return
+
+    def run(self) -> None:
+        nxt = time.monotonic()
+        while not self.stop.is_set():
+            body, ids = build_request(self.rng, self.spans, self.idx, self.seq)
+            self.seq += 1
+            self._send(body, ids)
+            if self.interval > 0:
+                nxt += self.interval
+                now = time.monotonic()
+                if nxt > now:
+                    self.stop.wait(nxt - now)
+                else:
+                    nxt = max(nxt, now - self.interval)  # behind: no catch-up burst beyond one
+
+
+def rss_mb(pid: int) -> float:
+    """Resident set size of `pid` in MiB (from /proc; 0.0 when the process is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def _acked(clients: list[Client]) -> int:
+    return sum(len(c.stats.acked_ids) for c in clients)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--duration", type=float, default=600, help="soak seconds (default 600)")
+    ap.add_argument("--clients", type=int, default=4, help="concurrent OTLP clients (threads)")
+    ap.add_argument("--spans-per-request", type=int, default=200)
+    ap.add_argument("--calibrate-s", type=float, default=20, help="capacity probe seconds")
+    ap.add_argument("--load", type=float, default=0.8, help="fraction of measured capacity")
+    ap.add_argument("--rate", type=float, help="spans/s instead of calibrating (skips probe)")
+    ap.add_argument("--sample-s", type=float, default=5, help="RSS/health sampling period")
+    ap.add_argument("--seed", type=int, default=20261130)
+    ap.add_argument("--workdir", help="where serve's store goes (default: a temp dir, removed)")
+    args = ap.parse_args(argv)
+    if args.duration <= 0 or args.clients < 1 or args.spans_per_request < 1:
+        ap.error("--duration, --clients and --spans-per-request must be positive")
+
+    work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="soak-"))
+    work.mkdir(parents=True, exist_ok=True)
+    serve = start_serve(work)
+    pid = serve.process.pid
+    clients = [
+        Client(serve.otlp_url, i, args.seed, args.spans_per_request) for i in range(args.clients)
+    ]
+    try:
+        rss0 = rss_mb(pid)
+        print(f"serve pid {pid}, RSS at start {rss0:.1f} MiB; store {serve.store_dir}", flush=True)
+        if args.rate:
+            rate = args.rate
+            print(f"rate {rate:.0f} spans/s (given)", flush=True)
+            clients = []  # no calibration clients
+        else:
+            h0, t0 = serve.health(), time.monotonic()
+            for c in clients:
+                c.start()  # closed loop: interval 0
+            time.sleep(args.calibrate_s)  # a fixed measuring period, not a wait for a condition
+            h1, t1 = serve.health(), time.monotonic()
+            acked_rate = _acked(clients) / (t1 - t0)
+            stored_rate = (h1["stored"] - h0["stored"]) / (t1 - t0)
+            capacity = min(acked_rate, stored_rate)
+            rate = args.load * capacity
+            for c in clients:
+                c.stop.set()
+            for c in clients:
+                c.join()
+            serve.wait_stored(300)
+            print(
+                f"capacity: acked {acked_rate:.0f} spans/s, stored {stored_rate:.0f} spans/s; "
+                f"soak at {args.load:.2f} x {capacity:.0f} = {rate:.0f} spans/s",
+                flush=True,
+            )
+        interval = args.spans_per_request * args.clients / rate
+        acked_before = _acked(clients)
+        calib = clients
+        # Soak clients: their own seeds and ids (idx + 100), so no span id repeats calibration's.
+        soak = [
+            Client(serve.otlp_url, 100 + i, args.seed, args.spans_per_request)
+            for i in range(args.clients)
+        ]
+        for c in soak:
+            c.interval = interval
+        clients = calib + soak
+        t_start = time.monotonic()
+        for c in soak:
+            c.start()
+        samples: list[tuple[float, float, dict]] = []
+        print("t_s rss_mib acked stored spool_backlog_kib queued store_errors", flush=True)
+        while (el := time.monotonic() - t_start) < args.duration:
+            time.sleep(min(args.sample_s, max(0.0, args.duration - el)))
+            h = serve.health()
+            r = rss_mb(pid)
+            samples.append((time.monotonic() - t_start, r, h))
+            print(
+                f"{samples[-1][0]:.0f} {r:.1f} {_acked(clients)} {h['stored']} "
+                f"{h['spool_backlog_bytes'] // 1024} {h['queued']} {h['store_errors']}",
+                flush=True,
+            )
+        for c in clients:
+            c.stop.set()
+        for c in clients:
+            c.join()
+        elapsed = time.monotonic() - t_start
+        final = serve.wait_stored(600)
+        q = serve.client(send_receive_timeout=600)
+        try:
+            stored_rows = q.query(
+                "SELECT SpanId, count() FROM otel_traces GROUP BY SpanId"
+            ).result_rows
+        finally:
+            q.close()
+    finally:
+        for c in clients:
+            c.stop.set()
+        code = serve.stop()
+        if not args.workdir:
+            shutil.rmtree(work, ignore_errors=True)
+
+    stored_counts = dict(stored_rows)
+    acked_ids = [i for c in clients for i in c.stats.acked_ids]
+    acked_set = set(acked_ids)
+    stored_acked = sum(1 for i in acked_set if i in stored_counts)
+    duplicates = sum(n - 1 for n in stored_counts.values() if n > 1)
+    missing = len(acked_set) - stored_acked
+    unacked_stored = sum(1 for i in stored_counts if i not in acked_set)
+    statuses: Counter = Counter()
+    for c in clients:
+        statuses.update(c.stats.statuses)
+    dropped = sum(c.stats.dropped_requests for c in clients)
+    soak_acked = len(acked_ids) - acked_before
+    rss = [s[1] for s in samples]
+    k = max(1, len(rss) // 5)
+    growth = statistics.median(rss[-k:]) - statistics.median(rss[:k]) if rss else 0.0
+    backlog_max = max((s[2]["spool_backlog_bytes"] for s in samples), default=0)
+    print()
+    print(f"soak {elapsed:.0f} s at target {rate:.0f} spans/s: achieved {soak_acked / elapsed:.0f}")
+    print(
+        f"statuses {dict(sorted(statuses.items()))}; back-pressure 429/503: "
+        f"{statuses[429] + statuses[503]}; other errors (dropped requests): {dropped}"
+    )
+    for c in clients:
+        for e in c.stats.error_examples:
+            print(f"  client {c.idx} error: {e}")
+    print(
+        f"retries {sum(c.stats.retries for c in clients)}, connection errors "
+        f"{sum(c.stats.conn_errors for c in clients)}, timeouts "
+        f"{sum(c.stats.timeouts for c in clients)}, partial-success rejected spans "
+        f"{sum(c.stats.rejected_spans for c in clients)}"
+    )
+    print(
+        f"RSS MiB: start {rss0:.1f}, min {min(rss, default=0):.1f}, max {max(rss, default=0):.1f}, "
+        f"first-fifth median {statistics.median(rss[:k]) if rss else 0:.1f}, last-fifth median "
+        f"{statistics.median(rss[-k:]) if rss else 0:.1f}"
+    )
+    print(
+        f"spool backlog max {backlog_max / 1024:.0f} KiB; serve stored {final['stored']} spans, "
+        f"store_errors {final['store_errors']}; serve exit code {code}"
+    )
+    print(
+        f"acknowledged span ids {len(acked_set)}, stored {stored_acked}, missing {missing}, "
+        f"duplicate rows {duplicates}, stored but never acknowledged {unacked_stored}"
+    )
+    print(
+        f"RESULT acked={len(acked_set)} stored={stored_acked} duplicates={duplicates} "
+        f"rss_growth_mb={growth:.1f} missing={missing} backpressure={statuses[429] + statuses[503]} "
+        f"errors={dropped} rate={rate:.0f} achieved={soak_acked / elapsed:.0f} "
+        f"duration_s={elapsed:.0f}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(main())
