@@ -1,0 +1,426 @@
+"""A2A SDK adapter: A2A task lifecycles become handoff transitions (topology federated_a2a).
+
+Server side, `A2AServerObserver(agent=..., tracer_provider=...)` wraps the two extension
+points the A2A SDK (1.x) gives a server:
+- `observer.task_store(InMemoryTaskStore())`: every task the SDK saves is compared with the
+  handoff's state; the A2A state is mapped with `collector.a2a.a2a_events` (the one mapping,
+  not repeated here) and each step is emitted through `collector.HandoffTracer`.
+- `observer.request_handler(DefaultRequestHandler(executor, store, card))`: sees every
+  request first; a message naming a task already in a terminal state is recorded as the
+  illegal `start` it asks for (a lenient observer stores it flagged `handoff.valid=false`;
+  a strict one counts it in `refused`), then the SDK answers as usual (it refuses).
+
+Client side, `HandoffClientInterceptor(actor=..., tracer_provider=...)` (a
+`ClientCallInterceptor`) emits `create` when a message starts a new task, puts the envelope
+(JSON, with W3C traceparent) into the message metadata under `aa-handoff`, and sends
+`traceparent` as an HTTP header. The server joins the client's trace from the metadata
+(or, for a client without this interceptor, from the `traceparent` header, creating the
+handoff itself with handoff_id = the A2A task id and from_agent `a2a-client`).
+
+| A2A | our transitions |
+|---|---|
+| message without task id (client) | `create` (actor: the client) |
+| task saved `submitted` | nothing (the `create` is the submission) |
+| `working`, `input-required`, `auth-required` | `accept`, `start` (once; input-required keeps it running) |
+| `completed` | `commit` (+ `accept`, `start` if skipped); evidence = the task's artifacts |
+| `failed` / `canceled` / `rejected` | `fail` / `cancel` / `reject`, error_code `a2a_<state>` |
+| message to a task in a terminal state | `start`, illegal: flagged (lenient) or refused (strict) |
+
+Evidence on `commit`: `handoff.evidence.count` = number of artifacts, `.valid` = count >= 1,
+refs `a2a-artifact:<artifact id>`. Times: when the observer saw the save (its clock), not the
+task's status timestamp: that is stamped earlier by the executor, on another clock, and
+mixing the two put `accept` before `create`.
+Limits: handoffs are tracked in memory (at most `max_tracked`, oldest evicted and counted in
+`evicted`); an evicted or pre-restart task is rebuilt from the task store (its first message's
+`aa-handoff` metadata, or the A2A task id). Nothing raises into the SDK: a failure to record
+is logged and counted in `errors`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import AsyncGenerator, Callable
+from typing import TYPE_CHECKING, Any, Final
+
+from a2a.client.client import ClientCallContext
+from a2a.client.interceptors import AfterArgs, BeforeArgs, ClientCallInterceptor
+from a2a.server.request_handlers.request_handler import RequestHandler
+from a2a.server.tasks.task_store import TaskStore
+from a2a.types.a2a_pb2 import TaskState
+from opentelemetry import context as otel_context
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from collector.a2a import a2a_events, normalize_a2a_state
+from collector.contract import TERMINAL, TRANSITIONS, IllegalTransition, State
+from collector.envelope import MODES, Envelope
+from collector.tracer import HandoffTracer
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
+
+    from collector._redact import InputFilter
+    from collector.tracer import Handoff
+
+__all__ = ["METADATA_KEY", "A2AServerObserver", "HandoffClientInterceptor"]
+
+_log = logging.getLogger(__name__)
+
+#: Message metadata key carrying the envelope wire (JSON string, with traceparent).
+METADATA_KEY: Final = "aa-handoff"
+UNKNOWN_CLIENT: Final = "a2a-client"
+_PROPAGATOR: Final = TraceContextTextMapPropagator()
+_MAX_REFS: Final = 32
+_ERROR_EVENTS: Final = frozenset({"reject", "fail", "cancel", "timeout"})
+
+
+def _a2a_state(task: Any) -> str:
+    return normalize_a2a_state(TaskState.Name(task.status.state))
+
+
+def _wire_of(task: Any) -> dict[str, Any] | None:
+    """The envelope wire the client put in the task's first message, or None."""
+    for msg in task.history[:1]:
+        if METADATA_KEY in msg.metadata:
+            raw = msg.metadata[METADATA_KEY]
+            return json.loads(raw) if isinstance(raw, str) else None
+    return None
+
+
+def _state_after(a2a_state: str) -> str:
+    """Our state a fresh handoff reaches by legal steps toward `a2a_state`."""
+    state = str(State.CREATED)
+    for ev in a2a_events(a2a_state, state):
+        nxt = TRANSITIONS.get((State(state), ev))
+        if nxt is None:
+            break
+        state = str(nxt)
+    return state
+
+
+class A2AServerObserver:
+    """Records one A2A agent server's task lifecycles as handoff transitions (module doc).
+
+    `agent`: this server's agent name (the actor; to_agent of handoffs it creates itself).
+    `tracer_provider`: OTel TracerProvider (required). `mode`: envelope mode for handoffs the
+    server has to create itself (client without the interceptor), default `delegate`.
+    `strict`, `input_filter`, `clock`: for the HandoffTracer. `max_tracked`: handoffs kept in
+    memory (> 0). Counters: `errors` (failed to record), `refused` (illegal events a strict
+    observer did not emit), `evicted`. Raises ValueError on a bad argument.
+    """
+
+    def __init__(
+        self,
+        *,
+        agent: str,
+        tracer_provider: TracerProvider,
+        mode: str = "delegate",
+        strict: bool = True,
+        input_filter: InputFilter | None = None,
+        clock: Callable[[], int] | None = None,
+        max_tracked: int = 10_000,
+    ) -> None:
+        if tracer_provider is None:
+            raise ValueError("tracer_provider: required (an OTel TracerProvider)")
+        if mode not in MODES:
+            raise ValueError(f"mode: must be one of {sorted(MODES)}, got {mode!r}")
+        if type(max_tracked) is not int or max_tracked <= 0:
+            raise ValueError(f"max_tracked: must be a positive int, got {max_tracked!r}")
+        self.agent = agent
+        self._tracer = HandoffTracer(
+            agent,
+            tracer_provider=tracer_provider,
+            strict=strict,
+            input_filter=input_filter,
+            clock=clock,
+        )
+        self._mode = mode
+        self._max = max_tracked
+        self._handoffs: dict[str, Handoff] = {}  # by A2A task id
+        self._lock = threading.Lock()
+        self._store: TaskStore | None = None
+        self.errors = 0
+        self.refused = 0
+        self.evicted = 0
+
+    def task_store(self, inner: TaskStore) -> TaskStore:
+        """`inner` wrapped: every save is observed after it succeeded."""
+        if not isinstance(inner, TaskStore):
+            raise TypeError(f"inner: expected an a2a TaskStore, got {type(inner).__name__}")
+        self._store = inner
+        return _ObservedTaskStore(inner, self)
+
+    def request_handler(self, inner: RequestHandler) -> RequestHandler:
+        """`inner` wrapped: a message to a task in a terminal state is recorded first."""
+        if not isinstance(inner, RequestHandler):
+            raise TypeError(f"inner: expected an a2a RequestHandler, got {type(inner).__name__}")
+        return _ObservedRequestHandler(inner, self)
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _headers(self, context: Any) -> dict[str, str]:
+        state = getattr(context, "state", None) or {}
+        headers = state.get("headers") or {}
+        return {str(k).lower(): str(v) for k, v in headers.items()}
+
+    def _begin(self, task: Any, context: Any) -> Handoff:
+        """The Handoff of a task seen for the first time (created here when no wire)."""
+        wire = _wire_of(task)
+        if wire is not None:
+            return self._tracer.receive(wire)
+        env = Envelope(
+            task_id=task.context_id or task.id,
+            handoff_id=task.id,
+            from_agent=UNKNOWN_CLIENT,
+            to_agent=self.agent,
+            mode=self._mode,
+            topology="federated_a2a",
+        )
+        token = otel_context.attach(_PROPAGATOR.extract(self._headers(context)))
+        try:
+            return self._tracer.create(env)
+        finally:
+            otel_context.detach(token)
+
+    def _remember(self, task_id: str, h: Handoff) -> None:
+        self._handoffs[task_id] = h
+        while len(self._handoffs) > self._max:
+            self._handoffs.pop(next(iter(self._handoffs)))
+            self.evicted += 1
+
+    def _emit(self, h: Handoff, event: str, at: int | None, **attrs: Any) -> None:
+        try:
+            h.transition(event, at, **attrs)
+        except IllegalTransition:  # strict: not emitted; a drop is a metric
+            self.refused += 1
+            _log.warning("a2a: refused illegal %s from %s on %s", event, h.state, h.handoff_id)
+
+    def _observe(self, task: Any, context: Any) -> None:
+        a2a_state = _a2a_state(task)
+        at = None  # the tracer's clock: see the module doc
+        with self._lock:
+            h = self._handoffs.get(task.id)
+            if h is None:
+                h = self._begin(task, context)
+                self._remember(task.id, h)
+            for ev in a2a_events(a2a_state, h.state):
+                attrs: dict[str, Any] = {}
+                if ev in _ERROR_EVENTS:
+                    attrs["error_code"] = f"a2a_{a2a_state.replace('-', '_')}"
+                if ev == "commit":
+                    refs = [f"a2a-artifact:{a.artifact_id}" for a in task.artifacts]
+                    attrs.update(
+                        evidence_count=len(refs),
+                        evidence_valid=len(refs) >= 1,
+                        evidence_refs=refs[:_MAX_REFS],
+                        receipt_status=a2a_state,
+                    )
+                before = h.state
+                self._emit(h, str(ev), at, **attrs)
+                if h.state == before:  # illegal (flagged or refused): the walk stops
+                    break
+
+    async def _lookup(self, task_id: str, context: Any) -> Handoff | None:
+        with self._lock:
+            h = self._handoffs.get(task_id)
+        if h is not None or self._store is None:
+            return h
+        task = await self._store.get(task_id, context)
+        if task is None:
+            return None
+        wire = (
+            _wire_of(task)
+            or Envelope(
+                task_id=task.context_id or task.id,
+                handoff_id=task.id,
+                from_agent=UNKNOWN_CLIENT,
+                to_agent=self.agent,
+                mode=self._mode,
+                topology="federated_a2a",
+            ).to_wire()
+        )
+        h = self._tracer.receive({**wire, "state": _state_after(_a2a_state(task))})
+        with self._lock:
+            self._remember(task_id, h)
+        return h
+
+    async def _on_message(self, params: Any, context: Any) -> None:
+        task_id = params.message.task_id
+        if not task_id:
+            return
+        h = await self._lookup(task_id, context)
+        if h is not None and h.state in TERMINAL:
+            with self._lock:
+                self._emit(h, "start", None, error_code="a2a_message_after_terminal")
+
+    def _guarded(self, fn: Callable[..., None], *args: Any) -> None:
+        try:
+            fn(*args)
+        except Exception:
+            self.errors += 1
+            _log.exception("a2a observer failed to record")
+
+    async def _guarded_async(self, fn: Callable[..., Any], *args: Any) -> None:
+        try:
+            await fn(*args)
+        except Exception:
+            self.errors += 1
+            _log.exception("a2a observer failed to record")
+
+
+class _ObservedTaskStore(TaskStore):
+    """A TaskStore that reports every successful save to its observer."""
+
+    def __init__(self, inner: TaskStore, observer: A2AServerObserver) -> None:
+        self._inner = inner
+        self._observer = observer
+
+    async def save(self, task: Any, context: Any = None) -> None:
+        await self._inner.save(task, context)
+        self._observer._guarded(self._observer._observe, task, context)
+
+    async def get(self, task_id: str, context: Any = None) -> Any:
+        return await self._inner.get(task_id, context)
+
+    async def list(self, params: Any, context: Any = None) -> Any:
+        return await self._inner.list(params, context)
+
+    async def delete(self, task_id: str, context: Any = None) -> None:
+        await self._inner.delete(task_id, context)
+
+
+class _ObservedRequestHandler(RequestHandler):
+    """Delegates every request; messages are shown to the observer first."""
+
+    def __init__(self, inner: RequestHandler, observer: A2AServerObserver) -> None:
+        self._inner = inner
+        self._observer = observer
+
+    async def on_message_send(self, params: Any, context: Any) -> Any:
+        await self._observer._guarded_async(self._observer._on_message, params, context)
+        return await self._inner.on_message_send(params, context)
+
+    async def on_message_send_stream(self, params: Any, context: Any) -> AsyncGenerator[Any]:
+        await self._observer._guarded_async(self._observer._on_message, params, context)
+        async for event in self._inner.on_message_send_stream(params, context):
+            yield event
+
+    async def on_get_task(self, params: Any, context: Any) -> Any:
+        return await self._inner.on_get_task(params, context)
+
+    async def on_list_tasks(self, params: Any, context: Any) -> Any:
+        return await self._inner.on_list_tasks(params, context)
+
+    async def on_cancel_task(self, params: Any, context: Any) -> Any:
+        return await self._inner.on_cancel_task(params, context)
+
+    async def on_create_task_push_notification_config(self, params: Any, context: Any) -> Any:
+        return await self._inner.on_create_task_push_notification_config(params, context)
+
+    async def on_get_task_push_notification_config(self, params: Any, context: Any) -> Any:
+        return await self._inner.on_get_task_push_notification_config(params, context)
+
+    async def on_subscribe_to_task(self, params: Any, context: Any) -> AsyncGenerator[Any]:
+        async for event in self._inner.on_subscribe_to_task(params, context):
+            yield event
+
+    async def on_list_task_push_notification_configs(self, params: Any, context: Any) -> Any:
+        return await self._inner.on_list_task_push_notification_configs(params, context)
+
+    async def on_delete_task_push_notification_config(self, params: Any, context: Any) -> Any:
+        return await self._inner.on_delete_task_push_notification_config(params, context)
+
+    async def on_get_extended_agent_card(self, params: Any, context: Any) -> Any:
+        return await self._inner.on_get_extended_agent_card(params, context)
+
+
+class HandoffClientInterceptor(ClientCallInterceptor):
+    """A2A client interceptor: `create` + envelope/traceparent on messages that start a task.
+
+    `actor`: the calling agent's name (from_agent). `tracer_provider`: required. `mode`
+    (default `delegate`), `deadline_ms` (> 0 or None), `capabilities` (granted, recorded on
+    the envelope): envelope fields of every handoff. `strict`, `input_filter`, `clock`: for
+    the HandoffTracer. The task id is the message's context_id, else its message_id; pass
+    `ClientCallContext(state={"aa-handoff.task_id": "..."})` to name it. Follow-up messages
+    (with a task id) carry the known handoff's traceparent and create nothing.
+    `handoffs`: A2A task id -> Handoff, for tasks this client started (bounded like the server).
+    """
+
+    def __init__(
+        self,
+        *,
+        actor: str,
+        tracer_provider: TracerProvider,
+        mode: str = "delegate",
+        deadline_ms: int | None = None,
+        capabilities: tuple[str, ...] = (),
+        strict: bool = True,
+        input_filter: InputFilter | None = None,
+        clock: Callable[[], int] | None = None,
+        max_tracked: int = 10_000,
+    ) -> None:
+        if tracer_provider is None:
+            raise ValueError("tracer_provider: required (an OTel TracerProvider)")
+        if mode not in MODES:
+            raise ValueError(f"mode: must be one of {sorted(MODES)}, got {mode!r}")
+        if deadline_ms is not None and (type(deadline_ms) is not int or deadline_ms <= 0):
+            raise ValueError(f"deadline_ms: must be a positive int (ms), got {deadline_ms!r}")
+        self._tracer = HandoffTracer(
+            actor,
+            tracer_provider=tracer_provider,
+            strict=strict,
+            input_filter=input_filter,
+            clock=clock,
+        )
+        self._mode = mode
+        self._deadline_ms = deadline_ms
+        self._capabilities = tuple(capabilities)
+        self._max = max_tracked
+        self._pending: dict[str, Handoff] = {}  # by message id, until the task id is known
+        self.handoffs: dict[str, Handoff] = {}
+
+    async def before(self, args: BeforeArgs) -> None:
+        if args.method not in ("send_message", "send_message_streaming"):
+            return
+        msg = args.input.message
+        if args.context is None:
+            args.context = ClientCallContext()
+        ctx = args.context
+        params = dict(ctx.service_parameters or {})
+        if msg.task_id:
+            known = self.handoffs.get(msg.task_id)
+            if known is not None:
+                params["traceparent"] = known.traceparent
+                ctx.service_parameters = params
+            return
+        env = Envelope(
+            task_id=str(ctx.state.get("aa-handoff.task_id") or msg.context_id or msg.message_id),
+            handoff_id=f"a2a-{msg.message_id}",
+            from_agent=self._tracer.actor,
+            to_agent=args.agent_card.name or "a2a-agent",
+            mode=self._mode,
+            topology="federated_a2a",
+            deadline_ms=self._deadline_ms,
+            capabilities=self._capabilities,
+        )
+        h = self._tracer.create(env)
+        msg.metadata[METADATA_KEY] = json.dumps(h.to_wire(), separators=(",", ":"))
+        params["traceparent"] = h.traceparent
+        ctx.service_parameters = params
+        self._pending[msg.message_id] = h
+        while len(self._pending) > self._max:
+            self._pending.pop(next(iter(self._pending)))
+
+    async def after(self, args: AfterArgs) -> None:
+        result = args.result
+        task = None
+        if result is not None and hasattr(result, "HasField") and result.HasField("task"):
+            task = result.task
+        if task is None or not task.history:
+            return
+        h = self._pending.pop(task.history[0].message_id, None)
+        if h is not None:
+            self.handoffs[task.id] = h
+            while len(self.handoffs) > self._max:
+                self.handoffs.pop(next(iter(self.handoffs)))
