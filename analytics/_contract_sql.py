@@ -150,7 +150,7 @@ def render_summary_ddl() -> str:
     result_keys = [order_key(f, t) if e in RESULT_EVENTS else 0 for f, e, t in POSITIONS]
     result_arr = "[0, " + ", ".join(str(k) for k in result_keys) + "]"
     ok = "toUInt16(coalesce(evidence_count, 0) >= 1 AND coalesce(evidence_valid, false))"
-    is_create = "(event = 'create' AND from_state = '' AND to_state = 'created')"
+    is_create = "(valid AND event = 'create' AND from_state = '' AND to_state = 'created')"
 
     def t_min(cond: str) -> str:
         return f"min(if(({pos}) > 0 AND {cond}, time, NULL))"

@@ -1,0 +1,152 @@
+"""Unit tests (no database): the generated SQL agrees with the contract module, the reference
+implementation on small hand-made histories, report argument parsing, offline package checks."""
+
+from __future__ import annotations
+
+import copy
+import math
+from datetime import UTC, datetime
+
+import pytest
+
+from analytics import _contract_sql as cs
+from analytics import reference as ref
+from analytics.evidence import build_package, verify_offline
+from analytics.report import default_week, parse_slo, parse_week, slo_status
+from collector.contract import ACCEPTED_OR_LATER, STATES, TERMINAL, TRANSITIONS, is_legal
+from handoffs.store import SQL_DIR
+
+
+def test_summary_ddl_file_is_generated_from_the_contract():
+    assert (SQL_DIR / "003_handoff_summary.sql").read_text() == cs.render_summary_ddl(), (
+        "regenerate: python -m analytics._contract_sql > sql/003_handoff_summary.sql"
+    )
+
+
+def test_positions_are_exactly_the_legal_transitions():
+    assert len(cs.POSITIONS) == len(TRANSITIONS) + 1 <= 64
+    assert all(is_legal(f or None, e, t) for f, e, t in cs.POSITIONS)
+    assert {(f, e) for f, e, _t in cs.POSITIONS[1:]} == {(str(f), str(e)) for f, e in TRANSITIONS}
+
+
+def test_masks_follow_the_contract_sets():
+    for i, (f, _e, t) in enumerate(cs.POSITIONS):
+        bit = 1 << i
+        assert bool(cs.TERMINAL_MASK & bit) == bool({f, t} & set(TERMINAL))
+        assert bool(cs.ACCEPTED_MASK & bit) == bool({f, t} & set(ACCEPTED_OR_LATER))
+        assert bool(cs.UNKNOWN_IN_MASK & bit) == (t == "unknown")
+        assert bool(cs.UNKNOWN_OUT_MASK & bit) == (f == "unknown")
+    assert (
+        cs.order_key("", "created")
+        < cs.order_key("created", "accepted")
+        < cs.order_key("accepted", "running")
+    )
+    assert cs.order_key("running", "prepared") < cs.order_key("running", "committed")
+    assert cs.order_key("running", "committed") < cs.order_key("unknown", "committed")
+    assert set(map(str, STATES)) >= {t for _f, _e, t in cs.POSITIONS}
+
+
+def _row(event, f, t, sec, **kw):
+    base = {"handoff_id": "h", "tenant": "default", "event": event, "from_state": f, "to_state": t,
+            "time_ns": sec * 10**9, "valid": True, "span_id": f"s{event}{sec}"}  # fmt: skip
+    base.update(kw)
+    return base
+
+
+EV = {"evidence_count": 1, "evidence_valid": True}
+
+
+def test_reference_happy_path_and_first_result_rule():
+    rows = [_row("create", "", "created", 0, deadline_ms=1000), _row("accept", "created", "accepted", 1),
+            _row("start", "accepted", "running", 2), _row("prepare", "running", "prepared", 3),
+            _row("commit", "prepared", "committed", 4, **EV)]  # fmt: skip
+    f = ref.facts("h", rows, as_of_ns=5 * 10**9)
+    # terminal (committed) so settled; prepare is the first result and it has no evidence
+    assert (f.settled, f.a, f.e, f.v, f.k) == (True, True, True, False, False)
+    assert ref.handoff_anomalies(rows, as_of_ns=5 * 10**9) == ["committed_without_evidence"]
+
+
+def test_reference_settle_rule_uses_deadline_plus_grace():
+    rows = [_row("create", "", "created", 0, deadline_ms=1000)]
+    assert not ref.facts("h", rows, as_of_ns=61 * 10**9).settled  # exactly deadline + grace
+    assert ref.facts("h", rows, as_of_ns=61 * 10**9 + 1).settled
+    no_deadline = [_row("create", "", "created", 0)]
+    assert not ref.facts("h", no_deadline, as_of_ns=360 * 10**9).settled  # 300 s default + 60 s
+    assert ref.facts("h", no_deadline, as_of_ns=360 * 10**9 + 1).settled
+
+
+def test_reference_funnel_undefined_rates_are_nan():
+    out = ref.funnel_counts(
+        [_row("create", "", "created", 0)], start_ns=0, end_ns=10**9, as_of_ns=1
+    )
+    assert out["volume"] == 1 and out["in_flight"] == 1 and out["settled"] == 0
+    assert math.isnan(out["p_accept"]) and math.isnan(out["p_e2e"])
+
+
+def test_reference_task_anomalies():
+    rows = [
+        _row(
+            "create",
+            "",
+            "created",
+            0,
+            handoff_id="a",
+            mode="transfer",
+            from_agent="x",
+            to_agent="y",
+        ),
+        _row("commit", "running", "committed", 5, handoff_id="a", fence_token=9),
+        _row(
+            "create",
+            "",
+            "created",
+            10,
+            handoff_id="b",
+            mode="transfer",
+            from_agent="y",
+            to_agent="x",
+        ),
+        _row("commit", "running", "committed", 15, handoff_id="b", fence_token=3),
+    ]
+    assert ref.task_anomalies(rows, "b") == ["bounce", "stale_fence"]
+    assert ref.task_anomalies(rows, "a") == []
+
+
+def test_week_and_slo_parsing():
+    assert parse_week("2026-W48") == datetime(2026, 11, 23, tzinfo=UTC)
+    assert default_week(datetime(2026, 11, 30, 9, tzinfo=UTC)) == "2026-W48"
+    for bad in ("2026-48", "2026-W54", ""):
+        with pytest.raises(ValueError, match="week"):
+            parse_week(bad)
+    assert parse_slo("p_e2e=0.9, unknown_rate=0.02") == {"p_e2e": 0.9, "unknown_rate": 0.02}
+    with pytest.raises(ValueError, match="unknown metric 'p_fun'"):
+        parse_slo("p_fun=0.5")
+    with pytest.raises(ValueError, match="not a number"):
+        parse_slo("p_e2e=high")
+    with pytest.raises(ValueError, match="fraction"):
+        parse_slo("p_e2e=90")
+    st = {s.metric: s.status for s in slo_status({"p_e2e": 0.8, "unknown_rate": 0.01, "p_accept": math.nan},
+                                                 {"p_e2e": 0.9, "unknown_rate": 0.02, "p_accept": 0.9})}  # fmt: skip
+    assert st == {"p_e2e": "breached", "unknown_rate": "met", "p_accept": "no data"}
+
+
+def _stored(event, f, t, sec, **kw):
+    r = _row(event, f, t, sec, **kw)
+    r.update(trace_id="tr", parent_span_id="", task_id="task", actor="agent", evidence_count=None,
+             evidence_valid=None, error_code="", receipt_status="", receipt_hash="", service_name="svc",
+             evidence_refs=[], attributes={"handoff.event": event})  # fmt: skip
+    r.update(kw)
+    return r
+
+
+def test_offline_verification_detects_edits():
+    rows = [_stored("create", "", "created", 0), _stored("accept", "created", "accepted", 1)]
+    pkg = build_package(rows, ledger={}, as_of_ns=2 * 10**9)
+    assert verify_offline(pkg) == []
+    edited = copy.deepcopy(pkg)
+    edited["transitions"][1]["actor"] = "mallory"
+    problems = verify_offline(edited)
+    assert any("saccept1" in p and "row_hash" in p for p in problems)
+    assert any("package_sha256" in p for p in problems)
+    with pytest.raises(ValueError, match="missing field 'transitions'"):
+        verify_offline({"handoff_id": "h", "tenant": "t", "integrity": {}})
