@@ -17,6 +17,7 @@ import base64
 import hashlib
 import json
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring  # type: ignore[attr-defined]
 from typing import Any, Final
 
 from google.protobuf.message import DecodeError as _PbDecodeError
@@ -177,7 +178,7 @@ def _pb_attrs(kvs: Any, check: bool) -> tuple[dict[str, str], str | None]:
 
 # ---------------------------------------------------------------- span assembly
 
-_ENC = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+_E = encode_basestring  # json's C string escaper, as json.dumps(ensure_ascii=False) uses
 _NO_EVENTS: Final[tuple[list, list, list]] = ([], [], [])
 _NO_LINKS: Final[tuple[list, list, list, list]] = ([], [], [], [])
 
@@ -185,22 +186,28 @@ _NO_LINKS: Final[tuple[list, list, list, list]] = ([], [], [], [])
 def _fast_row_hash(
     tenant: str, start: int, trace_id: str, span_id: str, attrs: dict[str, str]
 ) -> str:
-    """ingest.integrity.row_hash for a decoded span (same canonical JSON, one shared encoder)."""
+    """ingest.integrity.row_hash of a decoded span, its canonical JSON spelled out directly.
+
+    Byte-identical to integrity.canonical_json (sorted keys, no spaces, UTF-8 kept; json's own
+    string escaper); tests/unit/test_decode.py checks equality on awkward strings.
+    """
     g = attrs.get
-    payload = {
-        "tenant": tenant,
-        "time_ns": start,
-        "trace_id": trace_id,
-        "span_id": span_id,
-        "task_id": g("handoff.task_id", ""),
-        "handoff_id": attrs["handoff.handoff_id"],
-        "event": g("handoff.event", ""),
-        "from_state": g("handoff.from_state", ""),
-        "to_state": g("handoff.to_state", ""),
-        "actor": g("handoff.actor", ""),
-        "attributes": attrs,
-    }
-    return hashlib.sha256(_ENC.encode(payload).encode()).hexdigest()
+    body = ",".join([_E(k) + ":" + _E(v) for k, v in sorted(attrs.items())])
+    text = (
+        '{"actor":' + _E(g("handoff.actor", ""))
+        + ',"attributes":{' + body
+        + '},"event":' + _E(g("handoff.event", ""))
+        + ',"from_state":' + _E(g("handoff.from_state", ""))
+        + ',"handoff_id":' + _E(attrs["handoff.handoff_id"])
+        + ',"span_id":' + _E(span_id)
+        + ',"task_id":' + _E(g("handoff.task_id", ""))
+        + ',"tenant":' + _E(tenant)
+        + ',"time_ns":' + str(start)
+        + ',"to_state":' + _E(g("handoff.to_state", ""))
+        + ',"trace_id":' + _E(trace_id)
+        + "}"
+    )  # fmt: skip
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _finish(

@@ -153,3 +153,34 @@ def test_bad_ids_reject_the_span_not_the_request():
 def test_empty_request_is_fine():
     b = decode_json(b"{}", tenant="t")
     assert (b.spans, b.stored) == (0, 0)
+
+
+def test_row_hash_matches_integrity_on_awkward_strings():
+    attrs = transition('h-"q"', "create", "", "created", actor="agent \u00e9\n\t\u2028\x01")
+    attrs["z.emoji"] = "\U0001f600 / \\ back"
+    attrs["a.empty"] = ""
+    b = decode_json(
+        json.dumps(
+            request_json(
+                [span_json(trace_id=TID, span_id="b7ad6b7169203331", attributes=attrs, start_ns=T0)]
+            )
+        ),
+        tenant="t\u00fcnant",
+    )
+    ((_idx, _hid, h),) = b.ledger
+    stored = b.columns["SpanAttributes"][0]
+    assert h == row_hash(
+        {
+            "tenant": "t\u00fcnant",
+            "time_ns": T0,
+            "trace_id": TID,
+            "span_id": "b7ad6b7169203331",
+            "task_id": "task-1",
+            "handoff_id": 'h-"q"',
+            "event": "create",
+            "from_state": "",
+            "to_state": "created",
+            "actor": "agent \u00e9\n\t\u2028\x01",
+            "attributes": stored,
+        }
+    )
