@@ -44,8 +44,6 @@ import threading
 from collections.abc import AsyncGenerator, Callable
 from typing import TYPE_CHECKING, Any, Final
 
-from a2a.client.client import ClientCallContext
-from a2a.client.interceptors import AfterArgs, BeforeArgs, ClientCallInterceptor
 from a2a.server.request_handlers.request_handler import RequestHandler
 from a2a.server.tasks.task_store import TaskStore
 from a2a.types.a2a_pb2 import TaskState
@@ -53,6 +51,7 @@ from opentelemetry import context as otel_context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from collector.a2a import a2a_events, normalize_a2a_state
+from collector.adapters._a2a_client import METADATA_KEY, HandoffClientInterceptor
 from collector.contract import TERMINAL, TRANSITIONS, IllegalTransition, State
 from collector.envelope import MODES, Envelope
 from collector.tracer import HandoffTracer
@@ -67,8 +66,6 @@ __all__ = ["METADATA_KEY", "A2AServerObserver", "HandoffClientInterceptor"]
 
 _log = logging.getLogger(__name__)
 
-#: Message metadata key carrying the envelope wire (JSON string, with traceparent).
-METADATA_KEY: Final = "aa-handoff"
 UNKNOWN_CLIENT: Final = "a2a-client"
 _PROPAGATOR: Final = TraceContextTextMapPropagator()
 _MAX_REFS: Final = 32
@@ -333,94 +330,3 @@ class _ObservedRequestHandler(RequestHandler):
 
     async def on_get_extended_agent_card(self, params: Any, context: Any) -> Any:
         return await self._inner.on_get_extended_agent_card(params, context)
-
-
-class HandoffClientInterceptor(ClientCallInterceptor):
-    """A2A client interceptor: `create` + envelope/traceparent on messages that start a task.
-
-    `actor`: the calling agent's name (from_agent). `tracer_provider`: required. `mode`
-    (default `delegate`), `deadline_ms` (> 0 or None), `capabilities` (granted, recorded on
-    the envelope): envelope fields of every handoff. `strict`, `input_filter`, `clock`: for
-    the HandoffTracer. The task id is the message's context_id, else its message_id; pass
-    `ClientCallContext(state={"aa-handoff.task_id": "..."})` to name it. Follow-up messages
-    (with a task id) carry the known handoff's traceparent and create nothing.
-    `handoffs`: A2A task id -> Handoff, for tasks this client started (bounded like the server).
-    """
-
-    def __init__(
-        self,
-        *,
-        actor: str,
-        tracer_provider: TracerProvider,
-        mode: str = "delegate",
-        deadline_ms: int | None = None,
-        capabilities: tuple[str, ...] = (),
-        strict: bool = True,
-        input_filter: InputFilter | None = None,
-        clock: Callable[[], int] | None = None,
-        max_tracked: int = 10_000,
-    ) -> None:
-        if tracer_provider is None:
-            raise ValueError("tracer_provider: required (an OTel TracerProvider)")
-        if mode not in MODES:
-            raise ValueError(f"mode: must be one of {sorted(MODES)}, got {mode!r}")
-        if deadline_ms is not None and (type(deadline_ms) is not int or deadline_ms <= 0):
-            raise ValueError(f"deadline_ms: must be a positive int (ms), got {deadline_ms!r}")
-        self._tracer = HandoffTracer(
-            actor,
-            tracer_provider=tracer_provider,
-            strict=strict,
-            input_filter=input_filter,
-            clock=clock,
-        )
-        self._mode = mode
-        self._deadline_ms = deadline_ms
-        self._capabilities = tuple(capabilities)
-        self._max = max_tracked
-        self._pending: dict[str, Handoff] = {}  # by message id, until the task id is known
-        self.handoffs: dict[str, Handoff] = {}
-
-    async def before(self, args: BeforeArgs) -> None:
-        if args.method not in ("send_message", "send_message_streaming"):
-            return
-        msg = args.input.message
-        if args.context is None:
-            args.context = ClientCallContext()
-        ctx = args.context
-        params = dict(ctx.service_parameters or {})
-        if msg.task_id:
-            known = self.handoffs.get(msg.task_id)
-            if known is not None:
-                params["traceparent"] = known.traceparent
-                ctx.service_parameters = params
-            return
-        env = Envelope(
-            task_id=str(ctx.state.get("aa-handoff.task_id") or msg.context_id or msg.message_id),
-            handoff_id=f"a2a-{msg.message_id}",
-            from_agent=self._tracer.actor,
-            to_agent=args.agent_card.name or "a2a-agent",
-            mode=self._mode,
-            topology="federated_a2a",
-            deadline_ms=self._deadline_ms,
-            capabilities=self._capabilities,
-        )
-        h = self._tracer.create(env)
-        msg.metadata[METADATA_KEY] = json.dumps(h.to_wire(), separators=(",", ":"))
-        params["traceparent"] = h.traceparent
-        ctx.service_parameters = params
-        self._pending[msg.message_id] = h
-        while len(self._pending) > self._max:
-            self._pending.pop(next(iter(self._pending)))
-
-    async def after(self, args: AfterArgs) -> None:
-        result = args.result
-        task = None
-        if result is not None and hasattr(result, "HasField") and result.HasField("task"):
-            task = result.task
-        if task is None or not task.history:
-            return
-        h = self._pending.pop(task.history[0].message_id, None)
-        if h is not None:
-            self.handoffs[task.id] = h
-            while len(self.handoffs) > self._max:
-                self.handoffs.pop(next(iter(self.handoffs)))
