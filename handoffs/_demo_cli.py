@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import threading
 import time
 from dataclasses import fields
 from datetime import UTC, datetime
@@ -81,6 +83,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="coder:code.test@0.70-0.74",
         help="AGENT:CAPABILITY@FROM-TO, fractions of the window (default %(default)s)",
     )
+    sim.add_argument(
+        "--workers",
+        type=int,
+        default=_default_workers(),
+        help="backfill: processes, each with its own shim and exporters (default %(default)s)",
+    )
     sim.add_argument("--no-progress", action="store_true")
     sim.add_argument("--json", action="store_true", help="print the final stats as JSON")
     sim.set_defaults(func=_simulate)
@@ -139,9 +147,20 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="skill removed from an Agent Card: AGENT:CAPABILITY@FROM-TO, fractions of the "
         "backfill window (default %(default)s); 'none' for no outage",
     )
+    demo.add_argument(
+        "--workers",
+        type=int,
+        default=_default_workers(),
+        help="backfill processes (default %(default)s: CPUs - 1, at most 4)",
+    )
     demo.add_argument("--dashboard-port", type=int, default=8501)
     demo.add_argument("--no-progress", action="store_true")
     demo.set_defaults(func=_demo)
+
+
+def _default_workers() -> int:
+    """CPUs - 1 (serve needs one), between 1 and 4."""
+    return max(1, min(4, (os.cpu_count() or 2) - 1))
 
 
 def _rates(args: argparse.Namespace):
@@ -162,8 +181,10 @@ def _simulate(args: argparse.Namespace) -> int:
         ScenarioConfig,
         SimulatorConfigError,
         SkillOutage,
+        merge_stats,
         otlp_exporter_factory,
         run_backfill,
+        run_backfill_parallel,
         run_live,
     )
 
@@ -187,10 +208,31 @@ def _simulate(args: argparse.Namespace) -> int:
     except (SimulatorConfigError, ValueError) as exc:
         print(f"handoffs simulate: {exc}", file=sys.stderr)
         return 2
+    if args.workers < 1:
+        print(f"handoffs simulate: --workers must be >= 1, got {args.workers}", file=sys.stderr)
+        return 2
     emitter = Emitter(exporter_factory=otlp_exporter_factory(args.otlp), tokens=tenants_tokens)
     t0 = time.monotonic()
+    parallel = None
     try:
-        if args.mode == "backfill":
+        if args.mode == "backfill" and args.workers > 1:
+            stop = threading.Event()
+            try:
+                parallel = run_backfill_parallel(
+                    otlp_url=args.otlp,
+                    tokens=tenants_tokens,
+                    config=cfg,
+                    start_ns=start_ns,
+                    end_ns=end_ns,
+                    handoffs=args.handoffs,
+                    workers=args.workers,
+                    progress=not args.no_progress,
+                    stop=stop,
+                )
+            except KeyboardInterrupt:
+                stop.set()
+                raise
+        elif args.mode == "backfill":
             run_backfill(
                 emitter,
                 cfg,
@@ -203,7 +245,7 @@ def _simulate(args: argparse.Namespace) -> int:
             run_live(emitter, cfg, rate=args.rate, duration_s=args.duration)
     except KeyboardInterrupt:
         pass
-    stats = emitter.close()
+    stats = emitter.close() if parallel is None else merge_stats([parallel, emitter.close()])
     elapsed = time.monotonic() - t0
     if args.json:
         print(
@@ -254,6 +296,7 @@ def _demo(args: argparse.Namespace) -> int:
             seed=args.seed,
             rates=_rates(args),
             outage=args.outage,
+            workers=args.workers,
         )
     except (SimulatorConfigError, ValueError) as exc:
         print(f"handoffs demo: {exc}", file=sys.stderr)

@@ -24,8 +24,10 @@ from handoffs.simulator import (
     FailureRates,
     ScenarioConfig,
     SkillOutage,
+    merge_stats,
     otlp_exporter_factory,
     run_backfill,
+    run_backfill_parallel,
     run_live,
 )
 
@@ -58,6 +60,7 @@ class DemoOptions:
     rates: FailureRates = field(default_factory=FailureRates)
     latency_scale_live: float = 0.05  # live handoffs finish in seconds, not minutes
     outage: str = "coder:code.test@0.70-0.74"  # AGENT:CAPABILITY@FROM-TO of the backfill; "none"
+    workers: int = 1  # backfill processes (the shim + SDK cost ~1 ms of CPU per handoff)
 
     def __post_init__(self) -> None:
         if self.backfill_days <= 0:
@@ -66,6 +69,8 @@ class DemoOptions:
             raise ValueError(f"backfill_handoffs: must be >= 0, got {self.backfill_handoffs}")
         if self.live_rate <= 0:
             raise ValueError(f"live_rate: must be > 0 handoffs/s, got {self.live_rate}")
+        if self.workers < 1:
+            raise ValueError(f"workers: must be >= 1, got {self.workers}")
         if self.outage != "none":
             SkillOutage.from_spec(self.outage, 0, _S)  # raises naming the field when malformed
         if self.duration_s is not None and self.duration_s < 0:
@@ -132,19 +137,39 @@ def run_demo(
             id_prefix=f"d{now // _S:x}-",
         )
         t1 = time.monotonic()
-        stats = run_backfill(
-            emitter,
-            cfg,
-            start_ns=start,
-            end_ns=now,
-            handoffs=opts.backfill_handoffs,
-            progress=progress,
-            stop=stop,
-        )
-        emitter.flush()
+        if opts.workers > 1:
+            backfill = run_backfill_parallel(
+                otlp_url=serve.otlp_url,
+                tokens=tokens,
+                config=cfg,
+                start_ns=start,
+                end_ns=now,
+                handoffs=opts.backfill_handoffs,
+                workers=opts.workers,
+                progress=progress,
+                stop=stop,
+                service_name="demo-agents",
+            )
+        else:
+            backfill = run_backfill(
+                emitter,
+                cfg,
+                start_ns=start,
+                end_ns=now,
+                handoffs=opts.backfill_handoffs,
+                progress=progress,
+                stop=stop,
+            )
+            backfill = emitter.close()  # flushed; live traffic gets fresh providers
+            emitter = Emitter(
+                exporter_factory=otlp_exporter_factory(serve.otlp_url),
+                tokens=tokens,
+                service_name="demo-agents",
+            )
+        stats = backfill
         print(
-            f"backfilled {stats.intents} handoff intents ({stats.handoffs} attempts, "
-            f"{stats.spans} spans) over {opts.backfill_days:g} days in {time.monotonic() - t1:.1f}s",
+            f"backfilled {backfill.intents} handoff intents ({backfill.handoffs} attempts, "
+            f"{backfill.spans} spans) over {opts.backfill_days:g} days in {time.monotonic() - t1:.1f}s",
             file=out,
             flush=True,
         )
@@ -166,7 +191,7 @@ def run_demo(
                 id_prefix=cfg.id_prefix,
             )
             run_live(emitter, live_cfg, rate=opts.live_rate, duration_s=remaining, stop=stop)
-        stats = emitter.close()
+        stats = merge_stats([backfill, emitter.close()])
     finally:
         if dash is not None and dash.poll() is None:
             dash.terminate()

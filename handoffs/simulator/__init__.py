@@ -17,6 +17,7 @@ from handoffs.simulator._model import (
     Step,
     TaskPlan,
 )
+from handoffs.simulator._parallel import merge_stats, run_backfill_parallel
 from handoffs.simulator._run import LIVE_SEQ_BASE, run_backfill, run_live
 from handoffs.simulator._scenario import (
     AGENTS,
@@ -46,8 +47,10 @@ __all__ = [
     "TaskPlan",
     "backfill_starts",
     "live_starts",
+    "merge_stats",
     "otlp_exporter_factory",
     "plan_task",
     "run_backfill",
+    "run_backfill_parallel",
     "run_live",
 ]

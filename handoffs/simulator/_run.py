@@ -29,6 +29,8 @@ def run_backfill(
     handoffs: int,
     progress: bool | TextIO = True,
     stop: threading.Event | None = None,
+    shard: tuple[int, int] = (0, 1),
+    on_progress: Callable[[int], None] | None = None,
 ) -> EmitStats:
     """Emit about `handoffs` handoff intents with create times in [start_ns, end_ns).
 
@@ -37,8 +39,13 @@ def run_backfill(
     with their planned time, unless that is in the future of the wall clock, in which case
     the step is skipped (the handoff stays in flight). `progress`: a tqdm bar on stderr (or
     the given stream); False for none. Stops early, between tasks, when `stop` is set.
+    `shard=(i, n)` emits only tasks whose number is i mod n (one of n parallel workers; see
+    run_backfill_parallel); `on_progress(intents)` is called after each task.
     Returns the emitter's stats (not flushed: call emitter.flush()/close()).
     """
+    index, n_shards = shard
+    if not 0 <= index < n_shards:
+        raise SimulatorConfigError("shard", f"need 0 <= index < count, got {shard}")
     if handoffs < 0:
         raise SimulatorConfigError("handoffs", f"must be >= 0, got {handoffs}")
     n_tasks = max(1, round(handoffs / MEAN_INTENTS)) if handoffs else 0
@@ -46,6 +53,8 @@ def run_backfill(
     bar = _bar(progress, total=handoffs, desc="backfill", unit="handoff")
     now_ns = time.time_ns()
     for seq, t0 in enumerate(starts):
+        if seq % n_shards != index:
+            continue
         if stop is not None and stop.is_set():
             break
         plan = plan_task(config, seq, t0)
@@ -56,6 +65,8 @@ def run_backfill(
         emitter.forget([h.handoff_id for h in plan.handoffs])
         if bar is not None:
             bar.update(plan.intents)
+        if on_progress is not None:
+            on_progress(plan.intents)
     if bar is not None:
         bar.close()
     return emitter.stats()

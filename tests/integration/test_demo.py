@@ -56,7 +56,7 @@ def demo_run(tmp_path_factory):
     data = tmp_path_factory.mktemp("demo") / "handoffs-data"
     t0 = datetime.now(UTC)
     cmd = _demo_cmd(data, "--backfill-handoffs", "1500", "--duration", "15", "--rate", "5",
-                    "--outage", "coder:code.test@0.5-0.75")  # fmt: skip
+                    "--outage", "coder:code.test@0.5-0.75", "--workers", "2")  # fmt: skip
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stdout + r.stderr
     return {"data": data, "t0": t0, "stdout": r.stdout, "store": f"chdb://{data}"}
@@ -134,7 +134,7 @@ def test_every_injected_failure_mode_shows_in_anomalies(demo_run):
 
 def test_sigint_stops_cleanly_with_everything_stored(tmp_path):
     data = tmp_path / "handoffs-data"
-    cmd = _demo_cmd(data, "--backfill-handoffs", "200", "--rate", "20")
+    cmd = _demo_cmd(data, "--backfill-handoffs", "200", "--rate", "20", "--workers", "1")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120

@@ -22,6 +22,7 @@ from handoffs.simulator import (
     SkillOutage,
     backfill_starts,
     live_starts,
+    merge_stats,
     plan_task,
     run_backfill,
 )
@@ -327,3 +328,24 @@ def test_random_module_state_is_untouched():
     random.seed(123)
     _plans(20)
     assert random.random() == expected
+
+
+def test_backfill_shards_partition_the_single_run():
+    now = time.time_ns()
+    kw = {"start_ns": now - 86400 * S, "end_ns": now, "handoffs": 150, "progress": False}
+    em, _, _ = _emitter()
+    whole = run_backfill(em, ScenarioConfig(), **kw)
+    parts = []
+    for i in range(3):
+        em_i, _, _ = _emitter()
+        parts.append(run_backfill(em_i, ScenarioConfig(), shard=(i, 3), **kw))
+    merged = merge_stats(parts)
+    assert (merged.tasks, merged.intents, merged.handoffs, merged.spans) == (
+        whole.tasks,
+        whole.intents,
+        whole.handoffs,
+        whole.spans,
+    )
+    assert merged.faults == whole.faults
+    with pytest.raises(SimulatorConfigError, match="shard"):
+        run_backfill(em, ScenarioConfig(), shard=(3, 3), **kw)
