@@ -202,11 +202,14 @@ class Emitter:
                 )
                 late.transition(step.event, at=step.at_ns, **step.attrs)
             else:
-                h = live.handles.get(step.actor)
-                if h is None or h.state != live.state:
-                    h = self._tracer(tenant, step.actor).receive(dict(live.wire, state=live.state))
-                    live.handles[step.actor] = h
-                live.state = h.transition(step.event, at=step.at_ns, **step.attrs)
+                known = live.handles.get(step.actor)
+                if known is None or known.state != live.state:
+                    # this agent learns the current state from the latest message
+                    known = self._tracer(tenant, step.actor).receive(
+                        dict(live.wire, state=live.state)
+                    )
+                    live.handles[step.actor] = known
+                live.state = known.transition(step.event, at=step.at_ns, **step.attrs)
         self._spans += 1
         self._pending[tenant] += 1
         if self._pending[tenant] >= _FLUSH_EVERY:

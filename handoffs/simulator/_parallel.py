@@ -58,8 +58,12 @@ def _worker(index, workers, otlp_url, tokens, service_name, config, start_ns, en
             counter.value += n
 
     stop = threading.Event()
-    watcher = threading.Thread(target=lambda: (stop_flag.wait(), stop.set()), daemon=True)
-    watcher.start()
+
+    def watch() -> None:
+        stop_flag.wait()
+        stop.set()
+
+    threading.Thread(target=watch, daemon=True).start()
     try:
         run_backfill(emitter, config, start_ns=start_ns, end_ns=end_ns, handoffs=handoffs,
                      progress=False, stop=stop, shard=(index, workers), on_progress=progress)  # fmt: skip
