@@ -169,3 +169,14 @@ def test_core_does_not_import_the_frameworks():
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_doc_example_runs():
+    import re
+    from pathlib import Path
+
+    doc = Path(__file__).parents[2] / "docs" / "adapters-openai-agents.md"
+    blocks = re.findall(r"```python\n(.*?)```", doc.read_text(encoding="utf-8"), re.S)
+    example = blocks[-1]
+    assert "ScriptedModel" in example
+    exec(compile(example, str(doc), "exec"), {})
