@@ -23,13 +23,13 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (  # noqa: E402
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
 )
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue  # noqa: E402
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
-from ingest._decode import decode_protobuf  # noqa: E402
-from ingest.testing import start_serve  # noqa: E402
+from ingest._decode import decode_protobuf
+from ingest.testing import start_serve
 
 _STEPS = [
     ("create", "", "created"),
@@ -91,6 +91,14 @@ def build_request(rng: random.Random, n_spans: int, base_ns: int) -> bytes:
     return req.SerializeToString()
 
 
+def _cpu_s(pid: int) -> float:
+    """utime + stime of a process, seconds (load-independent cost)."""
+    import os
+
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _peak_rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -110,7 +118,9 @@ def main() -> int:
     base = time.time_ns()
     bodies = [build_request(rng, args.spans, base + k * 10**9) for k in range(args.requests)]
     total = args.requests * args.spans
-    print(f"{args.requests} requests x {args.spans} spans, {sum(map(len, bodies)) / 1e6:.1f} MB protobuf")
+    print(
+        f"{args.requests} requests x {args.spans} spans, {sum(map(len, bodies)) / 1e6:.1f} MB protobuf"
+    )
 
     t = time.perf_counter()
     for b in bodies:
@@ -132,7 +142,9 @@ def main() -> int:
             url = f"{serve.otlp_url}/v1/traces"
             # warm-up request (schema parts, first insert) not counted
             warm = build_request(random.Random(999), 50, base - 10**12)
-            requests.post(url, data=warm, headers={"Content-Type": "application/x-protobuf"}, timeout=60)
+            requests.post(
+                url, data=warm, headers={"Content-Type": "application/x-protobuf"}, timeout=60
+            )
             serve.wait_stored(120)
             queue = list(bodies)
             lock = threading.Lock()
@@ -145,10 +157,16 @@ def main() -> int:
                         if not queue:
                             return
                         body = queue.pop()
-                    r = s.post(url, data=body, headers={"Content-Type": "application/x-protobuf"}, timeout=300)
+                    r = s.post(
+                        url,
+                        data=body,
+                        headers={"Content-Type": "application/x-protobuf"},
+                        timeout=300,
+                    )
                     if r.status_code != 200:
                         errors.append(f"{r.status_code} {r.text[:200]}")
 
+            cpu0 = _cpu_s(serve.process.pid)
             t0 = time.perf_counter()
             threads = [threading.Thread(target=sender) for _ in range(args.concurrency)]
             for th in threads:
@@ -158,6 +176,7 @@ def main() -> int:
             acked = time.perf_counter() - t0
             health = serve.wait_stored(600)
             e2e_s = time.perf_counter() - t0
+            cpu = _cpu_s(serve.process.pid) - cpu0
             if errors:
                 print("errors:", errors[:3])
                 return 1
@@ -170,7 +189,16 @@ def main() -> int:
     e2e = total / e2e_s
     print(f"acknowledged (spooled+fsync): {total / acked:10,.0f} spans/s")
     print(f"end to end (stored):        {e2e:12,.0f} spans/s  ({total} spans in {e2e_s:.2f} s)")
-    print(f"stored transitions: {stored - 50} of {total}; serve peak RSS {rss:.0f} MB; {health['batches']} batches")
+    print(
+        f"serve CPU: {cpu:.2f} s -> {total / cpu:,.0f} spans per CPU-second (machine load not counted)"
+    )
+    print(
+        f"stored transitions: {stored - 50} of {total}; serve peak RSS {rss:.0f} MB; {health['batches']} batches"
+    )
+    print(
+        "serve stage seconds (wall, overlapping):",
+        {k: health[k] for k in ("decode_s", "spool_s", "queue_wait_s", "store_s")},
+    )
     print(f"RESULT spans_per_s={e2e:.0f} parse_ratio={e2e / parse_rate:.4f} rss_mb={rss:.0f}")
     return 0
 

@@ -79,6 +79,13 @@ class Ingestor:
             "duplicate_batches": 0,
             "store_errors": 0,
         }
+        #: cumulative wall seconds per stage (threads overlap): for operators and benchmarks
+        self.timings: dict[str, float] = {
+            "decode_s": 0.0,
+            "spool_s": 0.0,
+            "queue_wait_s": 0.0,
+            "store_s": 0.0,
+        }
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------ lifecycle
@@ -129,10 +136,13 @@ class Ingestor:
         Raises DecodeError (bad body), SpoolFull or StoreUnavailable (answer 503).
         Empty requests are acknowledged without touching the spool.
         """
+        t0 = time.perf_counter()
         decoded = decode_request(body, fmt, tenant=tenant)
+        t1 = time.perf_counter()
         with self._lock:
             self.stats["requests"] += 1
             self.stats["spans"] += decoded.spans
+            self.timings["decode_s"] += t1 - t0
         if decoded.spans == 0:
             return decoded
         if self._store_error is not None:
@@ -141,7 +151,11 @@ class Ingestor:
         received = int(self._clock() * 1000)
         header = {"tenant": tenant, "fmt": fmt, "batch": batch_id, "received_at_ms": received}
         seq = self.spool.append(header, body)  # durable when it returns; may raise SpoolFull
+        t2 = time.perf_counter()
         self._queue.put(_Item(seq, batch_id, received, decoded))
+        with self._lock:
+            self.timings["spool_s"] += t2 - t1
+            self.timings["queue_wait_s"] += time.perf_counter() - t2
         return decoded
 
     def health(self) -> dict[str, Any]:
@@ -151,6 +165,7 @@ class Ingestor:
             "queued": self._queue.qsize(),
             "spool_backlog_bytes": self.spool.backlog_bytes,
             **self.stats,
+            **{k: round(v, 3) for k, v in self.timings.items()},
         }
 
     def wait_idle(self, timeout: float = 30.0) -> bool:
@@ -205,6 +220,7 @@ class Ingestor:
                 self.stats["duplicate_batches"] += 1
             self.spool.commit(item.seq)
             return
+        t0 = time.perf_counter()
         res = write_batch(
             self.client,
             self.database,
@@ -214,6 +230,7 @@ class Ingestor:
             received_at_ms=item.received_at_ms,
             source=self.source,
         )
+        self.timings["store_s"] += time.perf_counter() - t0
         self._chain = res.chain_hash
         self._known[item.batch_id] = res.chain_hash
         while len(self._known) > _KNOWN_BATCHES:
