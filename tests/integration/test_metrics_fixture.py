@@ -9,6 +9,7 @@ whose envelope sets a 10 h deadline.
 from __future__ import annotations
 
 import math
+import re
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -264,3 +265,43 @@ def test_bad_arguments_name_the_field(chdb_client, db):
         Window(start=T0, end=T0)
     with pytest.raises(ValueError, match="database name"):
         funnel(chdb_client, database="x; DROP", window=WINDOW)
+
+
+def test_cli_metrics_and_anomalies(chdb_client, db, chdb_path, capsys):
+    import json
+
+    from handoffs.cli import main
+
+    win = [
+        "--from",
+        "2026-11-23T10:00:00Z",
+        "--to",
+        "2026-11-23T11:00:00Z",
+        "--as-of",
+        "2026-11-23T12:00:00Z",
+    ]
+    store = ["--store", f"chdb://{chdb_path}", "--database", db, "--tenant", "default"]
+    assert main(["metrics", *win, *store, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["settled"], doc["committed"], doc["in_flight"]) == (26, 10, 1)
+    assert doc["p_e2e"] == pytest.approx(10 / 26)
+    assert main(["metrics", *win, *store, "--json", "--by", "mode"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {r["mode"] for r in rows} == {"delegate", "escalate", "transfer"}
+    assert {"settled", "p_accept", "unknown_rate", "escalation_rate"} <= set(rows[0])
+    # an empty window: undefined rates are null in JSON and "—" for humans
+    empty = ["--from", "2030-01-01T00:00:00Z", "--to", "2030-01-02T00:00:00Z"]
+    assert main(["metrics", *empty, *store, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["p_accept"] is None
+    assert main(["metrics", *empty, *store]) == 0
+    human = capsys.readouterr().out
+    assert re.search(r"p_accept\s+—\s+%", human) and re.search(r"settled\s+0\s+handoffs", human)
+    assert main(["anomalies", *win, *store, "--json"]) == 0
+    kinds = {r["kind"]: r for r in json.loads(capsys.readouterr().out)}
+    assert kinds["bounce"]["examples"] == ["h28"] and kinds["clock_skew"]["count"] == 1
+    assert main(["anomalies", *win, *store]) == 0
+    assert "stale_fence" in capsys.readouterr().out
+    assert main(["metrics", "--by", "colour", *store]) == 2
+    assert "colour" in capsys.readouterr().err
+    assert main(["metrics", "--from", "yesterday", *store]) == 2
+    assert main(["metrics", "--store", "http://127.0.0.1:9", "--database", db]) == 3
