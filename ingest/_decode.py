@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring  # type: ignore[attr-defined]
 from typing import Any, Final
@@ -64,6 +65,7 @@ _KINDS: Final = ("Unspecified", "Internal", "Server", "Client", "Producer", "Con
 _KIND_NAMES: Final = {f"SPAN_KIND_{k.upper()}": i for i, k in enumerate(_KINDS)}
 _STATUS: Final = ("Unset", "Ok", "Error")
 _STATUS_NAMES: Final = {"STATUS_CODE_UNSET": 0, "STATUS_CODE_OK": 1, "STATUS_CODE_ERROR": 2}
+_SURROGATE: Final = re.compile(rb"\\u[dD][89a-fA-F]")
 MAX_SPAN_JSON: Final = 16_384  # bytes of a rejected span kept in ingest_rejects
 
 
@@ -509,6 +511,15 @@ def decode_json(body: bytes | str | dict, *, tenant: str) -> DecodedBatch:
         except (ValueError, UnicodeDecodeError) as exc:
             raise DecodeError(f"body is not valid JSON: {exc}") from None
     doc = _jobj(doc, "$")
+    if isinstance(body, (bytes, str)) and _SURROGATE.search(
+        body if isinstance(body, bytes) else body.encode()
+    ):
+        try:  # escaped surrogates are fine in pairs; a lone one cannot be stored as UTF-8
+            json.dumps(doc, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise DecodeError(
+                "OTLP JSON: a string holds a lone UTF-16 surrogate (\\uD800-\\uDFFF)"
+            ) from None
     batch = DecodedBatch(tenant=tenant)
     for ri, rs in enumerate(_jlist(doc, "resourceSpans", "$")):
         rp = f"resourceSpans[{ri}]"

@@ -10,6 +10,7 @@ with backoff; while it fails, submit refuses new work (503) instead of accepting
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import queue
 import threading
@@ -43,6 +44,18 @@ class _Item:
     batch_id: str
     received_at_ms: int
     decoded: DecodedBatch
+    body: bytes | None = None
+    fmt: str = ""
+
+
+_MAX_REFUSALS = 20  # the store answered with an error this many times for one batch: park it
+
+
+def _is_refusal(exc: Exception) -> bool:
+    """The store answered and refused (a ClickHouse error), as opposed to being unreachable."""
+    from clickhouse_connect.driver.exceptions import DatabaseError, OperationalError
+
+    return isinstance(exc, DatabaseError) and not isinstance(exc, OperationalError)
 
 
 class Ingestor:
@@ -56,12 +69,14 @@ class Ingestor:
         *,
         source: str = "otlp-http",
         clock: Callable[[], float] = time.time,
+        max_refusals: int = _MAX_REFUSALS,
     ) -> None:
         self.client = client
         self.database = database
         self.spool = spool
         self.source = source
         self._clock = clock
+        self._max_refusals = max_refusals
         # Bounded: decoded batches waiting for the writer cost memory; when it is full, a
         # request (already durable in the spool) waits here, which slows senders down.
         self._queue: queue.Queue[_Item | None] = queue.Queue(maxsize=_MAX_QUEUED)
@@ -78,6 +93,7 @@ class Ingestor:
             "batches": 0,
             "duplicate_batches": 0,
             "store_errors": 0,
+            "parked_batches": 0,
         }
         #: cumulative wall seconds per stage (threads overlap): for operators and benchmarks
         self.timings: dict[str, float] = {
@@ -100,7 +116,8 @@ class Ingestor:
         for rec in self.spool.uncommitted():
             h = rec.header
             decoded = decode_request(rec.body, h["fmt"], tenant=h["tenant"])
-            self._write(_Item(rec.seq, h["batch"], int(h["received_at_ms"]), decoded), retry=True)
+            item = _Item(rec.seq, h["batch"], int(h["received_at_ms"]), decoded, rec.body, h["fmt"])
+            self._write(item, retry=True)
             replayed += 1
         self._thread = threading.Thread(target=self._run, name="ingest-writer", daemon=True)
         self._thread.start()
@@ -152,7 +169,7 @@ class Ingestor:
         header = {"tenant": tenant, "fmt": fmt, "batch": batch_id, "received_at_ms": received}
         seq = self.spool.append(header, body)  # durable when it returns; may raise SpoolFull
         t2 = time.perf_counter()
-        self._queue.put(_Item(seq, batch_id, received, decoded))
+        self._queue.put(_Item(seq, batch_id, received, decoded, body, fmt))
         with self._lock:
             self.timings["spool_s"] += t2 - t1
             self.timings["queue_wait_s"] += time.perf_counter() - t2
@@ -198,6 +215,7 @@ class Ingestor:
 
     def _write(self, item: _Item, *, retry: bool) -> None:
         delay = 0.05
+        refused = 0
         while True:
             try:
                 self._write_once(item)
@@ -208,10 +226,42 @@ class Ingestor:
                 with self._lock:
                     self.stats["store_errors"] += 1
                 log.warning("store write failed (batch %s), retrying: %s", item.batch_id, exc)
+                if _is_refusal(exc):
+                    refused += 1
+                    if refused >= self._max_refusals and item.body is not None:
+                        # The store is up but refuses this batch every time: park it on disk
+                        # (dead/), count it, and let the rest flow. Never silently dropped.
+                        self._park(item, exc)
+                        self._store_error = None
+                        return
                 if not retry or self._stopping.is_set():
                     raise
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
+
+    def _park(self, item: _Item, exc: Exception) -> None:
+        dead = self.spool.dir / "dead"
+        dead.mkdir(exist_ok=True)
+        meta = {
+            "batch": item.batch_id,
+            "seq": item.seq,
+            "tenant": item.decoded.tenant,
+            "fmt": item.fmt,
+            "received_at_ms": item.received_at_ms,
+            "error": str(exc)[:2000],
+        }
+        (dead / f"{item.batch_id}.body").write_bytes(item.body or b"")
+        (dead / f"{item.batch_id}.json").write_text(json.dumps(meta, indent=1))
+        log.error(
+            "batch %s refused %d times by the store; parked in %s: %s",
+            item.batch_id,
+            _MAX_REFUSALS,
+            dead,
+            exc,
+        )
+        with self._lock:
+            self.stats["parked_batches"] += 1
+        self.spool.commit(item.seq)
 
     def _write_once(self, item: _Item) -> None:
         if item.batch_id in self._known:

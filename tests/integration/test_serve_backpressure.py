@@ -108,3 +108,26 @@ def test_store_down_answers_503_and_replays_the_spool_later(
     ing2.stop()
     rows = chdb_client.query(f"SELECT SpanId FROM {fresh_db}.otel_traces").result_rows
     assert rows == [(f"{11:016x}",)]
+
+
+def test_a_batch_the_store_always_refuses_is_parked_not_lost(
+    chdb_client, fresh_db, tmp_path, serve_on
+):
+    spool = Spool(tmp_path / "spool", max_bytes=1 << 30)
+    ing = Ingestor(chdb_client, fresh_db, spool, max_refusals=2)
+    ing.start()
+    chdb_client.command(f"RENAME TABLE {fresh_db}.transition_ledger TO {fresh_db}.ledger_away")
+    url = serve_on(ing)
+    body = _body(20)
+    assert requests.post(url, data=body, headers=PB, timeout=30).status_code == 200
+    assert ing.wait_idle(60)
+    h = ing.health()
+    assert h["parked_batches"] == 1 and h["status"] == "ok"
+    (meta,) = (tmp_path / "spool" / "dead").glob("*.json")
+    assert "transition_ledger" in meta.read_text()
+    assert meta.with_suffix(".body").read_bytes() == body
+    chdb_client.command(f"RENAME TABLE {fresh_db}.ledger_away TO {fresh_db}.transition_ledger")
+    assert requests.post(url, data=_body(21), headers=PB, timeout=30).status_code == 200
+    assert ing.wait_idle(60)
+    ing.stop()
+    assert ing.health()["batches"] == 1

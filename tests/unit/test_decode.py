@@ -184,3 +184,15 @@ def test_row_hash_matches_integrity_on_awkward_strings():
             "attributes": stored,
         }
     )
+
+
+def test_lone_surrogate_is_a_decode_error_but_pairs_are_fine():
+    lone = b'{"resourceSpans":[{"scopeSpans":[{"spans":[{"name":"\\ud800x"}]}]}]}'
+    with pytest.raises(DecodeError, match="lone UTF-16 surrogate"):
+        decode_json(lone, tenant="t")
+    spans = _spans()
+    spans[2]["name"] = "\U0001f600"
+    assert (
+        decode_json(json.dumps(request_json(spans)).encode(), tenant="t").columns["SpanName"][2]
+        == "\U0001f600"
+    )
