@@ -11,6 +11,7 @@ unknown MAJOR protocol version (`aa-handoff/v2`) is refused with an `EnvelopeErr
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -120,6 +121,17 @@ def _int_field(name: str, value: Any, *, minimum: int) -> None:
         raise EnvelopeError(name, f"must be {word}, got {value}")
 
 
+_JSON: Final = json.JSONEncoder(allow_nan=False)
+
+
+def _json_check(name: str, value: Any) -> None:
+    """EnvelopeError unless `value` is plain JSON (the wire form must survive json.dumps)."""
+    try:
+        _JSON.encode(value)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise EnvelopeError(name, f"must be JSON-serializable: {exc}") from None
+
+
 def _protocol_major(protocol: Any) -> int:
     if not isinstance(protocol, str):
         raise EnvelopeError("protocol", f"must be a string, got {type(protocol).__name__}")
@@ -226,6 +238,7 @@ class Envelope:
             for k in self.constraints:
                 if not isinstance(k, str):
                     raise EnvelopeError("constraints", f"keys must be strings, got {k!r}")
+            _json_check("constraints", self.constraints)
             # a shallow copy: the caller mutating its dict later does not change the envelope
             object.__setattr__(self, "constraints", dict(self.constraints))
         if not isinstance(self.extra, Mapping):
@@ -233,6 +246,8 @@ class Envelope:
         clash = _FIELD_NAMES.intersection(self.extra)
         if clash:
             raise EnvelopeError("extra", f"holds known field(s) {', '.join(sorted(clash))}")
+        if self.extra:
+            _json_check("extra", self.extra)
 
     # -- wire -------------------------------------------------------------------------------
 

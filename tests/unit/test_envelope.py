@@ -71,6 +71,17 @@ def test_valid_envelope_normalizes_lists_to_tuples():
         ({"constraints": {1: "a"}}, "constraints", "keys must be strings, got 1"),
         ({"objective": b"bytes"}, "objective", "must be a string, got bytes"),
         ({"extra": {"mode": "consult"}}, "extra", "holds known field(s) mode"),
+        (
+            {"constraints": {"when": object()}},
+            "constraints",
+            "must be JSON-serializable: Object of type object",
+        ),
+        (
+            {"constraints": {"x": float("nan")}},
+            "constraints",
+            "must be JSON-serializable: Out of range float",
+        ),
+        ({"extra": {"later": {1, 2}}}, "extra", "must be JSON-serializable: Object of type set"),
     ],
 )
 def test_bad_envelope_names_field_and_reason(kw, field, reason):
