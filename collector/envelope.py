@@ -55,7 +55,10 @@ class EnvelopeError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class EvidenceRef:
-    """One piece of evidence the receiver may rely on: an id, what it claims, when valid."""
+    """One piece of evidence the receiver may rely on: an id, what it claims, when valid.
+
+    Read from the wire, unknown keys of an evidence item are dropped (forward compatibility
+    keeps unknown fields at the envelope's top level only)."""
 
     id: str
     claim: str | None = None
