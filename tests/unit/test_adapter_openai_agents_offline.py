@@ -180,3 +180,32 @@ def test_the_doc_example_runs():
     example = blocks[-1]
     assert "ScriptedModel" in example
     exec(compile(example, str(doc), "exec"), {})
+
+
+def test_concurrent_runs_keep_their_handoffs_apart(recorder, processor):
+    def pair(i):
+        coder = Agent(name=f"coder{i}", model=ScriptedModel([[f"done {i}"]]))
+        return Agent(
+            name=f"planner{i}", model=ScriptedModel([[f"handoff:coder{i}"]]), handoffs=[coder]
+        )
+
+    async def both():
+        return await asyncio.gather(*(Runner.run(pair(i), "go") for i in range(4)))
+
+    results = asyncio.run(both())
+    assert [r.final_output for r in results] == [f"done {i}" for i in range(4)]
+    hs = _by_handoff(recorder)
+    assert len(hs) == 4
+    for ts in hs.values():
+        assert [t["handoff.event"] for t in ts] == [
+            "create",
+            "accept",
+            "start",
+            "prepare",
+            "commit",
+        ]
+        i = ts[0]["handoff.from_agent"].removeprefix("planner")
+        assert ts[0]["handoff.to_agent"] == f"coder{i}"
+        assert {t["handoff.task_id"] for t in ts} == {ts[0]["handoff.task_id"]}
+    assert len({ts[0]["handoff.task_id"] for ts in hs.values()}) == 4
+    assert processor.errors == 0
