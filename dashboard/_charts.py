@@ -76,7 +76,8 @@ def trend_figure(
             name="settled",
             yaxis="y2",
             opacity=0.3,
-            **period,
+            # a lone bar has no neighbour to size it from: give it 80% of its period
+            **({**period, "width": 0.8 * period["xperiod"]} if period else {}),
         )
         for col in rates:
             if col in df:
@@ -164,6 +165,8 @@ def anomaly_bars(df: pd.DataFrame) -> go.Figure:
             orientation="h",
         )
     )
+    if len(df) and (df["count"].max() or 0) <= 8:
+        fig.update_xaxes(dtick=1, tickformat=",d")  # whole anomalies, no 0.2 ticks
     fig.update_layout(
         title="Anomalies in the window", **{**_LAYOUT, "height": max(300, 40 + 28 * len(df))}
     )

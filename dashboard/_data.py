@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import streamlit as st
 
 import analytics
+from dashboard._rollup import empty_split
 from dashboard._store import StoreTarget, StoreUnavailable, open_client, resolve_target
 from handoffs import settings
 
@@ -35,6 +36,7 @@ __all__ = [
     "latencies",
     "source",
     "task_stats",
+    "tenant_split",
     "verify_package",
     "weekly_report",
 ]
@@ -118,6 +120,21 @@ def funnel(
         tenant=tenant,
         bucket=bucket,
     )
+
+
+def tenant_split(
+    store: str, database: str, start: str, end: str, as_of: str | None, bucket: str | None = None
+) -> pd.DataFrame:
+    """funnel(by=("tenant",), bucket=...) for all tenants, the Overview's one query per period:
+    roll it up with dashboard._rollup. An empty window gives an empty frame, not an error."""
+    try:
+        return funnel(store, database, start, end, as_of, by=("tenant",), bucket=bucket)
+    except QueryFailed:
+        # analytics may fail to shape an empty grouped result; tell "empty" from "broken"
+        total = funnel(store, database, start, end, as_of)
+        if len(total) and int(total["volume"].sum()):
+            raise
+        return empty_split(("tenant", "bucket") if bucket else ("tenant",))
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False, max_entries=64)

@@ -275,16 +275,11 @@ def pickers(src: _data.Source, page: str, *, tenant_picker: bool = True) -> Pick
     tenant: str | None = None
     if tenant_picker:
         tenants: list[str] = []
+        span = Picked(start=start, end=end, as_of=as_of, tenant=None)
         try:
-            by_tenant = _data.funnel(
-                src.store,
-                src.database,
-                start.isoformat(),
-                end.isoformat(),
-                as_of.isoformat() if as_of else None,
-                by=("tenant",),
-            )
-            tenants = sorted(str(t) for t in by_tenant["tenant"].tolist()) if len(by_tenant) else []
+            # the same cached query the Overview rolls up: the list costs nothing there
+            split = _data.tenant_split(src.store, src.database, *span.args, bucket=span.bucket)
+            tenants = sorted({str(t) for t in split["tenant"].tolist()})
         except (_data.QueryFailed, ValueError, StoreUnavailable):
             # the list is a convenience: without it the page still works for all tenants
             sb.caption("(tenant list unavailable)")

@@ -7,6 +7,7 @@ for a wall screen re-runs only the body (st.fragment), moving a "Last ..." range
 import streamlit as st
 
 from dashboard import _charts, _data, _ui
+from dashboard._rollup import rollup
 
 #: (funnel column, tile label, kind, handoffs_behind stage, help). kind: rate | count.
 KPIS = (
@@ -67,8 +68,11 @@ def _row(df):
 def body() -> None:
     p = picked.refreshed() if auto else picked
     with _ui.guard():
-        cur = _row(_data.funnel(src.store, src.database, *p.args, tenant=p.tenant))
-        prev = _row(_data.funnel(src.store, src.database, *p.previous().args, tenant=p.tenant))
+        # one query per period, split by tenant: tiles, trend and tenant switches roll it up
+        split = _data.tenant_split(src.store, src.database, *p.args, bucket=p.bucket)
+        prev_split = _data.tenant_split(src.store, src.database, *p.previous().args)
+    cur = _row(rollup(split, tenant=p.tenant))
+    prev = _row(rollup(prev_split, tenant=p.tenant))
     if not cur or not cur.get("volume"):
         st.info(
             f"No handoffs were created in this window ({p.describe()}"
@@ -108,8 +112,7 @@ def body() -> None:
 
     left, right = st.columns(2)
     left.plotly_chart(_charts.funnel_figure(cur), key="ov_funnel")
-    with _ui.guard():
-        trend = _data.funnel(src.store, src.database, *p.args, tenant=p.tenant, bucket=p.bucket)
+    trend = rollup(split, ("bucket",), tenant=p.tenant)
     right.plotly_chart(
         _charts.trend_figure(trend, bucket=p.bucket, x_range=(p.start, p.end)), key="ov_trend"
     )

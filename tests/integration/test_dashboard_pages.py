@@ -199,3 +199,20 @@ def test_bad_custom_time_names_the_field(store_env):
     at = _app({"from": "yesterday", "to": WINDOW["to"]})
     assert "From" in _texts(at.warning) and "ISO-8601" in _texts(at.warning)
     assert not at.exception
+
+
+def test_rollup_of_the_tenant_split_equals_analytics(store_env, chdb_client):
+    """The Overview's one split query, rolled up, gives exactly analytics.funnel's numbers."""
+    import pandas as pd
+
+    from dashboard._rollup import rollup
+
+    w = _window()
+    split = analytics.funnel(
+        chdb_client, database=store_env, window=w, by=("tenant",), bucket="hour"
+    )
+    for tenant in (None, "acme", "beta", "nobody"):
+        want = analytics.funnel(chdb_client, database=store_env, window=w, tenant=tenant)
+        pd.testing.assert_frame_equal(rollup(split, tenant=tenant), want, check_dtype=False)
+    want = analytics.funnel(chdb_client, database=store_env, window=w, bucket="hour")
+    pd.testing.assert_frame_equal(rollup(split, ("bucket",)), want, check_dtype=False)
