@@ -99,7 +99,7 @@ def a2a_server(serve):
         supported_interfaces=[
             AgentInterface(protocol_binding="JSONRPC", url=f"{url}/", protocol_version="1.0")
         ],
-        capabilities=AgentCapabilities(streaming=False),
+        capabilities=AgentCapabilities(streaming=True),
         default_input_modes=["text"],
         default_output_modes=["text"],
         skills=[AgentSkill(id="code.write", name="code", description="code", tags=["code"])],
@@ -132,20 +132,24 @@ def client_side(serve, a2a_server):
         actor="planner", tracer_provider=provider, deadline_ms=60_000, capabilities=("code.write",)
     )
 
-    async def _send(text, task_id):
-        client = await create_client(url, ClientConfig(streaming=False), interceptors=[interceptor])
+    async def _send(text, task_id, streaming):
+        config = ClientConfig(streaming=streaming)
+        client = await create_client(url, config, interceptors=[interceptor])
         try:
             msg = Message(role=Role.ROLE_USER, message_id=str(uuid.uuid4()),
                           parts=[new_text_part(text)], task_id=task_id or "")  # fmt: skip
             last = None
             async for ev in client.send_message(SendMessageRequest(message=msg)):
-                last = ev.task
+                if ev.HasField("task"):
+                    last = ev.task
+                elif ev.HasField("status_update"):  # streaming: the latest status
+                    last.status.CopyFrom(ev.status_update.status)
             return last
         finally:
             await client.close()
 
-    def send(text, task_id=None):
-        return asyncio.run(_send(text, task_id))
+    def send(text, task_id=None, *, streaming=False):
+        return asyncio.run(_send(text, task_id, streaming))
 
     yield send, interceptor, observer
     provider.shutdown()
@@ -221,9 +225,10 @@ def test_failed_rejected_and_input_required_lifecycles(serve, client_side):
 def test_message_to_terminal_task_is_an_invalid_transition(serve, client_side):
     send, interceptor, observer = client_side
     start = datetime.now(UTC) - timedelta(milliseconds=1)
-    done = send("complete")
+    done = send("complete", streaming=True)
+    assert TaskState.Name(done.status.state) == "TASK_STATE_COMPLETED"
     with pytest.raises(UnsupportedOperationError, match="terminal state"):
-        send("complete", task_id=done.id)  # the SDK refuses; we still record it
+        send("complete", task_id=done.id, streaming=True)  # the SDK refuses; still recorded
     serve.wait_stored()
     hid = interceptor.handoffs[done.id].handoff_id
     last = _rows(serve, hid)[-1]
