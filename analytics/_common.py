@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Final
@@ -118,16 +119,63 @@ def bucket_expr(bucket: str | None) -> str | None:
     return f"{fn}(toDateTime(created, 'UTC'))"
 
 
-def cohort_sql(db: str, window: Window, *, tenant_param: bool, extra_where: str = "") -> str:
-    """SQL of one row per cohort handoff with its summary columns plus the contract flags.
+#: Per-handoff columns cohort_sql can add (aggregate over handoff_summary's partial rows).
+_EXTRA_COLUMNS: Final = {
+    "task_id": "max(task_id)",
+    "protocol": "max(protocol)",
+    "from_agent": "max(from_agent)",
+    "to_agent": "max(to_agent)",
+    "topology": "max(topology)",
+    "idempotency_key": "max(idempotency_key)",
+    "capabilities": "max(capabilities)",
+    "t_accepted": "min(t_accepted)",
+    "t_running": "min(t_running)",
+    "t_result": "min(t_result)",
+    "t_committed": "min(t_committed)",
+    "t_unknown_in": "min(t_unknown_in)",
+    "t_unknown_out": "min(t_unknown_out)",
+    "last_seen": "max(last_seen)",
+    "transitions": "sum(transitions)",
+    "uncounted": "sum(uncounted)",
+}
+#: Columns a dimension needs.
+DIM_COLUMNS: Final = {
+    "tenant": (),
+    "pair": ("from_agent", "to_agent"),
+    "from_agent": ("from_agent",),
+    "to_agent": ("to_agent",),
+    "mode": (),
+    "topology": ("topology",),
+    "protocol": ("protocol",),
+    "capability": ("capabilities",),
+}
 
-    Flags (Bool): is_settled, is_a, is_e, is_v, is_k, is_unk (ever entered unknown),
-    is_unresolved (entered and never left unknown), is_esc (mode escalate or reached escalated), plus deadline_eff (ms).
+
+def cohort_sql(
+    db: str,
+    window: Window,
+    *,
+    tenant_param: bool,
+    extra: Iterable[str] | None = None,
+    last_state: bool = False,
+) -> str:
+    """SQL of one row per cohort handoff: tenant, handoff_id, created, deadline_eff (ms),
+    mode, tmask, first_result, the `extra` columns asked for (only those are aggregated:
+    the funnel over millions of handoffs stays cheap; None = all), optionally last_state,
+    and the contract flags (Bool): is_settled, is_a, is_e, is_v, is_k, is_unk (ever entered
+    unknown), is_unresolved (entered and never left unknown), is_esc (mode escalate or
+    reached escalated).
     """
     as_of = ts(window.clock())
     grace = SETTLE_GRACE_MS
     tenant_where = "WHERE tenant = {tenant:String}" if tenant_param else ""
     ok_bit = "(first_result != 65535 AND first_result % 2 = 1)"
+    cols = list(_EXTRA_COLUMNS) if extra is None else sorted(set(extra))
+    for c in cols:
+        if c not in _EXTRA_COLUMNS:
+            raise ValueError(f"unknown cohort column {c!r}")
+    extra_sql = "".join(f"        {_EXTRA_COLUMNS[c]} AS {c},\n" for c in cols)
+    last = f",\n    {cs.last_state_expr('tmask')} AS last_state" if last_state else ""
     return f"""
 SELECT *,
     {cs.has("tmask", cs.TERMINAL_MASK)}
@@ -139,29 +187,17 @@ SELECT *,
     is_v AND {cs.has("tmask", cs.COMMITTED_MASK)} AS is_k,
     {cs.has("tmask", cs.UNKNOWN_IN_MASK)} AS is_unk,
     is_unk AND NOT {cs.has("tmask", cs.UNKNOWN_OUT_MASK)} AS is_unresolved,
-    mode = 'escalate' OR {cs.has("tmask", cs.ESCALATED_MASK)} AS is_esc,
-    {cs.last_state_expr("tmask")} AS last_state
+    mode = 'escalate' OR {cs.has("tmask", cs.ESCALATED_MASK)} AS is_esc{last}
 FROM (
     SELECT tenant, handoff_id,
-        max(task_id) AS task_id,
         min(created) AS created,
-        max(deadline_ms) AS deadline_raw,
-        coalesce(deadline_raw, {DEFAULT_DEADLINE_MS}) AS deadline_eff,
-        max(protocol) AS protocol, max(mode) AS mode,
-        max(from_agent) AS from_agent, max(to_agent) AS to_agent,
-        max(topology) AS topology, max(idempotency_key) AS idempotency_key,
-        max(capabilities) AS capabilities,
-        groupBitOr(tmask) AS tmask, min(first_result) AS first_result,
-        min(t_accepted) AS t_accepted, min(t_running) AS t_running,
-        min(t_result) AS t_result, min(t_committed) AS t_committed,
-        min(t_unknown_in) AS t_unknown_in, min(t_unknown_out) AS t_unknown_out,
-        max(last_seen) AS last_seen,
-        sum(transitions) AS transitions, sum(uncounted) AS uncounted
+        coalesce(max(deadline_ms), {DEFAULT_DEADLINE_MS}) AS deadline_eff,
+        max(mode) AS mode,
+{extra_sql}        groupBitOr(tmask) AS tmask, min(first_result) AS first_result
     FROM {db}.handoff_summary
     {tenant_where}
     GROUP BY tenant, handoff_id
     HAVING created IS NOT NULL
        AND created >= {ts(window.start)} AND created < {ts(window.end)}
 )
-{extra_where}
 """

@@ -14,6 +14,7 @@ import pandas as pd
 
 from analytics import _contract_sql as cs
 from analytics._common import (
+    DIM_COLUMNS,
     DIMENSIONS,
     Window,
     bucket_expr,
@@ -90,6 +91,20 @@ _LIST_COLUMNS: Final = (
 )
 
 
+_LAT_COLUMNS: Final = (
+    "t_accepted",
+    "t_running",
+    "t_result",
+    "t_committed",
+    "t_unknown_in",
+    "t_unknown_out",
+)
+
+
+def _dim_columns(by: tuple[str, ...]) -> list[str]:
+    return [c for d in by if d in DIM_COLUMNS for c in DIM_COLUMNS[d]]
+
+
 def rate(num: float, den: float) -> float:
     """num/den, or NaN when den is 0 (an undefined rate is never shown as 0)."""
     return float(num) / float(den) if den else math.nan
@@ -142,7 +157,7 @@ SELECT {"".join(s + ", " for s in sel)}
     countIf(is_settled AND is_unk) AS unknown,
     countIf(is_settled AND is_esc) AS escalated,
     countIf(is_unresolved) AS unresolved_now
-FROM ({cohort_sql(db, window, tenant_param=tenant is not None)})
+FROM ({cohort_sql(db, window, tenant_param=tenant is not None, extra=_dim_columns(by))})
 {group}
 """
     df = client.query_df(sql, parameters=_params(tenant))
@@ -205,7 +220,7 @@ def latencies(
     group = f"GROUP BY {', '.join(keys)} ORDER BY {', '.join(keys)}" if keys else ""
     sql = f"""
 SELECT {"".join(s + ", " for s in sel)} {", ".join(parts)}
-FROM ({cohort_sql(db, window, tenant_param=tenant is not None)})
+FROM ({cohort_sql(db, window, tenant_param=tenant is not None, extra=[*_dim_columns(by), *_LAT_COLUMNS])})
 {group}
 """
     raw = client.query_df(sql, parameters=_params(tenant))
@@ -231,7 +246,7 @@ def task_stats(
 SELECT count() AS tasks, countIf(ok) AS tasks_committed, sum(n) AS handoffs
 FROM (
     SELECT tenant, task_id, max(is_k) AS ok, count() AS n
-    FROM ({cohort_sql(db, window, tenant_param=tenant is not None)})
+    FROM ({cohort_sql(db, window, tenant_param=tenant is not None, extra=["task_id"])})
     GROUP BY tenant, task_id
 )
 """
@@ -286,6 +301,7 @@ def handoffs_behind(
         raise ValueError(f"limit must be a positive int, got {limit!r}")
     params = _params(tenant)
     conds = [STAGES[stage], *_filters_sql(filters, params)]
+    extra = ["task_id", "from_agent", "to_agent", *_dim_columns(tuple(filters or ()))]
     if anomaly is not None:
         from analytics.anomalies import anomaly_handoff_ids
 
@@ -296,7 +312,7 @@ def handoffs_behind(
         conds.append("handoff_id IN {anomaly_ids:Array(String)}")
     sql = f"""
 SELECT {", ".join(_LIST_COLUMNS)}
-FROM ({cohort_sql(db, window, tenant_param=tenant is not None)})
+FROM ({cohort_sql(db, window, tenant_param=tenant is not None, extra=extra, last_state=True)})
 WHERE {" AND ".join(f"({c})" for c in conds)}
 ORDER BY created DESC, handoff_id
 LIMIT {int(limit)}

@@ -1,0 +1,252 @@
+"""Analytics query latency at scale, in the embedded store, against a pandas baseline.
+
+Generates N handoffs x 5 transitions (default 2,000,000 handoffs = 10,000,000 rows) over 7
+days straight into handoff_transitions with INSERT ... SELECT FROM numbers() (the real
+materialized view fills handoff_summary), then times, warm, median of --repeat runs:
+  funnel    the overview funnel over all N handoffs (7-day window)
+  funnel24  the default 24 h window
+  slice     a 3-dimension slice (pair x mode x capability)
+  evidence  one evidence package (rows, ledger, task rows, related spans)
+and the same funnel the way a user would without us: export a sample of transitions
+(--sample handoffs) to pandas and compute it there (checked equal to ours on that sample),
+scaled linearly to N. pandas_ratio = scaled pandas compute time / our funnel time (export
+time excluded, which favours pandas).
+
+Usage: python bench/analytics_queries.py [--handoffs 2000000] [--sample 100000] [--repeat 5]
+Last line: RESULT funnel_ms=<n> slice_ms=<n> evidence_ms=<n> pandas_ratio=<pandas/ours>
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import pandas as pd
+
+from analytics import Window, evidence_package, funnel
+from handoffs.store import StoreSpec, apply_schema, connect
+from ingest.integrity import row_hash
+
+DB = "bench"
+BASE = datetime(2026, 11, 16, tzinfo=UTC)
+DAYS = 7
+# ten 5-step paths (handoff number % 10 picks one); shorter stories repeat a step (a duplicate)
+_P = {
+    "c": ("create", "", "created"),
+    "a": ("accept", "created", "accepted"),
+    "s": ("start", "accepted", "running"),
+    "p": ("prepare", "running", "prepared"),
+    "C": ("commit", "running", "committed"),
+    "P": ("commit", "prepared", "committed"),
+    "v": ("verify", "committed", "verified"),
+    "r": ("reject", "created", "rejected"),
+    "t": ("timeout", "running", "unknown"),
+    "R": ("resolve_committed", "unknown", "committed"),
+    "f": ("fail", "running", "failed"),
+    "x": ("cancel", "created", "canceled"),
+}
+PATHS = ["casCv", "casCv", "casCv", "caspP", "caspP", "casCv", "crrrr", "castR", "casff", "cxxxx"]
+
+
+def _path_sql() -> str:
+    arr = ", ".join(
+        "[" + ", ".join(f"('{_P[k][0]}', '{_P[k][1]}', '{_P[k][2]}')" for k in p) + "]"
+        for p in PATHS
+    )
+    return f"[{arr}]"
+
+
+def generate(client, n_handoffs: int, chunk: int = 1_000_000) -> float:
+    """Insert n_handoffs x 5 rows; returns seconds taken."""
+    total = n_handoffs * 5
+    interval_ns = DAYS * 86_400 * 10**9 // n_handoffs
+    base_ns = int(BASE.timestamp()) * 10**9
+    t0 = time.perf_counter()
+    for start in range(0, total, chunk):
+        cnt = min(chunk, total - start)
+        client.command(f"""
+INSERT INTO {DB}.handoff_transitions
+    (tenant, time, task_id, handoff_id, event, from_state, to_state, actor, valid, protocol,
+     mode, from_agent, to_agent, topology, deadline_ms, capabilities, evidence_count,
+     evidence_valid, trace_id, span_id, service_name, ingest_batch)
+SELECT 'default',
+    fromUnixTimestamp64Nano(toInt64({base_ns} + h * {interval_ns} + step * 1000000000), 'UTC'),
+    concat('t', toString(intDiv(h, 2))), concat('h', toString(h)),
+    tr.1, tr.2, tr.3, concat('agent', toString(h % 20)), true, 'aa-handoff/v1',
+    ['delegate', 'consult', 'transfer', 'escalate'][h % 4 + 1],
+    concat('agent', toString(h % 20)), concat('agent', toString((h * 7 + 3) % 20)),
+    ['in_process', 'agent_as_tool', 'shared_queue', 'federated_a2a'][h % 4 + 1],
+    if(h % 3 = 0, NULL, 120000), [concat('cap', toString(h % 5))],
+    if(tr.1 IN ('prepare', 'commit', 'resolve_committed'), toInt64(h % 7 != 0), NULL),
+    if(tr.1 IN ('prepare', 'commit', 'resolve_committed'), h % 11 != 0, NULL),
+    hex(cityHash64(h)), hex(cityHash64(h, step)), 'bench', 'bench'
+FROM (
+    SELECT intDiv(number, 5) AS h, number % 5 AS step,
+        arrayElement(arrayElement({_path_sql()}, h % 10 + 1), step + 1) AS tr
+    FROM numbers({start}, {cnt})
+)
+SETTINGS max_insert_block_size = 1048576
+""")
+        print(f"  inserted {start + cnt:,}/{total:,} rows", flush=True)
+    return time.perf_counter() - t0
+
+
+def timed(fn, repeat: int) -> tuple[float, object]:
+    fn()  # warm
+    times, out = [], None
+    for _ in range(repeat):
+        t = time.perf_counter()
+        out = fn()
+        times.append((time.perf_counter() - t) * 1000)
+    return statistics.median(times), out
+
+
+def pandas_funnel(
+    df: pd.DataFrame, start: datetime, end: datetime, as_of: datetime
+) -> dict[str, int]:
+    """The funnel as an analyst would write it over exported transitions (no dedup tables,
+    no bit masks): pivot of reached states, first result by machine order, settle rule."""
+    df = df[df["valid"]]
+    created = df[df["event"] == "create"].groupby("handoff_id")["time"].min()
+    deadline = (
+        df[df["event"] == "create"].groupby("handoff_id")["deadline_ms"].max().fillna(300_000)
+    )
+    states = pd.concat([df[["handoff_id", "to_state"]].rename(columns={"to_state": "s"}),
+                        df[df["from_state"] != ""][["handoff_id", "from_state"]].rename(columns={"from_state": "s"})])  # fmt: skip
+    reached = pd.crosstab(states["handoff_id"], states["s"]).gt(0)
+    for s in ("accepted", "running", "prepared", "committed", "verified", "rejected", "failed",
+              "expired", "canceled", "escalated", "unknown"):  # fmt: skip
+        if s not in reached:
+            reached[s] = False
+    rank = {"created": 0, "accepted": 1, "rejected": 1, "expired": 1, "running": 2, "prepared": 3,
+            "unknown": 4, "committed": 5, "failed": 5, "verified": 6, "canceled": 7, "escalated": 7}  # fmt: skip
+    res = df[df["event"].isin(["prepare", "commit", "resolve_committed"])].copy()
+    res["k"] = (res["from_state"].map(rank) + 1) * 16 + res["to_state"].map(rank)
+    res["ok"] = (res["evidence_count"].fillna(0) >= 1) & (
+        res["evidence_valid"].fillna(False).astype(bool)
+    )
+    first = res.sort_values(["handoff_id", "k", "ok"]).groupby("handoff_id").first()["ok"]
+    h = (
+        pd.DataFrame({"t_created": created, "deadline": deadline})
+        .join(reached, how="left")
+        .fillna(False)
+    )
+    h = h[(h["t_created"] >= start) & (h["t_created"] < end)]
+    terminal = h[
+        ["rejected", "failed", "expired", "canceled", "verified", "escalated", "committed"]
+    ].any(axis=1)
+    late = (as_of - h["t_created"]).dt.total_seconds() * 1000 > h["deadline"] + 60_000
+    settled = terminal | late
+    a = h[["accepted", "running", "prepared", "committed", "verified"]].any(axis=1)
+    e = h[["prepared", "committed", "verified"]].any(axis=1)
+    v = e & first.reindex(h.index).fillna(False).astype(bool)
+    k = v & h[["committed", "verified"]].any(axis=1)
+    return {"settled": int(settled.sum()), "accepted": int((settled & a).sum()), "executed": int((settled & e).sum()),
+            "evidenced": int((settled & v).sum()), "committed": int((settled & k).sum())}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--handoffs", type=int, default=2_000_000, help="handoffs to generate (x5 rows)"
+    )
+    ap.add_argument(
+        "--sample", type=int, default=100_000, help="handoffs exported for the pandas baseline"
+    )
+    ap.add_argument("--repeat", type=int, default=5, help="timed runs per query (median reported)")
+    ap.add_argument("--path", help="chDB directory (default: a new temporary one)")
+    args = ap.parse_args(argv)
+    if args.handoffs < 10 or not 10 <= args.sample <= args.handoffs:
+        ap.error("need --handoffs >= 10 and 10 <= --sample <= --handoffs")
+    path = args.path or tempfile.mkdtemp(prefix="bench-analytics-")
+    client = connect(StoreSpec(kind="chdb", path=path), database="")
+    client.command(f"DROP DATABASE IF EXISTS {DB} SYNC")
+    apply_schema(client, DB)
+    print(f"generating {args.handoffs:,} handoffs ({args.handoffs * 5:,} transitions) in {path}")
+    gen_s = generate(client, args.handoffs)
+    rows = client.query(f"SELECT count() FROM {DB}.handoff_transitions").result_rows[0][0]
+    parts = client.query(
+        f"SELECT count() FROM system.parts WHERE database = '{DB}' AND table = 'handoff_summary' AND active"
+    ).result_rows[0][0]
+    print(
+        f"generated {rows:,} rows in {gen_s:.1f} s; handoff_summary has {parts} active parts (as inserted, not optimized)"
+    )
+
+    end = BASE + timedelta(days=DAYS)
+    as_of = end + timedelta(hours=1)
+    full = Window(start=BASE, end=end, as_of=as_of)
+    day = Window(start=end - timedelta(days=1), end=end, as_of=as_of)
+    funnel_ms, f = timed(lambda: funnel(client, database=DB, window=full), args.repeat)
+    f24_ms, _ = timed(lambda: funnel(client, database=DB, window=day), args.repeat)
+    slice_ms, sl = timed(
+        lambda: funnel(client, database=DB, window=full, by=("pair", "mode", "capability")),
+        args.repeat,
+    )
+    hid = f"h{args.handoffs // 2}"
+    ledger_rows = []
+    for r in client.query(
+        f"""SELECT tenant, toUnixTimestamp64Nano(time) AS time_ns, trace_id, span_id, task_id, handoff_id,
+            event, from_state, to_state, actor, attributes FROM {DB}.handoff_transitions
+        WHERE tenant = 'default' AND handoff_id = {{h:String}}""",
+        parameters={"h": hid},
+    ).named_results():
+        ledger_rows.append(
+            [
+                r["tenant"],
+                r["handoff_id"],
+                r["span_id"],
+                r["trace_id"],
+                row_hash(r),
+                "bench",
+                datetime.now(UTC),
+            ]
+        )
+    client.insert(f"{DB}.transition_ledger", ledger_rows,
+                  column_names=["tenant", "handoff_id", "span_id", "trace_id", "row_hash", "ingest_batch", "ingested_at"])  # fmt: skip
+    ev_ms, pkg = timed(lambda: evidence_package(client, database=DB, handoff_id=hid), args.repeat)
+    row = f.iloc[0]
+    print(f"funnel (7 days, {int(row['volume']):,} handoffs): {funnel_ms:.0f} ms  "
+          f"[settled {int(row['settled']):,}, committed {int(row['committed']):,}, p_e2e {row['p_e2e']:.3f}]")  # fmt: skip
+    print(f"funnel (24 h window): {f24_ms:.0f} ms")
+    print(f"slice pair x mode x capability ({len(sl):,} groups): {slice_ms:.0f} ms")
+    print(
+        f"evidence package ({len(pkg['transitions'])} transitions, ledger {pkg['integrity']['ledger']['matched']} matched): {ev_ms:.1f} ms"
+    )
+
+    # the same funnel without us: export a sample, compute in pandas, scale linearly
+    s_end = BASE + timedelta(seconds=args.sample * DAYS * 86_400 / args.handoffs)
+    sample_w = Window(start=BASE, end=s_end, as_of=as_of)
+    t = time.perf_counter()
+    df = client.query_df(
+        f"""SELECT handoff_id, event, from_state, to_state, valid, time, deadline_ms, evidence_count, evidence_valid
+        FROM {DB}.handoff_transitions WHERE time < {{e:DateTime64(9, 'UTC')}} + INTERVAL 1 HOUR""",
+        parameters={"e": s_end.replace(tzinfo=None)},
+    )
+    export_s = time.perf_counter() - t
+    df["time"] = pd.to_datetime(df["time"]).dt.tz_localize(None).dt.tz_localize("UTC")
+    t = time.perf_counter()
+    pf = pandas_funnel(df, BASE, s_end, as_of)
+    pandas_s = time.perf_counter() - t
+    ours = funnel(client, database=DB, window=sample_w).iloc[0]
+    same = all(int(ours[k]) == v for k, v in pf.items())
+    scaled_ms = pandas_s * 1000 * args.handoffs / args.sample
+    ratio = scaled_ms / funnel_ms
+    print(f"pandas: {len(df):,} exported rows ({export_s:.2f} s export), funnel {pandas_s * 1000:.0f} ms for "
+          f"{args.sample:,} handoffs -> {scaled_ms:,.0f} ms scaled to {args.handoffs:,}; equal to ours on the sample: {same}")  # fmt: skip
+    if not same:
+        print(f"  pandas {pf} vs ours { {k: int(ours[k]) for k in pf} }")
+    print(
+        f"RESULT funnel_ms={funnel_ms:.0f} slice_ms={slice_ms:.0f} evidence_ms={ev_ms:.1f} pandas_ratio={ratio:.1f}"
+    )
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
