@@ -191,6 +191,8 @@ def test_completed_task_is_one_committed_handoff(serve, client_side):
     assert len({r[6] for r in rows}) == 1  # the client's trace, joined by the server
     with serve.client() as c:
         pkg = analytics.evidence_package(c, database=serve.database, handoff_id=hid)
+        assert analytics.verify_package(c, pkg, database=serve.database).ok
+    assert pkg["anomalies"] == []
     assert pkg["envelope"]["topology"] == "federated_a2a"
     assert pkg["envelope"]["to_agent"] == "coder"
     assert pkg["terminal"]["state"] == "committed"

@@ -200,3 +200,13 @@ def test_wrappers_refuse_wrong_types(rec):
         obs.request_handler(object())
     with pytest.raises(ValueError, match="deadline_ms"):
         HandoffClientInterceptor(actor="p", tracer_provider=rec.provider, deadline_ms=-1)
+
+
+def test_lazy_names_on_the_adapters_package():
+    import collector.adapters as adapters
+    from collector.adapters import a2a
+
+    assert adapters.A2AServerObserver is a2a.A2AServerObserver
+    assert adapters.HandoffClientInterceptor is a2a.HandoffClientInterceptor
+    with pytest.raises(AttributeError, match="nope"):
+        _ = adapters.nope
