@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -20,7 +19,7 @@ from handoffs.store import StoreError, parse_store
 __all__ = ["APP_PATH", "register", "streamlit_command", "streamlit_env"]
 
 APP_PATH = Path(__file__).resolve().parent / "app.py"
-_EXIT_USAGE = 2
+_EXIT_USAGE, _EXIT_UNAVAILABLE = 2, 3
 
 
 def streamlit_command(
@@ -84,12 +83,17 @@ def _run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     print(
-        f"Dashboard on http://{args.host}:{args.port} reading {store} (database {env[settings.DATABASE.env]})"
+        f"Dashboard on http://{args.host}:{args.port} reading {store} "
+        f"(database {env[settings.DATABASE.env]})",
+        flush=True,
     )
+    # Become streamlit (exec): signals (Ctrl-C, docker stop's SIGTERM) reach it directly and
+    # no orphan is left behind when a supervisor stops this process.
     try:
-        return subprocess.call(argv, env=env)
-    except KeyboardInterrupt:
-        return 130
+        os.execve(argv[0], argv, env)
+    except OSError as exc:
+        print(f"handoffs dashboard: cannot start streamlit: {exc}", file=sys.stderr)
+    return _EXIT_UNAVAILABLE
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -18,7 +19,6 @@ from urllib.parse import urlencode
 import pytest
 from _dashboard_seed import WEEK, WINDOW, send
 
-from dashboard import streamlit_command, streamlit_env
 from ingest.testing import free_port
 
 CHROMIUM = "/usr/bin/chromium"
@@ -75,19 +75,16 @@ def _wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float = 120
 
 @pytest.fixture
 def dashboard_url(serve_process, tmp_path):
-    """A running `streamlit run dashboard/app.py` reading serve's query port, with data in."""
-    send(serve_process.otlp_url)
+    """`handoffs dashboard` (streamlit) reading serve's query port, with data sent in over OTLP."""
+    resp = send(serve_process.otlp_url)
+    assert not int((resp.get("partialSuccess") or {}).get("rejectedSpans") or 0), resp
     serve_process.wait_stored()
     port = free_port()
     log = tmp_path / "streamlit.log"
-    env = streamlit_env(store=serve_process.query_url, database=serve_process.database)
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            streamlit_command(port=port, host="127.0.0.1"),
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    cmd = [sys.executable, "-m", "handoffs", "dashboard", "--port", str(port)]
+    cmd += ["--store", serve_process.query_url, "--database", serve_process.database]
+    with open(log, "wb") as out:  # the real CLI: it execs `streamlit run` headless
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     try:
         _wait_http(f"http://127.0.0.1:{port}/_stcore/health", proc, log)
         yield f"http://127.0.0.1:{port}"
