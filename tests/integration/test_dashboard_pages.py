@@ -216,3 +216,12 @@ def test_rollup_of_the_tenant_split_equals_analytics(store_env, chdb_client):
         pd.testing.assert_frame_equal(rollup(split, tenant=tenant), want, check_dtype=False)
     want = analytics.funnel(chdb_client, database=store_env, window=w, bucket="hour")
     pd.testing.assert_frame_equal(rollup(split, ("bucket",)), want, check_dtype=False)
+
+
+def test_auto_refresh_keeps_the_numbers(store_env):
+    at = _app(WINDOW)
+    before = _metrics(at)
+    at.toggle(key="ov_auto").set_value(True).run()
+    assert not at.exception
+    assert at.selectbox(key="ov_every").value == 30
+    assert _metrics(at) == before  # a custom window does not move with the clock
