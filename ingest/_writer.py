@@ -9,6 +9,7 @@ materialized view into handoff_transitions only fires for blocks that were inser
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -35,6 +36,7 @@ class BatchResult:
     chain_hash: str
 
 
+_LC = re.compile(r"LowCardinality\((\w+)\)")
 _TYPE_CACHE: dict[tuple[int, str, str], dict[str, str]] = {}
 
 
@@ -46,7 +48,9 @@ def _insert(
     types = _TYPE_CACHE.get(key)
     if types is None:
         rows = client.query(f"DESCRIBE TABLE {database}.{table}").result_rows
-        types = _TYPE_CACHE[key] = {r[0]: r[1] for r in rows}
+        # Sent as plain String: clickhouse-connect builds LowCardinality dictionaries in Python
+        # (the costliest part of an insert); the server converts Native String columns itself.
+        types = _TYPE_CACHE[key] = {r[0]: _LC.sub(r"\1", r[1]) for r in rows}
     client.insert(
         f"{database}.{table}",
         data,
@@ -122,7 +126,10 @@ def write_batch(
     stored = len(cols["SpanId"])
 
     def settings(table: str) -> dict[str, str]:
-        return {"insert_deduplication_token": f"{batch_id}:{table}"}
+        return {
+            "insert_deduplication_token": f"{batch_id}:{table}",
+            "input_format_native_allow_types_conversion": "1",
+        }
 
     if stored:
         data = [cols[c] for c in OTEL_COLUMNS] + [[tenant] * stored, [batch_id] * stored]
