@@ -62,13 +62,37 @@ st.caption(
 with st.expander("Agent pairs as a table (worst first)"):
     _table(pairs.assign(pair=pairs["from_agent"] + " → " + pairs["to_agent"]), "pair")
 
-tabs = st.tabs([label for _, label in _TABLES])
+tabs = st.tabs([label for _, label in _TABLES] + ["Latency by pair"])
 frames = {}
-for tab, (dim, _label) in zip(tabs, _TABLES, strict=True):
+for tab, (dim, _label) in zip(tabs, _TABLES, strict=False):
     with tab:
         with _ui.guard():
             frames[dim] = _data.funnel(src.store, src.database, *p.args, by=(dim,), tenant=p.tenant)
         _table(frames[dim], dim)
+with tabs[-1]:
+    with _ui.guard():
+        lat = _data.latencies(src.store, src.database, *p.args, by=("pair",), tenant=p.tenant)
+    cols = [
+        "pair",
+        *(f"{s}_{q}_ms" for s in ("accept", "result", "commit") for q in ("p50", "p95")),
+        "commit_n",
+    ]
+    view = lat[[c for c in cols if c in lat]].sort_values(
+        "commit_p95_ms", ascending=False, na_position="last"
+    )
+    st.caption(
+        "Milliseconds: accept = created→accepted, result = running→first result, commit = "
+        "created→committed; slowest commit p95 first; commit_n = handoffs measured."
+    )
+    st.dataframe(
+        view,
+        hide_index=True,
+        placeholder=_ui.DASH,
+        key="sl_latency",
+        column_config={
+            c: st.column_config.NumberColumn(c, format="%.0f") for c in cols if c.endswith("_ms")
+        },
+    )
 
 st.subheader("Handoffs behind a slice")
 c1, c2, c3 = st.columns(3)
