@@ -14,7 +14,7 @@ _WHERE = {
     "DecodedBatch": "_decode",
     "DecodeError": "_decode",
     "Reject": "_decode",
-    "decode_json": "_decode",
+    "decode_json": "_decode_json",
     "decode_protobuf": "_decode",
     "decode_request": "_decode",
     "IngestSummary": "_files",
@@ -49,10 +49,10 @@ if TYPE_CHECKING:
         DecodedBatch,
         DecodeError,
         Reject,
-        decode_json,
         decode_protobuf,
         decode_request,
     )
+    from ingest._decode_json import decode_json
     from ingest._files import IngestSummary, ingest_requests, read_requests
     from ingest._serve import ServeConfig, run_serve
     from ingest._service import Ingestor, StoreUnavailable
