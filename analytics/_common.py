@@ -119,7 +119,10 @@ def bucket_expr(bucket: str | None) -> str | None:
     return f"{fn}(toDateTime(created, 'UTC'))"
 
 
-#: Per-handoff columns cohort_sql can add (aggregate over handoff_summary's partial rows).
+#: Per-handoff columns cohort_sql can add. The cohort reads handoff_summary FINAL: parts
+#: that do not overlap are not merged at read time (cheap once background merges caught
+#: up); WHERE on non-key columns is applied after FINAL (optimize_move_to_prewhere_if_final
+#: is off by default), so a handoff's create row and its later rows are combined first.
 _EXTRA_COLUMNS: Final = {
     "task_id": "max(task_id)",
     "protocol": "max(protocol)",
@@ -168,13 +171,13 @@ def cohort_sql(
     """
     as_of = ts(window.clock())
     grace = SETTLE_GRACE_MS
-    tenant_where = "WHERE tenant = {tenant:String}" if tenant_param else ""
+    tenant_and = "AND tenant = {tenant:String}" if tenant_param else ""
     ok_bit = "(first_result != 65535 AND first_result % 2 = 1)"
     cols = list(_EXTRA_COLUMNS) if extra is None else sorted(set(extra))
     for c in cols:
         if c not in _EXTRA_COLUMNS:
             raise ValueError(f"unknown cohort column {c!r}")
-    extra_sql = "".join(f"        {_EXTRA_COLUMNS[c]} AS {c},\n" for c in cols)
+    extra_sql = "".join(f"        {c},\n" for c in cols)
     last = f",\n    {cs.last_state_expr('tmask')} AS last_state" if last_state else ""
     return f"""
 SELECT *,
@@ -189,15 +192,13 @@ SELECT *,
     is_unk AND NOT {cs.has("tmask", cs.UNKNOWN_OUT_MASK)} AS is_unresolved,
     mode = 'escalate' OR {cs.has("tmask", cs.ESCALATED_MASK)} AS is_esc{last}
 FROM (
-    SELECT tenant, handoff_id,
-        min(created) AS created,
-        coalesce(max(deadline_ms), {DEFAULT_DEADLINE_MS}) AS deadline_eff,
-        max(mode) AS mode,
-{extra_sql}        groupBitOr(tmask) AS tmask, min(first_result) AS first_result
-    FROM {db}.handoff_summary
-    {tenant_where}
-    GROUP BY tenant, handoff_id
-    HAVING created IS NOT NULL
+    SELECT tenant, handoff_id, created,
+        coalesce(deadline_ms, {DEFAULT_DEADLINE_MS}) AS deadline_eff,
+        mode,
+{extra_sql}        tmask, first_result
+    FROM {db}.handoff_summary FINAL
+    WHERE created IS NOT NULL
        AND created >= {ts(window.start)} AND created < {ts(window.end)}
+       {tenant_and}
 )
 """

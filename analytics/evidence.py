@@ -253,22 +253,7 @@ def evidence_package(
     db = check_db(database)
     if not handoff_id:
         raise ValueError("handoff_id must be a non-empty string")
-    # one round trip for the handoff's rows and its task's (for the cross-handoff anomalies)
-    params: dict[str, Any] = {"h": handoff_id}
-    tw = ""
-    if tenant is not None:
-        params["t"] = tenant
-        tw = " AND tenant = {t:String}"
-    task_rows = _rows(
-        client,
-        db,
-        f"(tenant, task_id) IN (SELECT tenant, task_id FROM {db}.handoff_transitions "
-        f"WHERE handoff_id = {{h:String}}{tw}) OR (handoff_id = {{h:String}}{tw})",
-        params,
-    )
-    rows = [r for r in task_rows if r["handoff_id"] == handoff_id]
-    if tenant is not None:
-        rows = [r for r in rows if r["tenant"] == tenant]
+    rows = _fetch(client, db, handoff_id, tenant)
     if not rows:
         return None
     tenants = sorted({r["tenant"] for r in rows})
@@ -276,7 +261,13 @@ def evidence_package(
         raise ValueError(f"handoff_id {handoff_id!r} exists in tenants {tenants}; pass tenant=")
     ten = tenants[0]
     now_ns = ns(as_of or datetime.now(UTC))
-    task_rows = [r for r in task_rows if r["tenant"] == ten and r["task_id"] == rows[0]["task_id"]]
+    # the task's rows (bloom filter on task_id) for the cross-handoff anomalies
+    task_rows = _rows(
+        client,
+        db,
+        "tenant = {t:String} AND task_id = {k:String}",
+        {"t": ten, "k": rows[0]["task_id"]},
+    )
     extra = _cross_anomalies(client, db, ten, rows, task_rows, handoff_id)
     return build_package(
         rows,
