@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 
 import pytest
@@ -18,7 +19,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from handoffs.store import apply_schema
+from handoffs.store import apply_schema, connect, parse_store
 from ingest import ingest_requests, row_hash
 from ingest.integrity import GENESIS, batch_hash, chain
 from ingest.testing import start_serve, transition
@@ -68,11 +69,36 @@ class _Store:
 HANDOFFS = 4
 
 
-@pytest.fixture(scope="module", params=["embedded", "http"])
+_SERVER = os.environ.get("HANDOFFS_TEST_CLICKHOUSE_URL")
+
+
+@pytest.fixture(
+    scope="module",
+    params=[
+        "embedded",
+        "http",
+        pytest.param(
+            "server",
+            marks=pytest.mark.skipif(not _SERVER, reason="HANDOFFS_TEST_CLICKHOUSE_URL not set"),
+        ),
+    ],
+)
 def store(request, tmp_path_factory, chdb_client):
     resource = Resource.create({"service.name": "agent-b", "deployment.environment": "test"})
     provider = TracerProvider(resource=resource)
-    if request.param == "embedded":
+    if request.param == "server":  # a real ClickHouse server, same pure ingest path
+        client = connect(parse_store(_SERVER), database="")
+        db = f"t_readback_{uuid.uuid4().hex[:8]}"
+        apply_schema(client, db)
+        mem = InMemorySpanExporter()
+        provider.add_span_processor(SimpleSpanProcessor(mem))
+        _emit(provider, HANDOFFS)
+        body = encode_spans(mem.get_finished_spans()).SerializeToString()
+        ingest_requests(client, db, [("protobuf", body, "memory")], source="test")
+        yield _Store(client, f"{db}.")
+        client.command(f"DROP DATABASE IF EXISTS {db}")
+        client.close()
+    elif request.param == "embedded":
         db = f"t_readback_{uuid.uuid4().hex[:8]}"
         apply_schema(chdb_client, db)
         mem = InMemorySpanExporter()
