@@ -1,0 +1,65 @@
+"""Anomalies that need a population (rejection spike) or several handoffs, and the
+`examples` / tenant arguments."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from analytics_seed import T, create, seed
+
+from analytics import Window, anomalies, anomaly_handoff_ids
+
+T0 = datetime(2026, 11, 23, 10, 0, tzinfo=UTC)
+WINDOW = Window(start=T0, end=T0 + timedelta(hours=1), as_of=T0 + timedelta(hours=2))
+
+
+def _group(prefix: str, to_agent: str, cap: str, start: datetime, n: int, rejected: int) -> list[T]:
+    out = []
+    for i in range(n):
+        h = f"{prefix}{i:02d}"
+        at = start + timedelta(minutes=i)
+        out.append(create(h, at, task_id=f"t-{h}", to_agent=to_agent, capabilities=[cap]))
+        if i < rejected:
+            out.append(T(h, "reject", "created", "rejected", at + timedelta(seconds=1)))
+        else:
+            out.append(T(h, "accept", "created", "accepted", at + timedelta(seconds=1)))
+            out.append(T(h, "cancel", "accepted", "canceled", at + timedelta(seconds=2)))
+    return out
+
+
+@pytest.fixture
+def db(chdb_client, fresh_db):
+    base = T0 - timedelta(hours=5)  # inside the 7 h baseline before the window
+    rows = []
+    # search/web: 1 of 10 rejected in the baseline, 6 of 10 in the window -> spike
+    rows += _group("bw", "search", "web", base, 10, 1) + _group("ww", "search", "web", T0, 10, 6)
+    # coder/git: always rejecting half -> high but not a spike against its own baseline
+    rows += _group("bg", "coder", "git", base, 10, 5) + _group("wg", "coder", "git", T0, 10, 6)
+    # mailer/smtp: no baseline at all -> not compared
+    rows += _group("wm", "mailer", "smtp", T0, 10, 9)
+    # search/web in the window but too few settled elsewhere: covered by the 10 above
+    seed(chdb_client, fresh_db, rows, ledger=False)
+    return fresh_db
+
+
+def test_rejection_spike_flags_only_the_group_above_its_baseline(chdb_client, db):
+    ids = anomaly_handoff_ids(chdb_client, database=db, window=WINDOW, kind="rejection_spike")
+    assert ids == [f"ww{i:02d}" for i in range(6)]  # the window's rejected search/web handoffs
+    df = anomalies(chdb_client, database=db, window=WINDOW, examples=2)
+    row = df[df["kind"] == "rejection_spike"].iloc[0]
+    assert row["count"] == 6 and list(row["examples"]) == ["ww00", "ww01"]
+    assert set(df[df["count"] > 0]["kind"]) == {"rejection_spike"}
+
+
+def test_tenant_scoping_and_bad_kind(chdb_client, db):
+    assert (
+        anomaly_handoff_ids(
+            chdb_client, database=db, window=WINDOW, kind="rejection_spike", tenant="other"
+        )
+        == []
+    )
+    with pytest.raises(ValueError, match="unknown anomaly kind 'gremlins'"):
+        anomaly_handoff_ids(chdb_client, database=db, window=WINDOW, kind="gremlins")
+    with pytest.raises(ValueError, match="examples"):
+        anomalies(chdb_client, database=db, window=WINDOW, examples=-1)
