@@ -163,7 +163,17 @@ FROM ({cohort_sql(db, window, tenant_param=tenant is not None, extra=_dim_column
     df = client.query_df(sql, parameters=_params(tenant))
     if df.empty and not keys:
         df = pd.DataFrame([dict.fromkeys(COUNT_COLUMNS, 0)])
+    elif df.empty:  # the client returns no columns for an empty result: shape it
+        df = _empty(keys, COUNT_COLUMNS)
     return _with_rates(df, keys)
+
+
+def _empty(keys: list[str], columns) -> pd.DataFrame:
+    cols: dict[str, pd.Series] = {
+        k: pd.Series(dtype="datetime64[ns, UTC]" if k == "bucket" else "object") for k in keys
+    }
+    cols.update({c: pd.Series(dtype="int64") for c in columns})
+    return pd.DataFrame(cols)
 
 
 def _with_rates(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
@@ -182,7 +192,7 @@ def _with_rates(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     df["escalation_rate"] = col("escalated", "settled")
     for c in RATE_COLUMNS:
         df[c] = df[c].astype("float64")
-    if "bucket" in df:
+    if "bucket" in df and len(df):
         df["bucket"] = pd.to_datetime(df["bucket"]).dt.tz_localize(None).dt.tz_localize("UTC")
     return df[[*keys, *COUNT_COLUMNS, *RATE_COLUMNS]].reset_index(drop=True)
 
@@ -224,6 +234,14 @@ FROM ({cohort_sql(db, window, tenant_param=tenant is not None, extra=[*_dim_colu
 {group}
 """
     raw = client.query_df(sql, parameters=_params(tenant))
+    if keys and raw.empty:
+        cols = [f"{n}_{p}_ms" for n in pairs for p in ("p50", "p95", "p99")] + [
+            f"{n}_n" for n in pairs
+        ]
+        out = _empty(keys, ())
+        for c in cols:
+            out[c] = pd.Series(dtype="int64" if c.endswith("_n") else "float64")
+        return out
     out = raw[keys].copy() if keys else pd.DataFrame(index=range(max(len(raw), 1)))
     for name in pairs:
         n = raw[f"{name}_n"].astype("int64") if len(raw) else pd.Series([0])

@@ -248,6 +248,12 @@ def test_empty_window_rates_are_undefined(chdb_client, db):
     row = funnel(chdb_client, database=db, window=empty).iloc[0]
     assert row["volume"] == 0 and row["settled"] == 0
     assert all(math.isnan(row[c]) for c in ("p_accept", "p_e2e", "unknown_rate", "escalation_rate"))
+    # grouped results of an empty cohort keep their columns (zero rows)
+    grouped = funnel(chdb_client, database=db, window=empty, by=("tenant", "pair"), bucket="day")
+    assert len(grouped) == 0 and list(grouped.columns[:3]) == ["tenant", "pair", "bucket"]
+    assert {"settled", "p_e2e", "volume"} <= set(grouped.columns)
+    lat = latencies(chdb_client, database=db, window=empty, by=("mode",))
+    assert len(lat) == 0 and {"mode", "accept_p50_ms", "commit_n"} <= set(lat.columns)
 
 
 def test_bad_arguments_name_the_field(chdb_client, db):
