@@ -95,8 +95,8 @@ def facts(handoff_id: str, rows: Sequence[Row], *, as_of_ns: int) -> HandoffFact
     c = [r for r in rows if counted(r)]
     creates = [r for r in c if r["event"] == "create"]
     created = min((int(r["time_ns"]) for r in creates), default=None)
-    deadlines = [r.get("deadline_ms") for r in creates if r.get("deadline_ms") is not None]
-    deadline = max(deadlines) if deadlines else DEFAULT_DEADLINE_MS
+    deadlines = [int(r["deadline_ms"]) for r in creates if r.get("deadline_ms") is not None]
+    deadline: int = max(deadlines) if deadlines else DEFAULT_DEADLINE_MS
     mode = max((r.get("mode") or "" for r in creates), default="")
     reached = {r["to_state"] for r in c} | {r["from_state"] for r in c if r["from_state"]}
     into = {r["to_state"] for r in c}

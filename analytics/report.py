@@ -130,7 +130,7 @@ def _collect(client: Client, db: str, week: str, as_of: datetime | None, slo: di
     start = parse_week(week)
     w = Window(start=start, end=start + timedelta(days=7), as_of=as_of)
     prev = Window(start=start - timedelta(days=7), end=start, as_of=as_of)
-    kw = {"database": db}
+    kw: dict[str, Any] = {"database": db}
     data = {
         "week": week,
         "window": w,
