@@ -10,10 +10,11 @@ Flows per 20 handoffs: 12 commit (4 transitions), 2 prepare+commit (5), 2 reject
 1 timeout from accepted (3), 1 escalate (2), 2 fail (4); ~3.6 transitions per handoff,
 spread evenly over --days days ending --as-of; 3 tenants, 5x7 agent pairs, 4 modes.
 The page's window is the whole generated period (every transition in play; the "previous
-period" for deltas is empty). The cold render (empty Streamlit cache: every loader runs its
-SQL) is the figure; a warm rerun (cache hits) is printed for contrast.
+period" for deltas is empty). The figure is a cache-cold render in a running process (every loader
+runs its SQL; median of --rounds); the first render of a fresh process (imports too) and a
+warm rerun (cache hits) are printed for contrast.
 
-Prints figures and a last line `RESULT overview_s=<cold> warm_s=<warm> transitions=<n>`.
+Prints figures and a last line `RESULT overview_s=<cold> first_s=<first> warm_s=<warm> transitions=<n>`.
 
     .venv/bin/python bench/dashboard_render.py --transitions 10000000   # full size (minutes)
     .venv/bin/python bench/dashboard_render.py --transitions 200000     # quick look
@@ -105,6 +106,9 @@ def main() -> int:
         "--as-of", default="2026-11-30T00:00:00+00:00", help="end of the data and the page's clock"
     )
     ap.add_argument("--dir", default=None, help="chDB directory (default: a fresh temp dir)")
+    ap.add_argument(
+        "--rounds", type=int, default=3, help="cache-cold renders to take the median of"
+    )
     ap.add_argument("--reuse", action="store_true", help="keep data already generated in --dir")
     args = ap.parse_args()
     if args.transitions < 100:
@@ -147,12 +151,17 @@ def main() -> int:
     from dashboard import APP_PATH
 
     params = {"from": start.isoformat(), "to": as_of.isoformat(), "as_of": as_of.isoformat()}
-    at = AppTest.from_file(str(APP_PATH), default_timeout=900)
-    for k, v in params.items():
-        at.query_params[k] = v
-    t0 = time.perf_counter()
-    at.run()
-    cold = time.perf_counter() - t0
+    import streamlit as st
+
+    def render() -> tuple[float, AppTest]:
+        at = AppTest.from_file(str(APP_PATH), default_timeout=900)
+        for k, v in params.items():
+            at.query_params[k] = v
+        t0 = time.perf_counter()
+        at.run()
+        return time.perf_counter() - t0, at
+
+    first, at = render()  # a fresh process: imports, script compile, empty caches
     if at.exception or at.error:
         print(
             "page failed:",
@@ -164,11 +173,19 @@ def main() -> int:
     tiles = {m.label: m.value for m in at.metric}
     t0 = time.perf_counter()
     at.run()
-    warm = time.perf_counter() - t0
+    warm = time.perf_counter() - t0  # every loader a cache hit (within TTL)
+    colds = []
+    for _ in range(args.rounds):  # a running server, a window nobody looked at yet
+        st.cache_data.clear()
+        colds.append(render()[0])
+    cold = sorted(colds)[len(colds) // 2]
     print("tiles:", ", ".join(f"{k}={v}" for k, v in tiles.items()))
-    print(f"overview render: cold {cold:.2f} s (every loader queries), warm {warm:.2f} s (cache hits); "
-          f"target <= 2 s cold")  # fmt: skip
-    print(f"RESULT overview_s={cold:.2f} warm_s={warm:.2f} transitions={n}")
+    print(f"overview render, first in a fresh process: {first:.2f} s")
+    print(f"overview render, cache cold in a running process (median of {args.rounds}): {cold:.2f} s "
+          f"(runs: {', '.join(f'{c:.2f}' for c in colds)}); target <= 2 s")  # fmt: skip
+    print(f"overview render, cache warm: {warm:.2f} s; load average now {os.getloadavg()[0]:.1f} "
+          f"on {os.cpu_count()} cores")  # fmt: skip
+    print(f"RESULT overview_s={cold:.2f} first_s={first:.2f} warm_s={warm:.2f} transitions={n}")
     return 0
 
 

@@ -122,6 +122,7 @@ def funnel(
     )
 
 
+@st.cache_data(ttl=TTL_S, show_spinner=False, max_entries=64)
 def tenant_split(
     store: str, database: str, start: str, end: str, as_of: str | None, bucket: str | None = None
 ) -> pd.DataFrame:

@@ -68,11 +68,11 @@ def _row(df):
 def body() -> None:
     p = picked.refreshed() if auto else picked
     with _ui.guard():
-        # one query per period, split by tenant: tiles, trend and tenant switches roll it up
+        # one query split by tenant (and bucket): tiles, trend and tenant list roll it up
         split = _data.tenant_split(src.store, src.database, *p.args, bucket=p.bucket)
-        prev_split = _data.tenant_split(src.store, src.database, *p.previous().args)
+        # the previous period only feeds the deltas: its totals, filtered in SQL
+        prev = _row(_data.funnel(src.store, src.database, *p.previous().args, tenant=p.tenant))
     cur = _row(rollup(split, tenant=p.tenant))
-    prev = _row(rollup(prev_split, tenant=p.tenant))
     if not cur or not cur.get("volume"):
         st.info(
             f"No handoffs were created in this window ({p.describe()}"
