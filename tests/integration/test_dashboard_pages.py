@@ -225,3 +225,14 @@ def test_auto_refresh_keeps_the_numbers(store_env):
     assert not at.exception
     assert at.selectbox(key="ov_every").value == 30
     assert _metrics(at) == before  # a custom window does not move with the clock
+
+
+def test_explorer_lists_several_matches_then_opens_one(store_env):
+    at = _app(page="views/explorer.py")
+    at.text_input(key="ex_query").input("h-ok").run()  # a handoff_id prefix: three attempts
+    pick = at.selectbox(key="ex_pick")
+    assert sorted(pick.options) == ["h-ok-1", "h-ok-2", "h-ok-3"]
+    assert not at.subheader  # nothing opened until one is picked
+    pick.select("h-ok-3").run()
+    assert "Handoff h-ok-3" in _texts(at.subheader)
+    assert not at.exception
