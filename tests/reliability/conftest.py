@@ -1,0 +1,20 @@
+"""Fixtures of the reliability suite: one authenticated serve per module (starting serve costs
+seconds; the fuzz and security tests only read or add data, so they share one)."""
+
+from __future__ import annotations
+
+import pytest
+
+TOKENS = "tok-acme=acme,tok-globex=globex"
+ACME = {"Authorization": "Bearer tok-acme"}
+GLOBEX = {"Authorization": "Bearer tok-globex"}
+
+
+@pytest.fixture(scope="module")
+def module_serve(tmp_path_factory: pytest.TempPathFactory):
+    """`handoffs serve` with two tenants' tokens (TOKENS) on a fresh embedded store."""
+    from ingest.testing import start_serve
+
+    h = start_serve(tmp_path_factory.mktemp("rel-serve"), TOKENS)
+    yield h
+    h.stop()
