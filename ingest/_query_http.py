@@ -22,13 +22,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Final
 from urllib.parse import parse_qsl, urlsplit
 
-__all__ = ["QueryEngine", "is_read_only", "make_query_server"]
+from ingest._sql_guard import ast_problem, statement_problem, strip_trailing_format
+
+__all__ = ["QueryEngine", "make_query_server"]
 
 log = logging.getLogger("handoffs.query")
 
-_READ_ONLY_START: Final = frozenset(
-    {"SELECT", "SHOW", "DESCRIBE", "DESC", "EXISTS", "WITH", "EXPLAIN"}
-)
 _TRANSPORT_PARAMS: Final = frozenset(
     {
         "query",
@@ -55,19 +54,11 @@ _TRANSPORT_PARAMS: Final = frozenset(
         "readonly",
     }
 )
-_COMMENT: Final = re.compile(r"(--[^\n]*\n?|/\*.*?\*/|#![^\n]*\n?)", re.S)
 _TRAILING_FORMAT: Final = re.compile(r"\bFORMAT\s+(\w+)\s*;?\s*$", re.I)
 _SETTING_NAME: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _CODE: Final = re.compile(r"Code: (\d+)")
 _READONLY_CODE: Final = 164
 _SYNTAX_CODE: Final = 62
-
-
-def is_read_only(sql: str) -> bool:
-    """True when the statement starts with a read-only keyword (comments, '(' skipped)."""
-    text = _COMMENT.sub(" ", sql).lstrip(" \t\r\n(")
-    word = re.match(r"[A-Za-z]+", text)
-    return word is not None and word.group(0).upper() in _READ_ONLY_START
 
 
 class _ChError(Exception):
@@ -82,19 +73,22 @@ class QueryEngine:
     """A small pool of chDB connection handles on the one engine this process hosts.
 
     Each handle runs `SET readonly = 2`; per-request settings are applied with SET and reset
-    to DEFAULT afterwards while the handle's lock is held.
+    to DEFAULT afterwards while the handle's lock is held. A handle that raised is replaced
+    by a fresh one (an engine error must not leave a half-read result on it).
     """
 
     def __init__(self, path: str, *, handles: int = 2) -> None:
-        import chdb
-
-        self._pool: list[tuple[threading.Lock, Any, dict[str, str]]] = []
-        for _ in range(handles):
-            conn = chdb.connect(path)
-            conn.query("SET readonly = 2", "TabSeparated")
-            self._pool.append((threading.Lock(), conn, {"db": ""}))
+        self._path = path
+        self._pool: list[list[Any]] = [[threading.Lock(), self._open(), ""] for _ in range(handles)]
         self._next = 0
         self._pick = threading.Lock()
+
+    def _open(self) -> Any:
+        import chdb
+
+        conn = chdb.connect(self._path)
+        conn.query("SET readonly = 2", "TabSeparated")
+        return conn
 
     def run(
         self,
@@ -105,27 +99,37 @@ class QueryEngine:
         params: dict[str, str],
         settings: dict[str, str],
     ) -> bytes:
-        """Run one read-only statement; return the result bytes in `fmt` (or its FORMAT clause)."""
-        if not is_read_only(sql):
-            first = _COMMENT.sub(" ", sql).strip().split(None, 1)
+        """Run one read-only statement; return the result bytes in `fmt` (or its FORMAT clause).
+
+        Refuses (code 164, READONLY) anything `_sql_guard` does not let through.
+        """
+        problem = statement_problem(sql)
+        if problem:
             raise _ChError(
-                _READONLY_CODE,
-                f"Cannot execute query in readonly mode: handoffs serve's query port is read-only; "
-                f"only SELECT, SHOW, DESCRIBE, EXISTS, WITH ... SELECT are allowed, got "
-                f"{(first[0] if first else '(empty)')!r}. (READONLY)",
-                status=403,
+                _READONLY_CODE, f"Cannot execute query in readonly mode: {problem}. (READONLY)", 403
             )
         for k in settings:
             if not _SETTING_NAME.match(k):
                 raise _ChError(115, f"Unknown setting {k!r}. (UNKNOWN_SETTING)", status=400)
         with self._pick:
-            lock, conn, state = self._pool[self._next % len(self._pool)]
+            slot = self._pool[self._next % len(self._pool)]
             self._next += 1
-        with lock:
+        with slot[0]:
+            conn = slot[1]
             try:
-                if database and database != state["db"]:
+                if database and database != slot[2]:
                     conn.query(f"USE `{database.replace('`', '')}`", "TabSeparated")
-                    state["db"] = database
+                    slot[2] = database
+                ast = conn.query(
+                    f"EXPLAIN AST {strip_trailing_format(sql)}", "TabSeparatedRaw", params=params
+                )
+                problem = ast_problem(ast.bytes().decode("utf-8", "replace"))
+                if problem:
+                    raise _ChError(
+                        _READONLY_CODE,
+                        f"Cannot execute query in readonly mode: {problem}. (READONLY)",
+                        403,
+                    )
                 applied = []
                 try:
                     for k, v in settings.items():
@@ -141,6 +145,7 @@ class QueryEngine:
             except _ChError:
                 raise
             except Exception as exc:
+                self._replace(slot)
                 msg = str(exc)
                 i = msg.find("Code: ")
                 msg = msg[i:] if i >= 0 else f"Code: 1001. DB::Exception: {msg}"
@@ -148,6 +153,13 @@ class QueryEngine:
                 raise _ChError(int(m.group(1)) if m else 1001, msg) from None
         data = res.bytes() if hasattr(res, "bytes") else bytes(res)
         return data or b""
+
+    def _replace(self, slot: list[Any]) -> None:
+        try:
+            slot[1].close()
+        except Exception:
+            log.debug("error closing a failed chdb handle", exc_info=True)
+        slot[1], slot[2] = self._open(), ""
 
     def close(self) -> None:
         for lock, conn, _ in self._pool:
