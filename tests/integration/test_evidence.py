@@ -88,6 +88,14 @@ def test_package_content(chdb_client, db):
     assert len(integ["chain"]) == 6 and integ["chain_head"] == integ["chain"][-1]
     assert integ["ledger"] == {"rows": 6, "matched": 6, "mismatched": [], "missing": [], "ok": True}
     assert evidence_package(chdb_client, database=db, handoff_id="nope") is None
+    # a non-handoff span of the same trace (e.g. the coder's tool call) is a related span
+    trace = pkg["transitions"][0]["trace_id"]
+    chdb_client.insert(f"{db}.otel_traces", [[s(2.5), trace, "00000000000000aa", "tool.run", "coder"]],
+                       column_names=["Timestamp", "TraceId", "SpanId", "SpanName", "ServiceName"])  # fmt: skip
+    again = evidence_package(chdb_client, database=db, handoff_id="h1", as_of=s(3600))
+    assert [(r["span_id"], r["name"]) for r in again["related_spans"]] == [
+        ("00000000000000aa", "tool.run")
+    ]
     res = verify_package(chdb_client, pkg, database=db)
     assert res.ok and res.problems == []
 

@@ -130,7 +130,7 @@ def scenario(draw):
 
 @pytest.mark.slow
 @settings(
-    max_examples=40,
+    max_examples=30,
     derandomize=True,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
