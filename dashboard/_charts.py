@@ -111,7 +111,7 @@ def trend_figure(
 
 
 def pair_heatmap(df: pd.DataFrame, *, value: str = "p_e2e") -> go.Figure:
-    """Matrix from_agent (rows) × to_agent (columns) of `value`; settled count in the hover."""
+    """Matrix from_agent (rows) × to_agent (columns) of `value`, each cell with its settled count."""
     if len(df):
         rates = df.pivot_table(
             index="from_agent", columns="to_agent", values=value, aggfunc="first", dropna=False
@@ -121,11 +121,15 @@ def pair_heatmap(df: pd.DataFrame, *, value: str = "p_e2e") -> go.Figure:
         )
         counts = counts.reindex(index=rates.index, columns=rates.columns)
         z = [[_num(v) for v in row] for row in rates.to_numpy()]
-        text = [
-            [("—" if _num(v) is None else f"{_num(v):.0%}") for v in row]
-            for row in rates.to_numpy()
-        ]
         custom = [[int(_num(v) or 0) for v in row] for row in counts.to_numpy()]
+        # the sample size next to the rate: a red 0% of one handoff is not an alarm
+        text = [
+            [
+                ("—" if _num(v) is None else f"{_num(v):.0%}<br>n={n}")
+                for v, n in zip(row, nrow, strict=True)
+            ]
+            for row, nrow in zip(rates.to_numpy(), custom, strict=True)
+        ]
         xs, ys = [str(c) for c in rates.columns], [str(i) for i in rates.index]
     else:
         z, text, custom, xs, ys = [], [], [], [], []
@@ -173,6 +177,20 @@ def anomaly_bars(df: pd.DataFrame) -> go.Figure:
     return fig
 
 
+def _padded_range(times: list[Any]) -> dict[str, Any]:
+    """An x range 8% wider than the data each side, so edge labels are not cut off."""
+    import pandas as pd
+
+    ts = pd.to_datetime(
+        pd.Series([t for t in times if t is not None]), utc=True, errors="coerce"
+    ).dropna()
+    if ts.empty:
+        return {}
+    lo, hi = ts.min(), ts.max()
+    pad = max((hi - lo) * 0.08, pd.Timedelta(seconds=1))
+    return {"range": [(lo - pad).tz_localize(None), (hi + pad).tz_localize(None)]}
+
+
 def timeline_figure(transitions: list[dict[str, Any]]) -> go.Figure:
     """Swimlanes: one lane per actor, a marker per transition at its time, labelled by event.
 
@@ -202,7 +220,8 @@ def timeline_figure(transitions: list[dict[str, Any]]) -> go.Figure:
         y=ys,
         mode="markers+text",
         text=labels,
-        textposition="top center",
+        # alternate above/below: transitions milliseconds apart would print over each other
+        textposition=["top center" if i % 2 == 0 else "bottom center" for i in range(len(labels))],
         marker={"size": 14, "color": colors, "line": {"width": 1, "color": "#333"}},
         hovertemplate="%{y}<br>%{text}<br>%{x}<extra></extra>",
         showlegend=False,
@@ -215,9 +234,9 @@ def timeline_figure(transitions: list[dict[str, Any]]) -> go.Figure:
             "categoryorder": "array",
             "categoryarray": actors,
             "title": "actor",
-            "range": [-0.5, len(actors) - 0.3],  # headroom for the top lane's labels
+            "range": [-0.7, len(actors) - 0.3],  # headroom for labels above and below
         },
-        xaxis={"title": "time (UTC)"},
+        xaxis={"title": "time (UTC)", **_padded_range(xs)},
         **{**_LAYOUT, "height": max(260, 120 + 70 * len(actors))},
     )
     return fig

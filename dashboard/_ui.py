@@ -84,7 +84,8 @@ def delta_rate(cur: Any, prev: Any) -> str | None:
     """Change in percentage points ("+1.2 pp"), None when either side is undefined."""
     if is_undefined(cur) or is_undefined(prev):
         return None
-    return f"{(float(cur) - float(prev)) * 100:+.1f} pp"
+    pp = round((float(cur) - float(prev)) * 100, 1) + 0.0  # + 0.0: no "-0.0"
+    return f"{pp:+.1f} pp"
 
 
 def delta_count(cur: Any, prev: Any) -> str | None:
@@ -308,7 +309,7 @@ def handoffs_table(df: pd.DataFrame, *, key: str | None = None, height: int | st
         height=height,
         column_config={
             "open": st.column_config.LinkColumn(
-                "handoff", display_text=r"explorer\?handoff_id=(.*)", width="medium"
+                "handoff", display_text=r"explorer\?handoff_id=(.*)", width="large"
             ),
             "handoff_id": None,
         },

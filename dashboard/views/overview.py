@@ -47,6 +47,7 @@ KPIS = (
     ("volume", "Volume", "count", "all", "handoffs created in the window"),
 )
 _INVERSE = {"unknown_rate", "escalation_rate", "unresolved_now"}
+_NEUTRAL = {"in_flight"}  # more in flight is neither good nor bad
 
 src = _ui.start_page("Overview")
 picked = _ui.pickers(src, "overview")
@@ -99,7 +100,9 @@ def body() -> None:
                 label,
                 value,
                 delta,
-                delta_color=_ui.delta_color(delta, inverse=key in _INVERSE),
+                delta_color="off"
+                if key in _NEUTRAL
+                else _ui.delta_color(delta, inverse=key in _INVERSE),
                 delta_arrow="off" if _ui.delta_color(delta) == "off" else "auto",
                 help=f"{help_}. Delta: against the previous {p.end - p.start} period.",
                 border=True,

@@ -53,7 +53,7 @@ def test_figures_leave_undefined_rates_as_gaps():
         }
     )
     heat = charts.pair_heatmap(pairs).data[0]
-    assert list(heat.z[0]) == [0.5, None] and list(heat.text[0]) == ["50%", "—"]
+    assert list(heat.z[0]) == [0.5, None] and list(heat.text[0]) == ["50%<br>n=2", "—"]
     fun = charts.funnel_figure(
         {"settled": 7, "accepted": 5, "executed": 4, "evidenced": 3, "committed": 3}
     )
