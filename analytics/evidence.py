@@ -72,18 +72,27 @@ def package_sha256(package: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical_json(body).encode()).hexdigest()
 
 
-def _rows(client: Client, db: str, where: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+#: What the cross-handoff anomalies need from the task's other rows (no attribute maps).
+_TASK_COLUMNS: Final = """tenant, toUnixTimestamp64Nano(time) AS time_ns, span_id, task_id,
+    handoff_id, event, from_state, to_state, valid, mode, from_agent, to_agent, fence_token,
+    state_version"""
+
+
+def _rows(
+    client: Client, db: str, where: str, params: dict[str, Any], columns: str = _ROW_COLUMNS
+) -> list[dict[str, Any]]:
     res = client.query(
-        f"SELECT {_ROW_COLUMNS} FROM {db}.handoff_transitions WHERE {where}", parameters=params
+        f"SELECT {columns} FROM {db}.handoff_transitions WHERE {where}", parameters=params
     )
     out = []
     for r in res.result_rows:
         d = dict(zip(res.column_names, r, strict=True))
-        d["attributes"] = {str(k): str(v) for k, v in dict(d["attributes"]).items()}
+        if "attributes" in d:
+            d["attributes"] = {str(k): str(v) for k, v in dict(d["attributes"]).items()}
+            d["capabilities"] = [str(x) for x in d["capabilities"]]
+            d["evidence_refs"] = [str(x) for x in d["evidence_refs"]]
         d["time_ns"] = int(d["time_ns"])
         d["valid"] = bool(d["valid"])
-        d["capabilities"] = [str(x) for x in d["capabilities"]]
-        d["evidence_refs"] = [str(x) for x in d["evidence_refs"]]
         out.append(d)
     return out
 
@@ -267,6 +276,7 @@ def evidence_package(
         db,
         "tenant = {t:String} AND task_id = {k:String}",
         {"t": ten, "k": rows[0]["task_id"]},
+        _TASK_COLUMNS,
     )
     extra = _cross_anomalies(client, db, ten, rows, task_rows, handoff_id)
     return build_package(

@@ -13,12 +13,15 @@ scaled linearly to N. pandas_ratio = scaled pandas compute time / our funnel tim
 time excluded, which favours pandas).
 
 Usage: python bench/analytics_queries.py [--handoffs 2000000] [--sample 100000] [--repeat 5]
-Last line: RESULT funnel_ms=<n> slice_ms=<n> evidence_ms=<n> pandas_ratio=<pandas/ours>
+Last line: RESULT funnel_ms=<n> slice_ms=<n> evidence_ms=<n> pandas_ratio=<pandas/ours> plus
+funnel_merged_ms (after OPTIMIZE FINAL), *_cpu_ms (process CPU: chDB runs in this process, so
+this is the query's own work, unlike wall time on a shared machine) and load_avg.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -98,13 +101,20 @@ SETTINGS max_insert_block_size = 1048576
     return time.perf_counter() - t0
 
 
-def timed(fn, repeat: int) -> tuple[float, object]:
+CPU: dict[str, float] = {}
+
+
+def timed(fn, repeat: int, label: str = "") -> tuple[float, object]:
+    """Median wall ms of `repeat` warm runs; the median process CPU ms (chDB runs in this
+    process, so it is the query's CPU over all its threads) goes to CPU[label]."""
     fn()  # warm
-    times, out = [], None
+    times, cpu, out = [], [], None
     for _ in range(repeat):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         out = fn()
         times.append((time.perf_counter() - t) * 1000)
+        cpu.append((time.process_time() - c) * 1000)
+    CPU[label] = statistics.median(cpu)
     return statistics.median(times), out
 
 
@@ -183,11 +193,13 @@ def main(argv: list[str] | None = None) -> int:
     as_of = end + timedelta(hours=1)
     full = Window(start=BASE, end=end, as_of=as_of)
     day = Window(start=end - timedelta(days=1), end=end, as_of=as_of)
-    funnel_ms, f = timed(lambda: funnel(client, database=DB, window=full), args.repeat)
-    f24_ms, _ = timed(lambda: funnel(client, database=DB, window=day), args.repeat)
+    print(f"load average before timing: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    funnel_ms, f = timed(lambda: funnel(client, database=DB, window=full), args.repeat, "funnel")
+    f24_ms, _ = timed(lambda: funnel(client, database=DB, window=day), args.repeat, "funnel24")
     slice_ms, sl = timed(
         lambda: funnel(client, database=DB, window=full, by=("pair", "mode", "capability")),
         args.repeat,
+        "slice",
     )
     hid = f"h{args.handoffs // 2}"
     ledger_rows = []
@@ -210,15 +222,27 @@ def main(argv: list[str] | None = None) -> int:
         )
     client.insert(f"{DB}.transition_ledger", ledger_rows,
                   column_names=["tenant", "handoff_id", "span_id", "trace_id", "row_hash", "ingest_batch", "ingested_at"])  # fmt: skip
-    ev_ms, pkg = timed(lambda: evidence_package(client, database=DB, handoff_id=hid), args.repeat)
+    ev_ms, pkg = timed(
+        lambda: evidence_package(client, database=DB, handoff_id=hid), args.repeat, "evidence"
+    )
     row = f.iloc[0]
     print(f"funnel (7 days, {int(row['volume']):,} handoffs): {funnel_ms:.0f} ms  "
           f"[settled {int(row['settled']):,}, committed {int(row['committed']):,}, p_e2e {row['p_e2e']:.3f}]")  # fmt: skip
-    print(f"funnel (24 h window): {f24_ms:.0f} ms")
-    print(f"slice pair x mode x capability ({len(sl):,} groups): {slice_ms:.0f} ms")
+    print(f"  (process CPU {CPU['funnel']:.0f} ms over all query threads)")
+    print(f"funnel (24 h window): {f24_ms:.0f} ms (CPU {CPU['funnel24']:.0f} ms)")
+    print(
+        f"slice pair x mode x capability ({len(sl):,} groups): {slice_ms:.0f} ms (CPU {CPU['slice']:.0f} ms)"
+    )
     print(
         f"evidence package ({len(pkg['transitions'])} transitions, ledger {pkg['integrity']['ledger']['matched']} matched): {ev_ms:.1f} ms"
     )
+
+    # steady state: background merges caught up (one part per partition)
+    t = time.perf_counter()
+    client.command(f"OPTIMIZE TABLE {DB}.handoff_summary FINAL")
+    print(f"OPTIMIZE handoff_summary FINAL: {time.perf_counter() - t:.1f} s")
+    merged_ms, _ = timed(lambda: funnel(client, database=DB, window=full), args.repeat, "merged")
+    print(f"funnel (7 days) after merges: {merged_ms:.0f} ms (CPU {CPU['merged']:.0f} ms)")
 
     # the same funnel without us: export a sample, compute in pandas, scale linearly
     s_end = BASE + timedelta(seconds=args.sample * DAYS * 86_400 / args.handoffs)
@@ -231,9 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     export_s = time.perf_counter() - t
     df["time"] = pd.to_datetime(df["time"]).dt.tz_localize(None).dt.tz_localize("UTC")
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     pf = pandas_funnel(df, BASE, s_end, as_of)
-    pandas_s = time.perf_counter() - t
+    pandas_s, pandas_cpu_s = time.perf_counter() - t, time.process_time() - c
     ours = funnel(client, database=DB, window=sample_w).iloc[0]
     same = all(int(ours[k]) == v for k, v in pf.items())
     scaled_ms = pandas_s * 1000 * args.handoffs / args.sample
@@ -242,8 +266,14 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.sample:,} handoffs -> {scaled_ms:,.0f} ms scaled to {args.handoffs:,}; equal to ours on the sample: {same}")  # fmt: skip
     if not same:
         print(f"  pandas {pf} vs ours { {k: int(ours[k]) for k in pf} }")
+    cpu_ratio = pandas_cpu_s * 1000 * args.handoffs / args.sample / CPU["funnel"]
     print(
-        f"RESULT funnel_ms={funnel_ms:.0f} slice_ms={slice_ms:.0f} evidence_ms={ev_ms:.1f} pandas_ratio={ratio:.1f}"
+        f"pandas CPU {pandas_cpu_s * 1000:.0f} ms for the sample; CPU ratio pandas/ours {cpu_ratio:.1f}"
+    )
+    print(
+        f"RESULT funnel_ms={funnel_ms:.0f} slice_ms={slice_ms:.0f} evidence_ms={ev_ms:.1f} "
+        f"pandas_ratio={ratio:.1f} funnel_merged_ms={merged_ms:.0f} funnel_cpu_ms={CPU['funnel']:.0f} "
+        f"evidence_cpu_ms={CPU['evidence']:.1f} load_avg={os.getloadavg()[0]:.1f}"
     )
     return 0 if same else 1
 
