@@ -311,3 +311,75 @@ def test_cli_metrics_and_anomalies(chdb_client, db, chdb_path, capsys):
     assert "colour" in capsys.readouterr().err
     assert main(["metrics", "--from", "yesterday", *store]) == 2
     assert main(["metrics", "--store", "http://127.0.0.1:9", "--database", db]) == 3
+
+
+def paths() -> list[T]:
+    """The transitions histories() leaves out, so the two fixtures cover every legal one."""
+    b: list[T] = []
+    b += _path(
+        "p1",
+        0,
+        [ACC, ("timeout", "accepted", "unknown", {}), ("cancel", "unknown", "canceled", {})],
+    )
+    b += _path("p2", 0, [ACC, START, ("prepare", "running", "prepared", EV),
+                         ("timeout", "prepared", "unknown", {}), ("escalate", "unknown", "escalated", {})])  # fmt: skip
+    b += _path("p3", 0, [ACC, START, ("commit", "running", "committed", EV),
+                         ("verify_fail", "committed", "unknown", {}),
+                         ("resolve_committed", "unknown", "committed", EV)])  # fmt: skip
+    b += _path("p4", 0, [ACC, ("cancel", "accepted", "canceled", {})])
+    b += _path("p5", 0, [ACC, START, ("cancel", "running", "canceled", {})])
+    b += _path(
+        "p6",
+        0,
+        [
+            ACC,
+            START,
+            ("prepare", "running", "prepared", EV),
+            ("cancel", "prepared", "canceled", {}),
+        ],
+    )
+    b += _path("p7", 0, [("escalate", "created", "escalated", {})])
+    b += _path("p8", 0, [ACC, START, ("escalate", "running", "escalated", {})])
+    b += _path(
+        "p9",
+        0,
+        [
+            ACC,
+            START,
+            ("prepare", "running", "prepared", NO_EV),
+            ("escalate", "prepared", "escalated", {}),
+        ],
+    )
+    b += _path(
+        "p10",
+        0,
+        [("timeout", "created", "unknown", {}), ("resolve_committed", "unknown", "committed", EV)],
+    )
+    return b
+
+
+def test_the_two_fixtures_cover_every_legal_transition():
+    from analytics._contract_sql import POSITIONS
+
+    first, second = histories()
+    seen = {(t.from_state, t.event, t.to_state) for t in [*first, *second, *paths()]}
+    assert set(POSITIONS) <= seen
+
+
+def test_remaining_paths_hand_computed(chdb_client, fresh_db):
+    seed(chdb_client, fresh_db, paths())
+    row = funnel(chdb_client, database=fresh_db, window=WINDOW).iloc[0]
+    # every p* reaches a terminal state: 10 settled, none in flight
+    assert (row["volume"], row["settled"], row["in_flight"]) == (10, 10, 0)
+    # A: all but p7 (escalated from created) = 9; p10 is implied (committed after unknown)
+    # E: p2 p3 p6 p9 p10 = 5; V: E minus p9 (bare prepare) = 4; K: p3 p10 = 2
+    assert (row["accepted"], row["executed"], row["evidenced"], row["committed"]) == (9, 5, 4, 2)
+    # unknown: p1 p2 p3 (verify_fail) p10 = 4, all left unknown; escalated: p2 p7 p8 p9 = 4
+    assert (row["unknown"], row["unresolved_now"], row["escalated"]) == (4, 0, 4)
+    assert row["p_execute"] == pytest.approx(5 / 9) and row["p_commit"] == pytest.approx(2 / 4)
+    assert row["p_e2e"] == pytest.approx(2 / 10)
+    df = anomalies(chdb_client, database=fresh_db, window=WINDOW, examples=10)
+    # the committed -> unknown -> committed cycle of p3 is neither skew nor invalid
+    assert {r.kind: list(r.examples) for r in df.itertuples() if r.count} == {
+        "implied_accept": ["p10"]
+    }
