@@ -243,6 +243,8 @@ def _finish(
             problem = f"parentSpanId must be 8 bytes or empty, got {parent_id!r}"
         elif start <= 0:
             problem = "startTimeUnixNano is missing or zero"
+        elif start >= _MAX_NS or (events[0] and max(events[0]) >= _MAX_NS):
+            problem = "a timestamp is past 2262-04-11 (the largest DateTime64(9) value)"
     is_handoff = False
     if problem is None:
         result = check_handoff_span(attrs, tenant=batch.tenant)
@@ -283,6 +285,7 @@ def _finish(
 
 
 _ZERO_TRACE: Final = "0" * 32
+_MAX_NS: Final = 2**63  # DateTime64(9) is Int64 nanoseconds
 _ZERO_SPAN: Final = "0" * 16
 
 

@@ -139,6 +139,10 @@ class _Handler(BaseHTTPRequestHandler):
         except (SpoolFull, StoreUnavailable) as exc:
             self._error(503, str(exc), fmt)
             return
+        except OSError as exc:  # the spool could not be written (disk full, I/O error)
+            log.error("spool write failed: %s", exc)
+            self._error(503, f"spool write failed, retry later: {exc.strerror or exc}", fmt)
+            return
         except Exception as exc:  # never acknowledge what was not spooled
             log.exception("ingest failed")
             self._error(500, f"internal error: {exc}", fmt)

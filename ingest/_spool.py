@@ -2,8 +2,10 @@
 
 Records are framed `MAGIC | header_len | body_len | crc32 | header JSON | body` in numbered
 segment files. `append` returns once the record is on disk (fdatasync, group commit: one
-sync covers every record written before it, so concurrent requests share syncs). A torn
-record at the tail (a crash mid-write) is cut off on open; it was never acknowledged.
+sync covers every record written before it, so concurrent requests share syncs). A failed
+write (disk full) removes its partial frame before raising. On open, bytes that are not a
+valid frame (a torn tail from a crash, never acknowledged; or on-disk corruption) are
+skipped by resyncing on the next valid frame, copied to `quarantine-*.bad` and reported.
 `commit(seq)` marks every record up to seq as stored; segments wholly committed are deleted.
 """
 
@@ -11,8 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import struct
+import sys
 import threading
 import zlib
 from collections.abc import Iterator
@@ -22,6 +26,7 @@ from typing import Any, Final
 
 __all__ = ["Spool", "SpoolFull", "SpoolRecord"]
 
+log = logging.getLogger("handoffs.spool")
 _MAGIC: Final = b"HOS1"
 _FRAME: Final = struct.Struct(">4sIII")
 _SEGMENT_BYTES: Final = 64 * 1024 * 1024
@@ -36,6 +41,26 @@ class SpoolRecord:
     seq: int
     header: dict[str, Any]
     body: bytes
+
+
+def _parse_frame(data: bytes, pos: int) -> tuple[SpoolRecord, int, int] | None:
+    """The record whose frame starts at `pos`, with its (start, end), or None if it is bad."""
+    if pos + _FRAME.size > len(data):
+        return None
+    magic, hlen, blen, crc = _FRAME.unpack_from(data, pos)
+    start = pos + _FRAME.size
+    end = start + hlen + blen
+    if magic != _MAGIC or end > len(data):
+        return None
+    payload = data[start:end]
+    if zlib.crc32(payload) != crc:
+        return None
+    try:
+        header = json.loads(payload[:hlen])
+        seq = int(header["seq"])
+    except (ValueError, KeyError, TypeError):
+        return None
+    return SpoolRecord(seq, header, bytes(payload[hlen:])), pos, end
 
 
 def _seg_name(n: int) -> str:
@@ -63,6 +88,7 @@ class Spool:
         self._segment_bytes = segment_bytes
         self._lock = threading.Lock()
         self._sync_lock = threading.Lock()
+        self.quarantined = 0  # bad stretches found on open (kept in quarantine-*.bad files)
         self._committed = self._read_checkpoint()
         # segment number -> (max seq in it, bytes)
         self._segments: dict[int, list[int]] = {}
@@ -87,38 +113,61 @@ class Spool:
     def _scan(self) -> None:
         for path in sorted(self.dir.glob("seg-*.log")):
             n = int(path.stem.split("-")[1])
-            max_seq, good = 0, 0
-            for rec, end in self._read_segment(path):
+            max_seq, size = 0, 0
+            for rec, start, end in self._frames(path):
                 max_seq = max(max_seq, rec.seq)
                 if rec.seq > self._committed:
-                    self._pending[rec.seq] = end - good
-                good = end
+                    self._pending[rec.seq] = end - start
                 self._next_seq = max(self._next_seq, rec.seq + 1)
-            if path.stat().st_size != good:  # torn tail from a crash: never acknowledged
-                with open(path, "r+b") as f:
-                    f.truncate(good)
-            self._segments[n] = [max_seq, good]
+                size = end
+            self._segments[n] = [max_seq, max(size, path.stat().st_size)]
         self._gc()
+
+    def _quarantine(self, path: Path, data: bytes, start: int, end: int) -> None:
+        """Keep bytes that are not a valid record aside (never acknowledged: a torn tail; or
+        corrupted on disk) and report them; the records around them are still replayed."""
+        q = self.dir / f"quarantine-{path.stem}-{start:012d}.bad"
+        if not q.exists():
+            q.write_bytes(data[start:end])
+        self.quarantined += 1
+        msg = f"spool: {end - start} unreadable bytes (torn or corrupt record) at {path.name}:{start} quarantined in {q.name}"
+        log.warning(msg)
+        print(msg, file=sys.stderr, flush=True)
+
+    def _frames(self, path: Path) -> Iterator[tuple[SpoolRecord, int, int]]:
+        """Valid records of a segment as (record, start, end); bad stretches are skipped by
+        resyncing on the next frame that checks out, and quarantined."""
+        data = path.read_bytes()
+        pos = 0
+        while pos < len(data):
+            rec = _parse_frame(data, pos)
+            if rec is not None:
+                yield rec
+                pos = rec[2]
+                continue
+            nxt = data.find(_MAGIC, pos + 1)
+            while nxt >= 0 and _parse_frame(data, nxt) is None:
+                nxt = data.find(_MAGIC, nxt + 1)
+            bad_end = len(data) if nxt < 0 else nxt
+            self._quarantine(path, data, pos, bad_end)
+            pos = bad_end
 
     @staticmethod
     def _read_segment(path: Path) -> Iterator[tuple[SpoolRecord, int]]:
         data = path.read_bytes()
         pos = 0
-        while pos + _FRAME.size <= len(data):
-            magic, hlen, blen, crc = _FRAME.unpack_from(data, pos)
-            start = pos + _FRAME.size
-            end = start + hlen + blen
-            if magic != _MAGIC or end > len(data):
-                return
-            payload = data[start:end]
-            if zlib.crc32(payload) != crc:
-                return
-            try:
-                header = json.loads(payload[:hlen])
-            except ValueError:
-                return
-            yield SpoolRecord(int(header["seq"]), header, bytes(payload[hlen:])), end
-            pos = end
+        while pos < len(data):
+            rec = _parse_frame(data, pos)
+            if rec is None:
+                nxt = data.find(_MAGIC, pos + 1)
+                while nxt >= 0 and _parse_frame(data, nxt) is None:
+                    nxt = data.find(_MAGIC, nxt + 1)
+                if nxt < 0:
+                    return
+                pos = nxt
+                continue
+            yield rec[0], rec[2]
+            pos = rec[2]
 
     def _open_segment(self) -> None:
         path = self.dir / _seg_name(self._seg_no)
@@ -147,12 +196,19 @@ class Spool:
                     f"spool holds {size} bytes not yet stored (limit {self.max_bytes}); retry later"
                 )
             seq = self._next_seq
-            self._next_seq += 1
             hdr = json.dumps({**header, "seq": seq}, separators=(",", ":")).encode()
             payload = hdr + body
             frame = _FRAME.pack(_MAGIC, len(hdr), len(body), zlib.crc32(payload)) + payload
-            os.write(self._fd, frame)
             seg = self._segments[self._seg_no]
+            try:
+                view = memoryview(frame)
+                while view:  # os.write may write less than asked (a nearly full disk)
+                    view = view[os.write(self._fd, view) :]
+            except OSError:
+                # Leave no torn frame behind: later records must stay readable.
+                os.ftruncate(self._fd, seg[1])
+                raise
+            self._next_seq += 1
             seg[0] = seq
             seg[1] += len(frame)
             self._pending[seq] = len(frame)

@@ -7,7 +7,10 @@
 -- ORDER BY (ServiceName, SpanName, toDateTime(Timestamp)) is the exporter's own; handoff
 -- queries never read this table (they read handoff_transitions), only the explorer reads
 -- a trace's other spans, which the TraceId bloom filter serves.
--- TTL: raw spans are kept 30 days; the handoff transitions they feed are kept far longer.
+--   InsertedAt: when the row was stored; retention counts from it, not from the span's own
+--           clock, so a span stamped long ago (or past 2106) is kept like any other instead
+--           of being dropped at insert after it was acknowledged.
+-- TTL: raw spans are kept 30 days after ingest; the handoff transitions they feed far longer.
 CREATE TABLE IF NOT EXISTS {db}.otel_traces
 (
     `Timestamp` DateTime64(9) CODEC(Delta, ZSTD(1)),
@@ -34,6 +37,7 @@ CREATE TABLE IF NOT EXISTS {db}.otel_traces
     `Links.Attributes` Array(Map(LowCardinality(String), String)) CODEC(ZSTD(1)),
     `Tenant` LowCardinality(String) DEFAULT ResourceAttributes['handoffs.tenant'],
     `IngestBatch` String DEFAULT '',
+    `InsertedAt` DateTime DEFAULT now() CODEC(Delta, ZSTD(1)),
     INDEX idx_trace_id TraceId TYPE bloom_filter(0.001) GRANULARITY 1,
     INDEX idx_res_attr_key mapKeys(ResourceAttributes) TYPE bloom_filter(0.01) GRANULARITY 1,
     INDEX idx_span_attr_key mapKeys(SpanAttributes) TYPE bloom_filter(0.01) GRANULARITY 1,
@@ -42,5 +46,5 @@ CREATE TABLE IF NOT EXISTS {db}.otel_traces
 ENGINE = MergeTree
 PARTITION BY toDate(Timestamp)
 ORDER BY (ServiceName, SpanName, toDateTime(Timestamp))
-TTL toDateTime(Timestamp) + toIntervalDay(30)
+TTL InsertedAt + toIntervalDay(30)
 SETTINGS index_granularity = 8192, ttl_only_drop_parts = 1, non_replicated_deduplication_window = 10000;

@@ -7,7 +7,8 @@
 -- Hot query 1, "funnel over a created-time window", reads handoff_summary (003), not this
 -- table; the minmax index on time lets window scans here skip whole granules too.
 -- Partition by month: a few dozen partitions a year; TTL drops whole months (ttl_only_drop_parts).
--- Retention 400 days: auditors reconstruct handoffs months later.
+-- Retention 400 days after ingest (ingested_at, filled by default: the view does not set it):
+-- auditors reconstruct handoffs months later, and an agent's clock cannot expire a row early.
 -- Rows are never updated by the platform: duplicates are stored as observed and counted once
 -- by the analytics (a duplicate delivery is itself an anomaly to report).
 CREATE TABLE IF NOT EXISTS {db}.handoff_transitions
@@ -46,6 +47,7 @@ CREATE TABLE IF NOT EXISTS {db}.handoff_transitions
     `attributes` Map(LowCardinality(String), String) CODEC(ZSTD(1)),
     `claimed_tenant` LowCardinality(String),
     `ingest_batch` String CODEC(ZSTD(1)),
+    `ingested_at` DateTime DEFAULT now() CODEC(Delta, ZSTD(1)),
     INDEX idx_task task_id TYPE bloom_filter(0.01) GRANULARITY 4,
     INDEX idx_idem idempotency_key TYPE bloom_filter(0.01) GRANULARITY 4,
     INDEX idx_time time TYPE minmax GRANULARITY 1
@@ -53,7 +55,7 @@ CREATE TABLE IF NOT EXISTS {db}.handoff_transitions
 ENGINE = MergeTree
 PARTITION BY toYYYYMM(time)
 ORDER BY (tenant, handoff_id, time)
-TTL toDateTime(time) + toIntervalDay(400)
+TTL ingested_at + toIntervalDay(400)
 SETTINGS index_granularity = 8192, ttl_only_drop_parts = 1, non_replicated_deduplication_window = 10000;
 
 -- Array attributes travel in SpanAttributes as JSON text (the collector exporter's encoding

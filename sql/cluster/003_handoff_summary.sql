@@ -9,9 +9,10 @@
 -- One row per (tenant, handoff_id) after merges: what the funnel over a created-time window
 -- needs, so a funnel reads ~one small row per handoff instead of every transition.
 -- AggregatingMergeTree with SimpleAggregateFunction columns only (min/max/sum/groupBitOr):
--- merging is cheap and a query finishes the merge with GROUP BY tenant, handoff_id.
--- ORDER BY (tenant, handoff_id): the GROUP BY runs in key order and a handoff's rows from
--- different insert blocks merge into one. No PARTITION BY: a handoff's transitions arrive
+-- merging is cheap, and the funnel reads `handoff_summary FINAL`, which merges at read time
+-- only the ranges whose parts still overlap (nearly none once background merges caught up).
+-- ORDER BY (tenant, handoff_id): a handoff's rows from different insert blocks merge into one;
+-- one tenant's handoffs are one contiguous range. No PARTITION BY: a handoff's transitions arrive
 -- over minutes to days, and only its `create` row knows the created time, so any time
 -- partition would split one handoff's rows across partitions that never merge.
 -- Duplicate deliveries are idempotent here (bit OR, min), which is how "the same

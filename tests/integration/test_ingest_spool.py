@@ -85,3 +85,22 @@ def test_concurrent_appends_share_syncs_and_lose_nothing(tmp_path):
     assert sorted(seqs) == list(range(1, 201))
     bodies = {r.body for r in Spool(tmp_path, max_bytes=1 << 30).uncommitted()}
     assert bodies == {f"{k}:{i}".encode() for k in range(4) for i in range(50)}
+
+
+def test_a_corrupt_record_mid_segment_costs_only_itself(tmp_path, capsys):
+    s = Spool(tmp_path, max_bytes=1 << 20)
+    for i in range(5):
+        s.append({"i": i}, f"record-{i}".encode() * 10)
+    s.close()
+    (seg,) = tmp_path.glob("seg-*.log")
+    data = bytearray(seg.read_bytes())
+    third = data.find(b"record-2")
+    data[third] ^= 0xFF  # bit rot inside record 3: its CRC no longer matches
+    seg.write_bytes(bytes(data))
+    s2 = Spool(tmp_path, max_bytes=1 << 20)
+    assert [r.header["i"] for r in s2.uncommitted()] == [0, 1, 3, 4]
+    assert s2.quarantined == 1
+    (q,) = tmp_path.glob("quarantine-*.bad")
+    assert b"ecord-2" in q.read_bytes()
+    assert "quarantined" in capsys.readouterr().err
+    s2.close()

@@ -220,6 +220,25 @@ def test_ledger_and_batch_chain_match(ch):
     assert sum(1 for p, _ in rows if p == b"0" * 64 or p == "0" * 64) == 1
 
 
+def test_spans_with_extreme_clocks_are_kept(serve, ch):
+    # Retention counts from ingest, so an agent clock at 1970 or near 2262 loses nothing.
+    spans = []
+    for name, ts in (("h-epoch", 10**9), ("h-2262", 2**63 - 1)):
+        s = _span(transition(name, "create", "", "created"))
+        s["startTimeUnixNano"] = str(ts)
+        s["endTimeUnixNano"] = str(ts)
+        spans.append(s)
+    r = _post(serve, request_protobuf(spans), {**PB, **ACME})
+    assert r.status_code == 200
+    assert ExportTraceServiceResponse.FromString(r.content).partial_success.rejected_spans == 0
+    ACKED.extend(s["spanId"] for s in spans)
+    serve.wait_stored()
+    rows = ch.query(
+        "SELECT handoff_id FROM handoff_transitions WHERE handoff_id IN ('h-epoch', 'h-2262') ORDER BY time"
+    ).result_rows
+    assert rows == [("h-epoch",), ("h-2262",)]
+
+
 def test_every_acknowledged_span_is_stored_exactly_once(serve, ch):
     serve.wait_stored()
     rows = ch.query(

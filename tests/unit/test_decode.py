@@ -196,3 +196,11 @@ def test_lone_surrogate_is_a_decode_error_but_pairs_are_fine():
         decode_json(json.dumps(request_json(spans)).encode(), tenant="t").columns["SpanName"][2]
         == "\U0001f600"
     )
+
+
+def test_timestamp_past_datetime64_range_rejects_the_span():
+    spans = _spans()
+    spans[0]["startTimeUnixNano"] = str(2**64 - 1)
+    b = decode_json(json.dumps(request_json(spans)).encode(), tenant="t")
+    assert (b.stored, len(b.rejects)) == (2, 1)
+    assert "past 2262-04-11" in b.rejects[0].reason
