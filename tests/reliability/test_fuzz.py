@@ -436,3 +436,27 @@ def test_oversized_attribute_values_and_counts_are_truncated_or_refused(fuzz_ser
     print(f"FIGURES oversized: statuses={statuses} stored (value len, attr count)={big}, {many}")
     assert big is None or big[0] < 3_000_000
     assert many is None or many[1] < 100_000
+
+
+def test_stalled_clients_do_not_block_others(fuzz_serve):
+    """50 connections that promise a body and stall (slowloris) do not stop a normal client
+    (each connection has its own thread; serve sets no read timeout, so stalled connections
+    stay open until the client goes away — a thread each: see docs/reliability.md)."""
+    import socket
+
+    h = fuzz_serve
+    stalled = []
+    try:
+        for _ in range(50):
+            s = socket.create_connection(("127.0.0.1", h.otlp_port), timeout=10)
+            s.sendall(
+                b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Authorization: Bearer tok-acme\r\nContent-Length: 100000\r\n\r\n{"
+            )
+            stalled.append(s)
+        r = requests.post(f"{h.otlp_url}/v1/traces", data=b"{}", headers={**JS, **ACME}, timeout=30)
+        assert r.status_code == 200
+        assert h.health()["status"] == "ok"
+    finally:
+        for s in stalled:
+            s.close()
