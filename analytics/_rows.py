@@ -1,0 +1,67 @@
+"""Reading handoff_transitions and transition_ledger rows for evidence packages."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from clickhouse_connect.driver.client import Client
+
+#: Every column of a transition a package holds (time as integer ns).
+ROW_COLUMNS: Final = """tenant, toUnixTimestamp64Nano(time) AS time_ns, trace_id, span_id,
+    parent_span_id, task_id, handoff_id, event, from_state, to_state, actor, valid, protocol,
+    mode, from_agent, to_agent, topology, idempotency_key, payload_hash, deadline_ms,
+    capabilities, evidence_refs, evidence_count, evidence_valid, error_code, fence_token,
+    state_version, receipt_status, receipt_hash, span_name, service_name, attributes,
+    claimed_tenant, ingest_batch"""
+#: What the cross-handoff anomalies need from the task's other rows (no attribute maps).
+TASK_COLUMNS: Final = """tenant, toUnixTimestamp64Nano(time) AS time_ns, span_id, task_id,
+    handoff_id, event, from_state, to_state, valid, mode, from_agent, to_agent, fence_token,
+    state_version"""
+
+
+def fetch_rows(
+    client: Client, db: str, where: str, params: dict[str, Any], columns: str = ROW_COLUMNS
+) -> list[dict[str, Any]]:
+    """handoff_transitions rows matching `where` (bound `params`) as dicts; attributes as a
+    str->str dict, time_ns as int (the shape ingest.integrity.row_hash expects)."""
+    res = client.query(
+        f"SELECT {columns} FROM {db}.handoff_transitions WHERE {where}", parameters=params
+    )
+    out = []
+    for r in res.result_rows:
+        d = dict(zip(res.column_names, r, strict=True))
+        if "attributes" in d:
+            d["attributes"] = {str(k): str(v) for k, v in dict(d["attributes"]).items()}
+            d["capabilities"] = [str(x) for x in d["capabilities"]]
+            d["evidence_refs"] = [str(x) for x in d["evidence_refs"]]
+        d["time_ns"] = int(d["time_ns"])
+        d["valid"] = bool(d["valid"])
+        out.append(d)
+    return out
+
+
+def fetch_handoff(
+    client: Client, db: str, handoff_id: str, tenant: str | None
+) -> list[dict[str, Any]]:
+    """Every stored row of one handoff (all tenants when `tenant` is None)."""
+    params: dict[str, Any] = {"h": handoff_id}
+    where = "handoff_id = {h:String}"
+    if tenant is not None:
+        params["t"] = tenant
+        where += " AND tenant = {t:String}"
+    return fetch_rows(client, db, where, params)
+
+
+def fetch_ledger(client: Client, db: str, tenant: str, handoff_id: str) -> dict[str, list[str]]:
+    """span_id -> ledger row hashes of one handoff."""
+    res = client.query(
+        f"SELECT span_id, row_hash FROM {db}.transition_ledger "
+        "WHERE tenant = {t:String} AND handoff_id = {h:String}",
+        parameters={"t": tenant, "h": handoff_id},
+    )
+    out: dict[str, list[str]] = defaultdict(list)
+    for span, h in res.result_rows:
+        out[str(span)].append(h.decode() if isinstance(h, bytes) else str(h))
+    return out
