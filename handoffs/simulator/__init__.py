@@ -6,6 +6,8 @@ those steps through collector.HandoffTracer into OpenTelemetry's OTLP/HTTP expor
 TracerProvider per tenant with that tenant's bearer token; it never writes to the store.
 """
 
+from handoffs.simulator._arrivals import backfill_starts, live_starts
+from handoffs.simulator._catalog import AGENTS, MEAN_INTENTS, TOPOLOGIES, WORKFLOWS
 from handoffs.simulator._emit import EmitStats, Emitter, otlp_exporter_factory
 from handoffs.simulator._model import (
     FAULTS,
@@ -19,15 +21,7 @@ from handoffs.simulator._model import (
 )
 from handoffs.simulator._parallel import merge_stats, run_backfill_parallel
 from handoffs.simulator._run import LIVE_SEQ_BASE, run_backfill, run_live
-from handoffs.simulator._scenario import (
-    AGENTS,
-    MEAN_INTENTS,
-    TOPOLOGIES,
-    WORKFLOWS,
-    backfill_starts,
-    live_starts,
-    plan_task,
-)
+from handoffs.simulator._scenario import plan_task
 
 __all__ = [
     "AGENTS",

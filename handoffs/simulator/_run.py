@@ -9,9 +9,11 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
+from handoffs.simulator._arrivals import backfill_starts, live_starts
+from handoffs.simulator._catalog import MEAN_INTENTS
 from handoffs.simulator._emit import EmitStats, Emitter
 from handoffs.simulator._model import ScenarioConfig, SimulatorConfigError, Step, TaskPlan
-from handoffs.simulator._scenario import MEAN_INTENTS, backfill_starts, live_starts, plan_task
+from handoffs.simulator._scenario import plan_task
 
 __all__ = ["LIVE_SEQ_BASE", "run_backfill", "run_live"]
 

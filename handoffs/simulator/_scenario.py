@@ -1,8 +1,7 @@
 """The pure half of the simulator: plans tasks of handoffs as timed steps, no I/O.
 
-`plan_task(config, seq, start_ns)` returns one TaskPlan; `backfill_starts` and `live_starts`
-give task start times (diurnal volume for a past window; Poisson arrivals for live traffic).
-Each task draws from its own random.Random seeded by (config.seed, seq), so a plan is
+`plan_task(config, seq, start_ns)` returns one TaskPlan (start times: _arrivals.py; the
+fleet: _catalog.py). Each task draws from its own random.Random seeded by (config.seed, seq), so a plan is
 reproducible and independent of how many tasks come before it. Every step sequence is legal
 under collector.contract except steps marked `illegal` (the after_terminal fault).
 """
@@ -12,12 +11,21 @@ from __future__ import annotations
 import hashlib
 import math
 import random
-from collections.abc import Iterator
-from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Final
 
 from collector.contract import TERMINAL, next_state
+from handoffs.simulator._catalog import (
+    ACCEPT_MS,
+    AGENTS,
+    DEADLINE_MS,
+    SPECIALISTS,
+    TOPOLOGIES,
+    TOPOLOGY_WEIGHTS,
+    WORKFLOW_WEIGHTS,
+    WORKFLOWS,
+    Hop,
+)
 from handoffs.simulator._model import (
     PlannedHandoff,
     ScenarioConfig,
@@ -26,105 +34,9 @@ from handoffs.simulator._model import (
     TaskPlan,
 )
 
-__all__ = ["AGENTS", "TOPOLOGIES", "WORKFLOWS", "backfill_starts", "live_starts", "plan_task"]
+__all__ = ["plan_task"]
 
 _MS: Final = 1_000_000
-_S: Final = 1_000_000_000
-
-TOPOLOGIES: Final = ("in_process", "agent_as_tool", "shared_queue", "federated_a2a")
-_TOPOLOGY_WEIGHTS: Final = (0.3, 0.3, 0.25, 0.15)
-#: Median accept latency per topology, ms: a queue waits for a consumer, A2A crosses a network.
-_ACCEPT_MS: Final = {
-    "in_process": 5,
-    "agent_as_tool": 80,
-    "shared_queue": 1500,
-    "federated_a2a": 400,
-}
-_DEADLINE_MS: Final = {
-    "in_process": 120_000,
-    "agent_as_tool": 180_000,
-    "shared_queue": 300_000,
-    "federated_a2a": 240_000,
-}
-
-#: Agent -> (capabilities on its Agent Card, median run time in seconds).
-AGENTS: Final = MappingProxyType(
-    {
-        "planner": (("plan.decompose",), 4.0),
-        "triage": (("triage.route",), 2.0),
-        "researcher": (("docs.read", "web.search"), 20.0),
-        "coder": (("code.write", "code.test"), 45.0),
-        "reviewer": (("code.review",), 15.0),
-        "support": (("support.reply",), 10.0),
-        "billing": (("billing.refund", "billing.invoice"), 6.0),
-        "oncall": (("incident.page",), 90.0),
-    }
-)
-_SPECIALISTS: Final = ("researcher", "coder", "reviewer", "support", "billing")
-
-
-@dataclass(frozen=True, slots=True)
-class _Hop:
-    from_agent: str
-    to_agent: str
-    mode: str
-    capabilities: tuple[str, ...]
-    objective: str
-
-
-#: Task templates: (name, weight, hops). Together they use every mode.
-WORKFLOWS: Final = (
-    (
-        "feature",
-        0.35,
-        (
-            _Hop(
-                "planner",
-                "researcher",
-                "consult",
-                ("docs.read",),
-                "summarize the API docs for feature {n}",
-            ),
-            _Hop("planner", "coder", "delegate", ("code.write",), "implement feature {n}"),
-            _Hop(
-                "coder", "reviewer", "consult", ("code.review",), "review the patch for feature {n}"
-            ),
-        ),
-    ),
-    (
-        "bugfix",
-        0.2,
-        (
-            _Hop(
-                "triage",
-                "coder",
-                "delegate",
-                ("code.write", "code.test"),
-                "fix bug {n} and add a test",
-            ),
-            _Hop("coder", "reviewer", "consult", ("code.review",), "review the fix for bug {n}"),
-        ),
-    ),
-    (
-        "support",
-        0.3,
-        (
-            _Hop("triage", "support", "transfer", ("support.reply",), "answer customer ticket {n}"),
-            _Hop("support", "billing", "transfer", ("billing.refund",), "refund order {n}"),
-        ),
-    ),
-    (
-        "incident",
-        0.15,
-        (
-            _Hop("support", "oncall", "escalate", ("incident.page",), "customer outage report {n}"),
-            _Hop("oncall", "coder", "delegate", ("code.write",), "hotfix for incident {n}"),
-        ),
-    ),
-)
-_WORKFLOW_WEIGHTS: Final = tuple(w for _, w, _ in WORKFLOWS)
-#: Mean business handoff intents per task, to turn "handoffs/s" into a task rate.
-MEAN_INTENTS: Final = sum(w * len(h) for _, w, h in WORKFLOWS) / sum(_WORKFLOW_WEIGHTS)
 
 
 def _lognormal(rng: random.Random, median: float, sigma: float = 0.6) -> float:
@@ -152,7 +64,7 @@ class _Builder:
 
     def create(
         self,
-        hop: _Hop,
+        hop: Hop,
         at: int,
         *,
         key: str | None = None,
@@ -174,7 +86,7 @@ class _Builder:
             "objective": objective,
             "capabilities": hop.capabilities,
             "idempotency_key": key or f"{self.task_id}:{hop.to_agent}:{self.n_attempts}",
-            "deadline_ms": _DEADLINE_MS[self.topology],
+            "deadline_ms": DEADLINE_MS[self.topology],
             "topology": self.topology,
             "state_version": self.version,
             "fence_token": self.fence,
@@ -214,7 +126,7 @@ class _Builder:
 
 def _attempt(
     b: _Builder,
-    hop: _Hop,
+    hop: Hop,
     t0: int,
     *,
     outcome: str,
@@ -228,7 +140,7 @@ def _attempt(
         labels.add(outcome)
     hid = b.create(hop, t0, key=key, payload_salt=payload_salt, faults=frozenset())
     snd, rcv = hop.from_agent, hop.to_agent
-    deadline_ns = _DEADLINE_MS[b.topology] * _MS
+    deadline_ns = DEADLINE_MS[b.topology] * _MS
     run_ns = min(b.ms(AGENTS[rcv][1] * 1000), int(deadline_ns * 0.7))
     t = t0
     commit_step: int | None = None
@@ -238,11 +150,11 @@ def _attempt(
             if outcome == "skill_removed"
             else b.rng.choice(("busy", "policy"))
         )
-        t = b.step(hid, "reject", t + b.ms(_ACCEPT_MS[b.topology]), rcv, error_code=code)
+        t = b.step(hid, "reject", t + b.ms(ACCEPT_MS[b.topology]), rcv, error_code=code)
     elif outcome == "expire":
         t = b.step(hid, "expire", t0 + deadline_ns, snd, error_code="not_accepted")
     else:
-        t = b.step(hid, "accept", t + b.ms(_ACCEPT_MS[b.topology]), rcv)
+        t = b.step(hid, "accept", t + b.ms(ACCEPT_MS[b.topology]), rcv)
         t = b.step(hid, "start", t + b.ms(30), rcv)
         if outcome == "cancel":
             t = b.step(hid, "cancel", t + run_ns // 3, snd, error_code="superseded")
@@ -334,7 +246,7 @@ def _relabel(b: _Builder, hid: str, labels: set[str]) -> None:
             return
 
 
-def _draw_outcome(b: _Builder, hop: _Hop, at: int) -> tuple[str, frozenset[str]]:
+def _draw_outcome(b: _Builder, hop: Hop, at: int) -> tuple[str, frozenset[str]]:
     r, rng = b.cfg.rates, b.rng
     u = rng.random()
     outcome = "success"
@@ -366,8 +278,6 @@ def _draw_outcome(b: _Builder, hop: _Hop, at: int) -> tuple[str, frozenset[str]]
     ):
         outcome = "skill_removed"
         overlays -= {"stale_state_version", "stale_fence"}
-    if outcome == "timeout" and "after_terminal" in overlays:
-        pass  # a message to an unknown handoff's stale worker is illegal too
     return outcome, frozenset(overlays)
 
 
@@ -377,24 +287,24 @@ def plan_task(config: ScenarioConfig, seq: int, start_ns: int) -> TaskPlan:
         raise SimulatorConfigError("start_ns", "must be >= 0 (ns since the Unix epoch)")
     rng = random.Random(f"{config.seed}:{seq}")
     tenant = rng.choices(list(config.tenants), weights=list(config.tenants.values()))[0]
-    topology = rng.choices(TOPOLOGIES, weights=_TOPOLOGY_WEIGHTS)[0]
-    _, _, hops = rng.choices(WORKFLOWS, weights=_WORKFLOW_WEIGHTS)[0]
+    topology = rng.choices(TOPOLOGIES, weights=TOPOLOGY_WEIGHTS)[0]
+    _, _, hops = rng.choices(WORKFLOWS, weights=WORKFLOW_WEIGHTS)[0]
     task_id = f"{config.id_prefix}t{seq:x}-{rng.getrandbits(32):08x}"
     b = _Builder(config, rng, task_id, tenant, topology)
     t = start_ns
     for hop in hops:
         outcome, overlays = _draw_outcome(b, hop, t)
         if "bounce" in overlays:
-            wrong = rng.choice([a for a in _SPECIALISTS if a not in (hop.from_agent, hop.to_agent)])
-            first = _Hop(hop.from_agent, wrong, "transfer", hop.capabilities, hop.objective)
+            wrong = rng.choice([a for a in SPECIALISTS if a not in (hop.from_agent, hop.to_agent)])
+            first = Hop(hop.from_agent, wrong, "transfer", hop.capabilities, hop.objective)
             h1 = b.create(first, t, faults=frozenset({"bounce"}))
-            t = b.step(h1, "accept", t + b.ms(_ACCEPT_MS[topology]), wrong)
+            t = b.step(h1, "accept", t + b.ms(ACCEPT_MS[topology]), wrong)
             t = b.step(h1, "start", t + b.ms(30), wrong)
-            back = _Hop(wrong, hop.from_agent, "transfer", (), "not mine: " + hop.objective)
+            back = Hop(wrong, hop.from_agent, "transfer", (), "not mine: " + hop.objective)
             t += b.ms(3000)
             h2 = b.create(back, t)
             b.step(h1, "fail", t + b.ms(20), wrong, error_code="wrong_specialist")
-            t = b.step(h2, "accept", t + b.ms(_ACCEPT_MS[topology]), hop.from_agent)
+            t = b.step(h2, "accept", t + b.ms(ACCEPT_MS[topology]), hop.from_agent)
             t = b.step(h2, "start", t + b.ms(20), hop.from_agent)
             t = b.step(
                 h2,
@@ -434,41 +344,4 @@ def _add_label(b: _Builder, hid: str, label: str) -> None:
     for i, h in enumerate(b.handoffs):
         if h.handoff_id == hid:
             b.handoffs[i] = PlannedHandoff(h.tenant, h.envelope, h.created_ns, h.faults | {label})
-
-
-def _diurnal(t_s: float) -> float:
-    """Relative traffic at Unix time t_s: office-hours peak near 14:00 UTC, quieter weekends."""
-    hour = (t_s % 86400) / 3600
-    weekday = (int(t_s // 86400) + 3) % 7  # 0 = Monday (1970-01-01 was a Thursday)
-    level = 0.15 + math.exp(-(((hour - 14) / 4.5) ** 2))
-    return level * (0.45 if weekday >= 5 else 1.0)
-
-
-def backfill_starts(seed: int, start_ns: int, end_ns: int, n_tasks: int) -> list[int]:
-    """n_tasks sorted start times in [start_ns, end_ns) following a diurnal/weekly profile."""
-    if end_ns <= start_ns:
-        raise SimulatorConfigError("window", "end must be after start")
-    if n_tasks < 0:
-        raise SimulatorConfigError("n_tasks", "must be >= 0")
-    rng = random.Random(f"{seed}:starts")
-    peak = 1.15
-    out: list[int] = []
-    span = end_ns - start_ns
-    while len(out) < n_tasks:
-        t = start_ns + int(rng.random() * span)
-        if rng.random() * peak < _diurnal(t / _S):
-            out.append(t)
-    out.sort()
-    return out
-
-
-def live_starts(seed: int, start_ns: int, handoffs_per_s: float) -> Iterator[int]:
-    """Endless Poisson task arrivals from start_ns, sized so handoff intents average the rate."""
-    if handoffs_per_s <= 0:
-        raise SimulatorConfigError("rate", f"handoffs per second must be > 0, got {handoffs_per_s}")
-    rng = random.Random(f"{seed}:live")
-    lam = handoffs_per_s / MEAN_INTENTS
-    t = float(start_ns)
-    while True:
-        t += rng.expovariate(lam) * _S
-        yield int(t)
+            return
