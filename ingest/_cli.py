@@ -95,3 +95,6 @@ def _serve(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"handoffs serve: cannot listen: {exc}", file=sys.stderr)
         return EXIT_UNAVAILABLE
+    except Exception as exc:  # e.g. the schema cannot be applied (a read-only endpoint)
+        print(f"handoffs serve: cannot prepare {spec.describe()}: {exc}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
