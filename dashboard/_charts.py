@@ -154,7 +154,7 @@ def pair_heatmap(df: pd.DataFrame, *, value: str = "p_e2e") -> go.Figure:
         title=f"{value} by agent pair (from ↓, to →)",
         xaxis={"title": "to_agent", "type": "category"},
         yaxis={"title": "from_agent", "type": "category", "autorange": "reversed"},
-        **{**_LAYOUT, "height": max(300, 60 + 40 * len(ys))},
+        **{**_LAYOUT, "height": max(300, 80 + 54 * len(ys))},
     )
     return fig
 
