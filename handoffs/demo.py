@@ -173,6 +173,7 @@ def run_demo(
             file=out,
             flush=True,
         )
+        dash = _check_dashboard(dash, opts.dashboard_port, data / "logs")
         if not stop.is_set():
             remaining = None
             if opts.duration_s is not None:
@@ -193,6 +194,7 @@ def run_demo(
             run_live(emitter, live_cfg, rate=opts.live_rate, duration_s=remaining, stop=stop)
         stats = merge_stats([backfill, emitter.close()])
     finally:
+        dash = _check_dashboard(dash, opts.dashboard_port, data / "logs")
         if dash is not None and dash.poll() is None:
             dash.terminate()
             try:
@@ -210,6 +212,20 @@ def run_demo(
             flush=True,
         )
     return 0
+
+
+def _check_dashboard(
+    dash: subprocess.Popen | None, port: int, logs: Path
+) -> subprocess.Popen | None:
+    """Say so (once) when the dashboard died, e.g. its port was taken; returns None then."""
+    if dash is not None and dash.poll() is not None:
+        print(
+            f"handoffs demo: the dashboard exited with code {dash.returncode} (port {port} "
+            f"in use?); log: {logs / 'dashboard.log'}",
+            file=sys.stderr,
+        )
+        return None
+    return dash
 
 
 def _start_dashboard(query_url: str, port: int, logs: Path) -> subprocess.Popen:
