@@ -57,6 +57,7 @@ class _Builder:
         self.version = rng.randint(1, 50)  # the task's optimistic state version
         self.fence = rng.randint(1, 1000)  # the task's lease fence token
         self.n_attempts = 0
+        self.last_hid: str | None = None  # the handoff that caused the next one
 
     def ms(self, median_ms: float) -> int:
         """A latency in ns drawn around median_ms, scaled by config.latency_scale; >= 1 ms."""
@@ -93,10 +94,18 @@ class _Builder:
             "payload_hash": payload_hash,
             "contract_version": "2026-11",
             "reply_contract": "result+evidence",
+            "max_tool_calls": 8 if hop.mode == "consult" else 40,
+            "constraints": {
+                "budget_usd": 2 if hop.mode == "consult" else 10,
+                "pii": hop.to_agent in ("support", "billing"),
+            },
+            "parent_state": "running",
+            "causation_id": self.last_hid,
         }
         self.handoffs.append(PlannedHandoff(self.tenant, MappingProxyType(env), at, faults))
         self.steps.append(Step(hid, "create", at, hop.from_agent))
         self.state[hid] = "created"
+        self.last_hid = hid
         return hid
 
     def step(self, hid: str, event: str, at: int, actor: str, **attrs: Any) -> int:
