@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from clickhouse_connect import common
+
 from handoffs import settings
 from handoffs.store import StoreError, StoreSpec, connect, parse_store
 
@@ -124,7 +126,7 @@ def open_client(target: StoreTarget, *, pid: int | None = None) -> Client:
                 f"query port instead. {_serve_hint(spec.path)}"
             )
     try:
-        client = connect(spec, database="")
+        client = _connect_shared(spec)
     except StoreError as exc:
         hint = "" if spec.embedded else " Is `handoffs serve` (or the ClickHouse server) running?"
         raise StoreUnavailable(
@@ -145,6 +147,19 @@ def open_client(target: StoreTarget, *, pid: int | None = None) -> Client:
             "Start `handoffs serve` (it creates the schema) and send spans, or run `handoffs demo`."
         )
     return client
+
+
+def _connect_shared(spec: StoreSpec) -> Client:
+    """connect() for a client that every browser session shares: over HTTP without a
+    ClickHouse session id, since a server refuses concurrent queries within one session."""
+    if spec.embedded:
+        return connect(spec, database="")
+    old = common.get_setting("autogenerate_session_id")
+    common.set_setting("autogenerate_session_id", False)  # read once, when the client is built
+    try:
+        return connect(spec, database="")
+    finally:
+        common.set_setting("autogenerate_session_id", old)
 
 
 def _short(exc: BaseException, limit: int = 300) -> str:

@@ -137,3 +137,19 @@ def test_store_locked_by_another_process_is_explained(tmp_path):
 def test_bad_store_setting_is_a_clear_error():
     with pytest.raises(StoreUnavailable, match=r"The store setting is invalid: .*unknown scheme"):
         resolve_target("gopher://x", "handoffs")
+
+
+def test_shared_http_client_has_no_session_and_serves_threads(serve_process):
+    """Every browser session shares one client: no ClickHouse session id (a server refuses
+    concurrent queries in one session), and concurrent queries from threads all answer; a
+    database serve does not have is explained."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    client = open_client(resolve_target(serve_process.query_url, serve_process.database))
+    assert client.get_client_setting("session_id") is None
+    sql = f"SELECT count() FROM {serve_process.database}.handoff_transitions"
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda _: client.query(sql).result_rows[0][0], range(8)))
+    assert got == [0] * 8
+    with pytest.raises(StoreUnavailable, match=r"no database 'nope' with handoff tables yet"):
+        open_client(resolve_target(serve_process.query_url, "nope"))
