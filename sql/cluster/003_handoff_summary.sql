@@ -15,6 +15,7 @@
 -- one tenant's handoffs are one contiguous range. No PARTITION BY: a handoff's transitions arrive
 -- over minutes to days, and only its `create` row knows the created time, so any time
 -- partition would split one handoff's rows across partitions that never merge.
+-- Agent, mode, topology and protocol are LowCardinality: few distinct values, cheap slices.
 -- Duplicate deliveries are idempotent here (bit OR, min), which is how "the same
 -- transition delivered twice counts once" holds for the funnel.
 --
@@ -62,11 +63,11 @@ CREATE TABLE IF NOT EXISTS {db}.handoff_summary_local ON CLUSTER '{cluster}'
     `first_seen` SimpleAggregateFunction(min, DateTime64(9, 'UTC')),
     `last_seen` SimpleAggregateFunction(max, DateTime64(9, 'UTC')),
     `deadline_ms` SimpleAggregateFunction(max, Nullable(Int64)),
-    `protocol` SimpleAggregateFunction(max, String),
-    `mode` SimpleAggregateFunction(max, String),
-    `from_agent` SimpleAggregateFunction(max, String),
-    `to_agent` SimpleAggregateFunction(max, String),
-    `topology` SimpleAggregateFunction(max, String),
+    `protocol` SimpleAggregateFunction(max, LowCardinality(String)),
+    `mode` SimpleAggregateFunction(max, LowCardinality(String)),
+    `from_agent` SimpleAggregateFunction(max, LowCardinality(String)),
+    `to_agent` SimpleAggregateFunction(max, LowCardinality(String)),
+    `topology` SimpleAggregateFunction(max, LowCardinality(String)),
     `idempotency_key` SimpleAggregateFunction(max, String),
     `capabilities` SimpleAggregateFunction(max, Array(String)),
     `tmask` SimpleAggregateFunction(groupBitOr, UInt64),
