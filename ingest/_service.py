@@ -1,10 +1,13 @@
 """The ingest pipeline behind serve: decode -> spool (durable) -> writer thread -> store.
 
 `Ingestor.submit` returns only after the request is on disk in the spool, so a 200 never
-precedes durability. One writer thread stores spool records in order, one ingest batch per
-request, its id (and dedup token) derived from tenant and body: a retried request or a
-replayed spool record maps to the same batch and is stored once. A failing store is retried
-with backoff; while it fails, submit refuses new work (503) instead of accepting it blindly.
+precedes durability. Each request is one ingest batch whose id derives from tenant and body,
+so a retried request or a replayed record maps to the same batch and is stored once (known
+batch ids are skipped). One writer thread takes what is queued and writes consecutive
+requests of a tenant as one group (one insert per table, up to _GROUP_MAX_SPANS spans); the
+group's member list is logged durably in the spool before the write, so a replay after a
+crash rebuilds the same group and its dedup token. A failing store is retried with
+backoff; while it fails, submit refuses new work (503) instead of accepting it blindly.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from ingest._decode import DecodedBatch, decode_request
 from ingest._spool import Spool
-from ingest._writer import last_chain_hash, make_token, write_batch
+from ingest._writer import Member, last_chain_hash, make_token, write_group
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
@@ -31,7 +34,9 @@ __all__ = ["Ingestor", "StoreUnavailable"]
 
 log = logging.getLogger("handoffs.ingest")
 _KNOWN_BATCHES = 50_000  # batch ids remembered to keep a retried request off the chain
-_MAX_QUEUED = 2  # decoded requests held in memory for the writer
+_MAX_QUEUED_SPANS = 20_000  # decoded spans held in memory for the writer (then submit waits)
+_GROUP_MAX_SPANS = 20_000  # spans the writer puts in one insert
+_GROUP_MAX_REQUESTS = 64
 
 
 class StoreUnavailable(RuntimeError):
@@ -77,9 +82,11 @@ class Ingestor:
         self.source = source
         self._clock = clock
         self._max_refusals = max_refusals
-        # Bounded: decoded batches waiting for the writer cost memory; when it is full, a
-        # request (already durable in the spool) waits here, which slows senders down.
-        self._queue: queue.Queue[_Item | None] = queue.Queue(maxsize=_MAX_QUEUED)
+        self._queue: queue.Queue[_Item | None] = queue.Queue()
+        # Decoded spans waiting for the writer cost memory: past _MAX_QUEUED_SPANS a request
+        # (already durable in the spool) waits for room, which slows senders down.
+        self._room = threading.Condition()
+        self._queued_spans = 0
         self._known: OrderedDict[str, str] = OrderedDict()
         self._chain = ""
         self._store_error: str | None = None
@@ -94,6 +101,7 @@ class Ingestor:
             "duplicate_batches": 0,
             "store_errors": 0,
             "parked_batches": 0,
+            "writes": 0,
         }
         #: cumulative wall seconds per stage (threads overlap): for operators and benchmarks
         self.timings: dict[str, float] = {
@@ -112,13 +120,26 @@ class Ingestor:
         Returns the number of spool records replayed.
         """
         self._load_chain()
+        groups = self.spool.groups()
+        present = {rec.seq for rec in self.spool.uncommitted()}
         replayed = 0
+        waiting: dict[tuple[int, ...], list[_Item]] = {}
         for rec in self.spool.uncommitted():
             h = rec.header
             decoded = decode_request(rec.body, h["fmt"], tenant=h["tenant"])
             item = _Item(rec.seq, h["batch"], int(h["received_at_ms"]), decoded, rec.body, h["fmt"])
-            self._write(item, retry=True)
             replayed += 1
+            group = groups.get(rec.seq)
+            if group is None:
+                self._write_items([item], log_group=False)
+                continue
+            # Rebuild the logged group exactly (same members, same token) before writing it.
+            members = waiting.setdefault(group, [])
+            members.append(item)
+            if len(members) == len([q for q in group if q in present]):
+                self._write_items(waiting.pop(group), log_group=False, regroup=True)
+        for members in waiting.values():  # cannot happen unless the log and spool disagree
+            self._write_items(members, log_group=False, regroup=True)
         self._thread = threading.Thread(target=self._run, name="ingest-writer", daemon=True)
         self._thread.start()
         return replayed
@@ -169,6 +190,10 @@ class Ingestor:
         header = {"tenant": tenant, "fmt": fmt, "batch": batch_id, "received_at_ms": received}
         seq = self.spool.append(header, body)  # durable when it returns; may raise SpoolFull
         t2 = time.perf_counter()
+        with self._room:
+            while self._queued_spans and self._queued_spans + decoded.spans > _MAX_QUEUED_SPANS:
+                self._room.wait(1.0)
+            self._queued_spans += decoded.spans
         self._queue.put(_Item(seq, batch_id, received, decoded, body, fmt))
         with self._lock:
             self.timings["spool_s"] += t2 - t1
@@ -198,40 +223,90 @@ class Ingestor:
 
     def _run(self) -> None:
         while True:
-            item = self._queue.get()
+            got = [self._queue.get()]
+            while got[-1] is not None and len(got) < _GROUP_MAX_REQUESTS:
+                if sum(x.decoded.spans for x in got if x is not None) >= _GROUP_MAX_SPANS:
+                    break
+                try:
+                    got.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            items = [x for x in got if x is not None]
+            stop = len(items) != len(got)
             try:
-                if item is None:
-                    return
-                self._write(item, retry=True)
-            except Exception as exc:  # only when stopping: the record stays spooled for replay
-                log.error(
-                    "writer stopped with batch %s unstored (kept in the spool): %s",
-                    item and item.batch_id,
-                    exc,
-                )
-                return
+                if items:
+                    self._write_items(items)
+            except Exception as exc:  # only when stopping: the records stay spooled for replay
+                log.error("writer stopped, %d request(s) kept in the spool: %s", len(items), exc)
+                stop = True
             finally:
-                self._queue.task_done()
+                with self._room:
+                    self._queued_spans -= sum(x.decoded.spans for x in items)
+                    self._room.notify_all()
+                for _ in got:
+                    self._queue.task_done()
+            if stop:
+                return
 
-    def _write(self, item: _Item, *, retry: bool) -> None:
+    def _write_items(
+        self, items: list[_Item], *, log_group: bool = True, regroup: bool = False
+    ) -> None:
+        """Write queued requests: consecutive same-tenant runs become groups; known batch
+        ids (retries of stored requests) are skipped. `regroup`: items are one logged group."""
+        runs: list[list[_Item]] = []
+        for it in items:
+            if it.batch_id in self._known:
+                with self._lock:
+                    self.stats["duplicate_batches"] += 1
+                self.spool.commit(it.seq)
+                continue
+            if (
+                runs
+                and runs[-1][-1].decoded.tenant == it.decoded.tenant
+                and (
+                    regroup
+                    or sum(x.decoded.spans for x in runs[-1]) + it.decoded.spans <= _GROUP_MAX_SPANS
+                )
+                and all(x.batch_id != it.batch_id for x in runs[-1])
+            ):
+                runs[-1].append(it)
+            else:
+                runs.append([it])
+        for run in runs:
+            run.sort(key=lambda x: x.seq)
+            if len(run) == 1:
+                token = run[0].batch_id
+            else:
+                token = make_token("group", *(x.batch_id for x in run))
+                if log_group:
+                    self.spool.log_group([x.seq for x in run])
+            self._write(run, token, retry=True)
+
+    def _write(self, run: list[_Item], token: str, *, retry: bool) -> None:
         delay = 0.05
         refused = 0
         while True:
             try:
-                self._write_once(item)
+                self._write_once(run, token)
                 self._store_error = None
                 return
-            except Exception as exc:  # the store failed: keep the record, retry, never drop
+            except Exception as exc:  # the store failed: keep the records, retry, never drop
                 self._store_error = str(exc)[:500]
                 with self._lock:
                     self.stats["store_errors"] += 1
-                log.warning("store write failed (batch %s), retrying: %s", item.batch_id, exc)
+                log.warning(
+                    "store write failed (%d request(s), token %s), retrying: %s",
+                    len(run),
+                    token,
+                    exc,
+                )
                 if _is_refusal(exc):
                     refused += 1
-                    if refused >= self._max_refusals and item.body is not None:
-                        # The store is up but refuses this batch every time: park it on disk
-                        # (dead/), count it, and let the rest flow. Never silently dropped.
-                        self._park(item, exc)
+                    if refused >= self._max_refusals and all(x.body is not None for x in run):
+                        # The store is up but refuses these every time: park them on disk
+                        # (dead/), count them, and let the rest flow. Never silently dropped.
+                        for x in run:
+                            self._park(x, exc)
                         self._store_error = None
                         return
                 if not retry or self._stopping.is_set():
@@ -255,7 +330,7 @@ class Ingestor:
         log.error(
             "batch %s refused %d times by the store; parked in %s: %s",
             item.batch_id,
-            _MAX_REFUSALS,
+            self._max_refusals,
             dead,
             exc,
         )
@@ -263,30 +338,27 @@ class Ingestor:
             self.stats["parked_batches"] += 1
         self.spool.commit(item.seq)
 
-    def _write_once(self, item: _Item) -> None:
-        if item.batch_id in self._known:
-            # Already stored completely (ingest_batches is written last): a retried request.
-            with self._lock:
-                self.stats["duplicate_batches"] += 1
-            self.spool.commit(item.seq)
-            return
+    def _write_once(self, run: list[_Item], token: str) -> None:
         t0 = time.perf_counter()
-        res = write_batch(
+        results = write_group(
             self.client,
             self.database,
-            [item.decoded],
-            batch_id=item.batch_id,
+            [Member(x.batch_id, x.decoded, x.received_at_ms) for x in run],
+            token=token,
             prev_chain=self._chain,
-            received_at_ms=item.received_at_ms,
             source=self.source,
         )
         self.timings["store_s"] += time.perf_counter() - t0
-        self._chain = res.chain_hash
-        self._known[item.batch_id] = res.chain_hash
+        for res in results:
+            self._known[res.ingest_batch] = res.chain_hash
+            self._chain = res.chain_hash
+            with self._lock:
+                self.stats["stored"] += res.stored
+                self.stats["rejected"] += res.rejected
+                self.stats["batches"] += 1
         while len(self._known) > _KNOWN_BATCHES:
             self._known.popitem(last=False)
         with self._lock:
-            self.stats["stored"] += res.stored
-            self.stats["rejected"] += res.rejected
-            self.stats["batches"] += 1
-        self.spool.commit(item.seq)
+            self.stats["writes"] += 1
+        for x in run:
+            self.spool.commit(x.seq)

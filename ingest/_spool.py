@@ -93,8 +93,14 @@ class Spool:
         # segment number -> (max seq in it, bytes)
         self._segments: dict[int, list[int]] = {}
         self._pending: dict[int, int] = {}  # seq -> record bytes, not yet committed
+        self._done: set[int] = set()  # stored, but after a record still pending
+        self._groups_path = self.dir / "groups.log"
         self._next_seq = self._committed + 1
         self._scan()
+        # Sequence numbers no record holds any more (quarantined) must not stall the checkpoint.
+        self._done.update(
+            q for q in range(self._committed + 1, self._next_seq) if q not in self._pending
+        )
         self._seg_no = max(self._segments, default=0) + 1
         self._open_segment()
         self._written = 0  # records written to the active segment's fd (monotonic)
@@ -246,18 +252,69 @@ class Spool:
                     yield rec
 
     def commit(self, seq: int) -> None:
-        """Mark records up to `seq` stored (in order). The checkpoint is not fsynced: losing
-        it only replays records whose inserts are deduplicated by their token."""
+        """Mark record `seq` stored. The checkpoint advances over the contiguous run of stored
+        records (a later record stored first does not cover an earlier one still queued). It is
+        not fsynced: losing it only replays records whose inserts are deduplicated."""
         with self._lock:
-            for s in [s for s in self._pending if s <= seq]:
-                del self._pending[s]
+            self._pending.pop(seq, None)
             if seq <= self._committed:
                 return
-            self._committed = seq
+            self._done.add(seq)
+            advanced = False
+            while self._committed + 1 in self._done:
+                self._committed += 1
+                self._done.discard(self._committed)
+                advanced = True
+            if not advanced:
+                return
             tmp = self.dir / "committed.tmp"
-            tmp.write_text(str(seq))
+            tmp.write_text(str(self._committed))
             os.replace(tmp, self.dir / "committed")
+            if (
+                not self._pending
+                and self._groups_path.exists()
+                and self._groups_path.stat().st_size > 1 << 20
+            ):
+                self._groups_path.unlink()  # nothing left to replay: the group log can restart
             self._gc()
+
+    @property
+    def committed(self) -> int:
+        """Every record up to this sequence number is stored."""
+        return self._committed
+
+    # ------------------------------------------------------------ write groups
+
+    def log_group(self, seqs: list[int]) -> None:
+        """Durably note that records `seqs` are written together (one dedup token), before the
+        write: a replay after a crash must regroup them exactly."""
+        line = (json.dumps({"seqs": seqs}, separators=(",", ":")) + "\n").encode()
+        with self._sync_lock:
+            fd = os.open(self._groups_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            try:
+                view = memoryview(line)
+                while view:
+                    view = view[os.write(fd, view) :]
+                if self._fsync:
+                    os.fdatasync(fd)
+            finally:
+                os.close(fd)
+
+    def groups(self) -> dict[int, tuple[int, ...]]:
+        """seq -> the sorted seqs of its logged write group (records not in a group: absent)."""
+        out: dict[int, tuple[int, ...]] = {}
+        try:
+            text = self._groups_path.read_text()
+        except FileNotFoundError:
+            return out
+        for line in text.splitlines():
+            try:
+                seqs = tuple(sorted(int(x) for x in json.loads(line)["seqs"]))
+            except (ValueError, KeyError, TypeError):
+                continue  # a torn last line: that group was never written
+            for q in seqs:
+                out[q] = seqs
+        return out
 
     def _gc(self) -> None:
         active = getattr(self, "_seg_no", None)

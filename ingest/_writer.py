@@ -20,7 +20,7 @@ from ingest.integrity import GENESIS, batch_hash, chain
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
 
-__all__ = ["BatchResult", "last_chain_hash", "make_token", "write_batch"]
+__all__ = ["BatchResult", "Member", "last_chain_hash", "make_token", "write_batch", "write_group"]
 
 _OTEL_INSERT_COLUMNS = (*OTEL_COLUMNS, "Tenant", "IngestBatch")
 
@@ -81,6 +81,15 @@ def last_chain_hash(client: Client, database: str) -> str:
     return h.decode() if isinstance(h, bytes) else h
 
 
+@dataclass(frozen=True, slots=True)
+class Member:
+    """One request of a write group: its batch id, decoded spans and receive time (epoch ms)."""
+
+    batch_id: str
+    decoded: DecodedBatch
+    received_at_ms: int
+
+
 def write_batch(
     client: Client,
     database: str,
@@ -101,38 +110,90 @@ def write_batch(
     """
     if not parts:
         raise ValueError("write_batch: no parts")
+    merged = parts[0] if len(parts) == 1 else _merge(parts)
+    (res,) = write_group(
+        client,
+        database,
+        [Member(batch_id, merged, received_at_ms)],
+        token=batch_id,
+        prev_chain=prev_chain,
+        source=source,
+    )
+    return res
+
+
+def _merge(parts: Sequence[DecodedBatch]) -> DecodedBatch:
     tenant = parts[0].tenant
     if any(p.tenant != tenant for p in parts):
         raise ValueError("write_batch: parts of one batch must share a tenant")
+    out = DecodedBatch(tenant=tenant)
+    for p in parts:
+        base = out.stored
+        for c in OTEL_COLUMNS:
+            out.columns[c].extend(p.columns[c])
+        out.ledger.extend((i + base, hid, h) for i, hid, h in p.ledger)
+        out.rejects.extend(p.rejects)
+        out.spans += p.spans
+        out.flagged += p.flagged
+    return out
+
+
+def write_group(
+    client: Client,
+    database: str,
+    members: Sequence[Member],
+    *,
+    token: str,
+    prev_chain: str,
+    source: str,
+) -> list[BatchResult]:
+    """Insert several requests of one tenant with one insert per table; idempotent per token.
+
+    Each member keeps its own ingest batch (IngestBatch / ingest_batch columns, one chained
+    ingest_batches row each, in the given order); `token` (deterministic for the member set)
+    deduplicates a repeated write of the group. Raises what the client raises.
+    """
+    if not members:
+        raise ValueError("write_group: no members")
+    tenant = members[0].decoded.tenant
+    if any(m.decoded.tenant != tenant for m in members):
+        raise ValueError("write_group: members must share a tenant")
     cols: dict[str, list[Any]] = {c: [] for c in OTEL_COLUMNS}
+    batch_col: list[str] = []
     ledger_rows: list[list[Any]] = []
     reject_rows: list[list[Any]] = []
-    hashes: list[str] = []
-    spans = 0
-    for p in parts:
-        spans += p.spans
-        for (_idx, handoff_id, h), span_id, trace_id in (
-            (entry, p.columns["SpanId"][entry[0]], p.columns["TraceId"][entry[0]])
-            for entry in p.ledger
-        ):
-            ledger_rows.append([tenant, handoff_id, span_id, trace_id, h, batch_id, received_at_ms])
+    batch_rows: list[list[Any]] = []
+    results: list[BatchResult] = []
+    link = prev_chain
+    for m in members:
+        p, bid, at = m.decoded, m.batch_id, m.received_at_ms
+        hashes = []
+        span_ids, trace_ids = p.columns["SpanId"], p.columns["TraceId"]
+        for idx, handoff_id, h in p.ledger:
+            ledger_rows.append([tenant, handoff_id, span_ids[idx], trace_ids[idx], h, bid, at])
             hashes.append(h)
         for r in p.rejects:
-            reject_rows.append(
-                [received_at_ms, tenant, batch_id, r.trace_id, r.span_id, r.reason, r.span_json]
-            )
+            reject_rows.append([at, tenant, bid, r.trace_id, r.span_id, r.reason, r.span_json])
         for c in OTEL_COLUMNS:
             cols[c].extend(p.columns[c])
-    stored = len(cols["SpanId"])
+        batch_col.extend([bid] * p.stored)
+        bh = batch_hash(sorted(hashes))  # sorted: an auditor can recompute it from the ledger
+        ch = chain(link, bh)
+        batch_rows.append(
+            [bid, tenant, at, p.spans, len(hashes), len(p.rejects), bh, link, ch, source]
+        )
+        results.append(BatchResult(bid, p.spans, p.stored, len(hashes), len(p.rejects), bh, ch))
+        link = ch
+    stored = len(batch_col)
 
     def settings(table: str) -> dict[str, str]:
         return {
-            "insert_deduplication_token": f"{batch_id}:{table}",
+            "insert_deduplication_token": f"{token}:{table}",
             "input_format_native_allow_types_conversion": "1",
         }
 
     if stored:
-        data = [cols[c] for c in OTEL_COLUMNS] + [[tenant] * stored, [batch_id] * stored]
+        data = [cols[c] for c in OTEL_COLUMNS] + [[tenant] * stored, batch_col]
         _insert(
             client,
             database,
@@ -148,15 +209,7 @@ def write_batch(
             database,
             "transition_ledger",
             ledger_rows,
-            names=[
-                "tenant",
-                "handoff_id",
-                "span_id",
-                "trace_id",
-                "row_hash",
-                "ingest_batch",
-                "ingested_at",
-            ],
+            _LEDGER_COLUMNS,
             settings=settings("transition_ledger"),
         )
     if reject_rows:
@@ -165,49 +218,47 @@ def write_batch(
             database,
             "ingest_rejects",
             reject_rows,
-            names=[
-                "received_at",
-                "tenant",
-                "ingest_batch",
-                "trace_id",
-                "span_id",
-                "reason",
-                "span_json",
-            ],
+            _REJECT_COLUMNS,
             settings=settings("ingest_rejects"),
         )
-    bh = batch_hash(sorted(hashes))  # sorted: an auditor can recompute it from the ledger
-    ch = chain(prev_chain, bh)
     _insert(
         client,
         database,
         "ingest_batches",
-        [
-            [
-                batch_id,
-                tenant,
-                received_at_ms,
-                spans,
-                len(hashes),
-                len(reject_rows),
-                bh,
-                prev_chain,
-                ch,
-                source,
-            ]
-        ],
-        names=[
-            "ingest_batch",
-            "tenant",
-            "received_at",
-            "spans",
-            "transitions",
-            "rejected",
-            "batch_hash",
-            "prev_chain_hash",
-            "chain_hash",
-            "source",
-        ],
+        batch_rows,
+        _BATCH_COLUMNS,
         settings=settings("ingest_batches"),
     )
-    return BatchResult(batch_id, spans, stored, len(hashes), len(reject_rows), bh, ch)
+    return results
+
+
+_LEDGER_COLUMNS = (
+    "tenant",
+    "handoff_id",
+    "span_id",
+    "trace_id",
+    "row_hash",
+    "ingest_batch",
+    "ingested_at",
+)
+_REJECT_COLUMNS = (
+    "received_at",
+    "tenant",
+    "ingest_batch",
+    "trace_id",
+    "span_id",
+    "reason",
+    "span_json",
+)
+_BATCH_COLUMNS = (
+    "ingest_batch",
+    "tenant",
+    "received_at",
+    "spans",
+    "transitions",
+    "rejected",
+    "batch_hash",
+    "prev_chain_hash",
+    "chain_hash",
+    "source",
+)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -13,7 +14,11 @@ def test_records_survive_reopen_in_order_until_committed(tmp_path):
     s = Spool(tmp_path, max_bytes=1 << 20)
     seqs = [s.append({"tenant": "t", "i": i}, f"body-{i}".encode()) for i in range(5)]
     assert seqs == [1, 2, 3, 4, 5]
-    s.commit(2)
+    s.commit(2)  # stored before record 1: the checkpoint must not skip record 1
+    s2 = Spool(tmp_path, max_bytes=1 << 20)
+    assert [r.seq for r in s2.uncommitted()] == [1, 2, 3, 4, 5]
+    s2.close()
+    s.commit(1)
     s.close()
     s2 = Spool(tmp_path, max_bytes=1 << 20)
     recs = list(s2.uncommitted())
@@ -49,7 +54,8 @@ def test_committed_segments_are_deleted(tmp_path):
     for i in range(20):
         s.append({"i": i}, b"x" * 300)
     assert len(list(tmp_path.glob("seg-*.log"))) > 3
-    s.commit(20)
+    for seq in range(20, 0, -1):  # stored out of order
+        s.commit(seq)
     assert len(list(tmp_path.glob("seg-*.log"))) == 1  # only the active segment remains
     assert s.backlog_bytes == 0
     s.close()
@@ -104,3 +110,68 @@ def test_a_corrupt_record_mid_segment_costs_only_itself(tmp_path, capsys):
     assert b"ecord-2" in q.read_bytes()
     assert "quarantined" in capsys.readouterr().err
     s2.close()
+
+
+NOW_MS = int(time.time() * 1000)  # the ledger's TTL counts from the receive time
+
+
+def _spool_requests(spool, n, tag):
+    import hashlib
+    import time
+
+    from ingest import make_token
+    from ingest.testing import request_protobuf, span_json, transition
+
+    seqs, bodies = [], []
+    for k in range(n):
+        spans = [
+            span_json(
+                trace_id=f"{k + 1:08x}{i + 1:024x}",
+                span_id=f"{k + 1:08x}{i + 1:08x}",
+                attributes=transition(f"{tag}-{k}-{i}", "create", "", "created"),
+                start_ns=time.time_ns(),
+            )
+            for i in range(4)
+        ]
+        body = request_protobuf(spans)
+        batch = make_token("default", hashlib.sha256(body).hexdigest())
+        hdr = {"tenant": "default", "fmt": "protobuf", "batch": batch, "received_at_ms": NOW_MS}
+        seqs.append(spool.append(hdr, body))
+        bodies.append((batch, body))
+    return seqs, bodies
+
+
+def test_a_group_half_written_before_a_crash_is_rebuilt_and_stored_once(
+    chdb_client, fresh_db, tmp_path
+):
+    from ingest import Ingestor, decode_protobuf, make_token
+    from ingest._writer import Member, write_group
+
+    spool = Spool(tmp_path / "spool", max_bytes=1 << 30)
+    seqs, bodies = _spool_requests(spool, 3, "g")
+    spool.log_group(seqs)  # what the writer logs before writing a group
+    # The crash: spans and ledger of the group are in, its ingest_batches rows are not.
+    db = fresh_db
+    chdb_client.command(f"RENAME TABLE {db}.ingest_batches TO {db}.batches_away")
+    members = [Member(b, decode_protobuf(body, tenant="default"), NOW_MS) for b, body in bodies]
+    with pytest.raises(Exception, match="batches"):
+        write_group(
+            chdb_client,
+            db,
+            members,
+            token=make_token("group", *(b for b, _ in bodies)),
+            prev_chain="0" * 64,
+            source="test",
+        )
+    chdb_client.command(f"RENAME TABLE {db}.batches_away TO {db}.ingest_batches")
+    spool.close()
+    # Restart: the replay rebuilds the logged group, so its dedup token matches.
+    ing = Ingestor(chdb_client, db, Spool(tmp_path / "spool", max_bytes=1 << 30))
+    assert ing.start() == 3
+    ing.stop()
+    spans = chdb_client.query(
+        f"SELECT count(), uniqExact(SpanId) FROM {db}.otel_traces"
+    ).result_rows
+    ledger = chdb_client.query(f"SELECT count() FROM {db}.transition_ledger").result_rows
+    batches = chdb_client.query(f"SELECT count() FROM {db}.ingest_batches").result_rows
+    assert spans == [(12, 12)] and ledger == [(12,)] and batches == [(3,)]
