@@ -9,8 +9,9 @@ dashboard reads the same SQL through serve's HTTP query port).
 Flows per 20 handoffs: 12 commit (4 transitions), 2 prepare+commit (5), 2 reject (2),
 1 timeout from accepted (3), 1 escalate (2), 2 fail (4); ~3.6 transitions per handoff,
 spread evenly over --days days ending --as-of; 3 tenants, 5x7 agent pairs, 4 modes.
-The page's window is the whole generated period (every transition in play; the "previous
-period" for deltas is empty). The figure is a cache-cold render in a running process (every loader
+The page's window is the whole generated period by default (every transition in play; the
+"previous period" for deltas is empty); --window-hours 24 shows the last day instead, the
+Overview's default range. The figure is a cache-cold render in a running process (every loader
 runs its SQL; median of --rounds); the first render of a fresh process (imports too) and a
 warm rerun (cache hits) are printed for contrast.
 
@@ -109,6 +110,12 @@ def main() -> int:
     ap.add_argument(
         "--rounds", type=int, default=3, help="cache-cold renders to take the median of"
     )
+    ap.add_argument(
+        "--window-hours",
+        type=float,
+        default=0,
+        help="page window, hours back from --as-of (0 = all data)",
+    )
     ap.add_argument("--reuse", action="store_true", help="keep data already generated in --dir")
     args = ap.parse_args()
     if args.transitions < 100:
@@ -150,7 +157,15 @@ def main() -> int:
 
     from dashboard import APP_PATH
 
-    params = {"from": start.isoformat(), "to": as_of.isoformat(), "as_of": as_of.isoformat()}
+    shown = timedelta(hours=args.window_hours) if args.window_hours > 0 else as_of - start
+    params = {
+        "from": (as_of - shown).isoformat(),
+        "to": as_of.isoformat(),
+        "as_of": as_of.isoformat(),
+    }
+    print(
+        f"page window: the last {shown} of the data (previous period for deltas: the {shown} before)"
+    )
     import streamlit as st
 
     def render() -> tuple[float, AppTest]:
