@@ -114,14 +114,30 @@ def _params(tenant: str | None) -> dict[str, Any]:
     return {"tenant": tenant} if tenant is not None else {}
 
 
-def _group_select(by: tuple[str, ...], bucket: str | None) -> tuple[list[str], list[str]]:
-    sel = [f"{dim_expr(d)} AS {d}" for d in by]
-    keys = list(by)
+def _group_select(
+    by: tuple[str, ...], bucket: str | None
+) -> tuple[list[str], list[str], list[str]]:
+    """(select expressions, GROUP BY keys, output key columns). `pair` groups by the two
+    agent columns and concatenates once per group, not once per handoff."""
+    sel, group, keys = [], [], list(by)
+    for d in by:
+        if d == "pair":
+            sel.append(f"{dim_expr(d)} AS pair")
+            group += [c for c in ("from_agent", "to_agent") if c not in group]
+        else:
+            sel.append(f"{dim_expr(d)} AS {d}")
+            if d not in group:
+                group.append(d)
     b = bucket_expr(bucket)
     if b:
         sel.append(f"{b} AS bucket")
+        group.append("bucket")
         keys.append("bucket")
-    return sel, keys
+    return sel, group, keys
+
+
+def _group_clause(group: list[str], keys: list[str]) -> str:
+    return f"GROUP BY {', '.join(group)} ORDER BY {', '.join(keys)}" if keys else ""
 
 
 def funnel(
@@ -143,8 +159,8 @@ def funnel(
     """
     db = check_db(database)
     by = check_dims(by)
-    sel, keys = _group_select(by, bucket)
-    group = f"GROUP BY {', '.join(keys)} ORDER BY {', '.join(keys)}" if keys else ""
+    sel, group_keys, keys = _group_select(by, bucket)
+    group = _group_clause(group_keys, keys)
     sql = f"""
 SELECT {"".join(s + ", " for s in sel)}
     count() AS volume,
@@ -214,7 +230,7 @@ def latencies(
     """
     db = check_db(database)
     by = check_dims(by)
-    sel, keys = _group_select(by, None)
+    sel, group_keys, keys = _group_select(by, None)
     pairs = {
         "accept": ("created", "t_accepted"),
         "result": ("t_running", "t_result"),
@@ -227,7 +243,7 @@ def latencies(
         cond = f"{a} IS NOT NULL AND {b} IS NOT NULL AND {d} >= 0"
         parts.append(f"quantilesExactIf(0.5, 0.95, 0.99)(assumeNotNull({d}), {cond}) AS q_{name}")
         parts.append(f"countIf({cond}) AS {name}_n")
-    group = f"GROUP BY {', '.join(keys)} ORDER BY {', '.join(keys)}" if keys else ""
+    group = _group_clause(group_keys, keys)
     sql = f"""
 SELECT {"".join(s + ", " for s in sel)} {", ".join(parts)}
 FROM ({cohort_sql(db, window, tenant_param=tenant is not None, extra=[*_dim_columns(by), *_LAT_COLUMNS])})
