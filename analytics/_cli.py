@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import sys
 from datetime import UTC, datetime, timedelta
@@ -51,6 +52,8 @@ def _window(args):
 def _client(args):
     from handoffs.store import StoreError, connect, parse_store
 
+    # the driver logs connection failures itself; the CLI prints one line instead
+    logging.getLogger("clickhouse_connect").setLevel(logging.CRITICAL)
     try:
         spec = parse_store(args.store, database=args.database)
     except StoreError as exc:
@@ -61,7 +64,7 @@ def _client(args):
         hint = ""
         if spec.embedded:
             hint = " (is `handoffs serve` holding it? then use --store http://127.0.0.1:8124)"
-        raise _Unavailable(f"{str(exc).splitlines()[0]}{hint}") from None
+        raise _Unavailable(f"{str(exc).splitlines()[0][:300]}{hint}") from None
 
 
 def _clean(v: Any) -> Any:
