@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import streamlit as st
 
@@ -95,7 +95,7 @@ def delta_count(cur: Any, prev: Any) -> str | None:
     return f"{int(cur) - int(prev):+,}"
 
 
-def delta_color(delta: str | None, *, inverse: bool = False) -> str:
+def delta_color(delta: str | None, *, inverse: bool = False) -> Literal["normal", "inverse", "off"]:
     """st.metric delta_color: grey for no change, else red-for-worse ("inverse" when up is bad)."""
     if delta is not None:
         try:
@@ -295,7 +295,12 @@ def pickers(src: _data.Source, page: str, *, tenant_picker: bool = True) -> Pick
     return picked
 
 
-def handoffs_table(df: pd.DataFrame, *, key: str | None = None, height: int | str = "auto") -> None:
+def handoffs_table(
+    df: pd.DataFrame,
+    *,
+    key: str | None = None,
+    height: int | Literal["auto", "stretch", "content"] = "auto",
+) -> None:
     """A table of handoffs whose ids link into the explorer (opens in a new tab)."""
     if df is None or len(df) == 0:
         st.info("No handoffs match.", icon=":material/info:")

@@ -64,11 +64,13 @@ with st.expander("Agent pairs as a table (worst first)"):
 
 tabs = st.tabs([label for _, label in _TABLES] + ["Latency by pair"])
 frames = {}
-for tab, (dim, _label) in zip(tabs, _TABLES, strict=False):
+for tab, (name, _label) in zip(tabs, _TABLES, strict=False):
     with tab:
         with _ui.guard():
-            frames[dim] = _data.funnel(src.store, src.database, *p.args, by=(dim,), tenant=p.tenant)
-        _table(frames[dim], dim)
+            frames[name] = _data.funnel(
+                src.store, src.database, *p.args, by=(name,), tenant=p.tenant
+            )
+        _table(frames[name], name)
 with tabs[-1]:
     with _ui.guard():
         lat = _data.latencies(src.store, src.database, *p.args, by=("pair",), tenant=p.tenant)
@@ -97,7 +99,7 @@ with tabs[-1]:
 st.subheader("Handoffs behind a slice")
 c1, c2, c3 = st.columns(3)
 dims = {"pair": "Agent pair", **dict(_TABLES)}
-dim = c1.selectbox("Dimension", list(dims), format_func=dims.get, key="sl_dim")
+dim: str = c1.selectbox("Dimension", list(dims), format_func=lambda d: dims[d], key="sl_dim")
 if dim == "pair":
     values = sorted(
         f"{a}->{b}" for a, b in zip(pairs["from_agent"], pairs["to_agent"], strict=True)
