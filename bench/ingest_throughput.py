@@ -99,9 +99,10 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _peak_rss_mb(pid: int) -> float:
+def _peak_rss_mb(pid: int, field: str = "VmHWM") -> float:
+    """Peak RSS (VmHWM) or another /proc status field of a process, MB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
     return float("nan")
 
@@ -184,6 +185,7 @@ def main() -> int:
             stored = ch.query("SELECT count() FROM handoff_transitions").result_rows[0][0]
             ch.close()
             rss = _peak_rss_mb(serve.process.pid)
+            rss_file = _peak_rss_mb(serve.process.pid, "RssFile")
         finally:
             serve.stop()
     e2e = total / e2e_s
@@ -193,7 +195,7 @@ def main() -> int:
         f"serve CPU: {cpu:.2f} s -> {total / cpu:,.0f} spans per CPU-second (machine load not counted)"
     )
     print(
-        f"stored transitions: {stored - 50} of {total}; serve peak RSS {rss:.0f} MB; {health['batches']} batches"
+        f"stored transitions: {stored - 50} of {total}; serve peak RSS {rss:.0f} MB (now {rss_file:.0f} MB of it file-backed: the chDB library); {health['batches']} batches"
     )
     print(
         "serve stage seconds (wall, overlapping):",
