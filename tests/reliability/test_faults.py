@@ -21,8 +21,6 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import pytest
-
 from ingest import Spool, make_token
 from ingest.testing import request_protobuf, span_json, transition
 from tests.reliability._helpers import (
@@ -97,12 +95,6 @@ def test_store_disk_full_answers_503_then_recovers_losing_nothing_acked(
 # ------------------------------------------------------------------ spool disk full
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG ingest/_otlp_http.py: an OSError from the spool append (ENOSPC) falls into the "
-    "generic handler and answers 500, which OTLP exporters do not retry (data dropped "
-    "client-side); disk-full is back-pressure: 503 + Retry-After",
-)
 def test_spool_disk_full_answers_503_with_retry_after(start_serve, tmp_path: Path):
     """Spool dir on a 1 MiB tmpfs, filled: the fsynced append cannot be written.
 
@@ -126,13 +118,10 @@ def test_spool_disk_full_answers_503_with_retry_after(start_serve, tmp_path: Pat
     assert r.headers.get("Retry-After")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG ingest/_spool.py Spool.append ignores os.write's short count: on a nearly "
-    "full disk a torn frame is fsynced and acknowledged, and every record appended after "
-    "it (once space returns) is unreadable on reopen: acknowledged records are lost",
-)
 def test_spool_keeps_every_acknowledged_record_across_a_disk_full_episode(tmp_path: Path):
+    """A nearly full disk: each append either fails (and is not acknowledged) or is durable
+    whole; records appended once space returns are readable too (regression: short writes
+    used to leave a torn frame that hid every later record on reopen)."""
     with tmpfs(tmp_path / "mnt", "1m") as mnt:
         spool = Spool(mnt / "spool", max_bytes=1 << 30)
         acked = [spool.append({"n": 0}, b"a" * 1000)]
@@ -206,11 +195,6 @@ def test_torn_spool_tail_replays_intact_records_and_serve_starts(start_serve, tm
     h.stop()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG ingest/_spool.py Spool._scan truncates a CRC-bad tail silently: no quarantine "
-    "file, nothing in serve's log (the intact records ARE replayed)",
-)
 def test_garbled_spool_tail_is_quarantined_and_reported(start_serve, tmp_path: Path):
     """Bit rot in the last record (CRC mismatch): the intact records are replayed, serve starts,
     and the bad bytes are kept aside (quarantined) and reported, not silently cut."""
@@ -232,14 +216,10 @@ def test_garbled_spool_tail_is_quarantined_and_reported(start_serve, tmp_path: P
     assert "corrupt" in log or "quarantin" in log, "serve's log does not report the corruption"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG ingest/_spool.py Spool._read_segment stops at the first bad frame and _scan "
-    "truncates there: one garbled record in the middle of a segment loses every intact "
-    "record after it (all acknowledged); frames are length-prefixed, so the reader could "
-    "skip the bad one (or resync on MAGIC) and quarantine it",
-)
 def test_garbled_record_mid_spool_loses_only_that_record(start_serve, tmp_path: Path):
+    """One garbled record mid-segment costs only that record: the reader resyncs on the next
+    frame, so the acknowledged records after it are replayed (regression: it used to stop and
+    truncate at the first bad frame)."""
     store = tmp_path / "data"
     ids = _spool_records(store / "spool", 5, random.Random(7005))
     seg = _segment(store / "spool")
@@ -311,14 +291,9 @@ def test_clock_jumps_are_stored_and_skew_is_flagged(serve_process):
         c.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG sql/001+002 TTL: a span timestamped before now-30d (otel_traces) / now-400d "
-    "(handoff_transitions) or past 2106 (toDateTime overflows) is acknowledged, counted "
-    "stored and written to transition_ledger, then dropped at insert by the TTL: silently "
-    "lost, and the ledger no longer matches the transitions",
-)
 def test_acknowledged_spans_with_extreme_clocks_are_kept_or_counted(serve_process):
+    """Clocks at 1970 and 2262: acknowledged, and kept (retention counts from ingest time),
+    not dropped at insert by a TTL on the span's own timestamp (regression)."""
     h = serve_process
     body = _spans(
         [
@@ -341,13 +316,10 @@ def test_acknowledged_spans_with_extreme_clocks_are_kept_or_counted(serve_proces
 # ------------------------------------------------------------------ poison span
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG ingest: startTimeUnixNano >= 2**63 (legal fixed64) is acknowledged, then "
-    "cannot be packed into DateTime64(9); the writer retries it forever, so serve answers "
-    "503 to every later request (and replays the same record forever after a restart)",
-)
 def test_span_the_store_cannot_hold_does_not_block_ingest(start_serve, tmp_path: Path):
+    """startTimeUnixNano = 2**64-1 (legal fixed64, past DateTime64(9)) is refused at decode,
+    not acknowledged and retried forever by the writer (regression: it wedged serve with
+    503s for every later request, across restarts)."""
     h = start_serve(tmp_path)
     try:
         attrs = transition("poison", "create", "", "created")

@@ -236,14 +236,9 @@ def test_query_port_refuses_every_write_and_ddl(seeded):
     print(f"FIGURES query_port: statements={len(WRITES)} refused={len(WRITES)} (x2 transports)")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG ingest/_query_http.py: 'SELECT 1; DROP TABLE ...' passes the keyword check; the "
-    "engine's readonly=2 refuses the DROP, but the chDB handle is left desynchronized: every "
-    "later query on it returns bytes clickhouse-connect cannot parse (query port/dashboard "
-    "broken until restart). Multi-statement requests should be refused up front",
-)
 def test_multi_statement_is_refused_and_leaves_the_query_port_working(start_serve, tmp_path):
+    """'SELECT 1; DROP ...' is refused up front and every pool handle still answers
+    (regression: the engine refused the DROP but left the chDB handle desynchronized)."""
     h = start_serve(tmp_path)
     try:
         for sql in MULTI:
@@ -259,15 +254,9 @@ def test_multi_statement_is_refused_and_leaves_the_query_port_working(start_serv
         h.kill()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG ingest/_query_http.py: the read-only query port runs SELECT ... INTO OUTFILE "
-    "(creates a file on serve's host), file('/etc/passwd') (reads any local file) and "
-    "remote()/url()/s3()/mysql() (outbound connections; url() to a silent port holds a pool "
-    "handle for its full timeout). readonly=2 does not forbid these in chDB; serve should "
-    "refuse INTO OUTFILE and table functions other than a safe allow-list",
-)
 def test_query_port_cannot_touch_files_or_the_network(start_serve, tmp_path):
+    """INTO OUTFILE, file() and remote() are refused by the read-only port: no file written
+    or read on serve's host, no outbound connection (regression: readonly=2 alone let them)."""
     h = start_serve(tmp_path)
     out = Path("/tmp/handoffs-pwned-outfile.csv")
     out.unlink(missing_ok=True)
