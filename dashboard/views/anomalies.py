@@ -1,5 +1,9 @@
-"""Anomalies: each kind with its count, delta against the previous period, and a trend
-(counts over six equal slices of the window); examples link into the explorer."""
+"""Anomalies: each kind with its count and delta against the previous period; on request a
+trend (counts over six equal slices of the window); examples link into the explorer.
+
+The trend is off by default: each slice is one more anomalies() query, and on a large store
+one query over a day takes tens of seconds (bench/dashboard_render.py's data, 10M rows).
+"""
 
 import streamlit as st
 
@@ -9,6 +13,12 @@ TREND_SLICES = 6
 
 src = _ui.start_page("Anomalies")
 p = _ui.pickers(src, "anomalies")
+show_trend = st.sidebar.toggle(
+    f"Trend ({TREND_SLICES} slices of the window)",
+    key="an_trend",
+    persist_state="session",
+    help=f"{TREND_SLICES} more anomaly queries: slow on a large store",
+)
 
 with _ui.guard():
     cur = _data.anomalies(src.store, src.database, *p.args, tenant=p.tenant)
@@ -24,7 +34,7 @@ with _ui.guard():
             tenant=p.tenant,
             examples=0,
         )
-        for i in range(TREND_SLICES)
+        for i in range(TREND_SLICES if show_trend else 0)
     ]
 
 if not len(cur):
@@ -50,8 +60,13 @@ for start in range(0, len(rows), 4):
             delta,
             delta_color=_ui.delta_color(delta, inverse=True),
             delta_arrow="off" if _ui.delta_color(delta) == "off" else "auto",
-            help=f"{r.description} Bars: counts over {TREND_SLICES} equal slices of the window.",
-            chart_data=trend[r.kind],
+            help=f"{r.description}"
+            + (
+                f" Bars: counts over {TREND_SLICES} equal slices of the window."
+                if show_trend
+                else ""
+            ),
+            chart_data=trend[r.kind] if show_trend else None,
             chart_type="bar",
             border=True,
         )

@@ -127,6 +127,8 @@ def test_anomalies_counts_equal_analytics(store_env, chdb_client):
     for kind, count in zip(expected["kind"], expected["count"], strict=True):
         assert got[str(kind).replace("_", " ")] == f"{int(count):,}", kind
     assert _charts(at) == 1
+    at.toggle(key="an_trend").set_value(True).run()  # six more queries, same counts
+    assert not at.exception and _metrics(at) == got
 
 
 def test_deep_link_opens_the_handoff(store_env):
