@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import threading
 import time
 from dataclasses import fields
 from datetime import UTC, datetime
@@ -216,22 +215,16 @@ def _simulate(args: argparse.Namespace) -> int:
     parallel = None
     try:
         if args.mode == "backfill" and args.workers > 1:
-            stop = threading.Event()
-            try:
-                parallel = run_backfill_parallel(
-                    otlp_url=args.otlp,
-                    tokens=tenants_tokens,
-                    config=cfg,
-                    start_ns=start_ns,
-                    end_ns=end_ns,
-                    handoffs=args.handoffs,
-                    workers=args.workers,
-                    progress=not args.no_progress,
-                    stop=stop,
-                )
-            except KeyboardInterrupt:
-                stop.set()
-                raise
+            parallel = run_backfill_parallel(
+                otlp_url=args.otlp,
+                tokens=tenants_tokens,
+                config=cfg,
+                start_ns=start_ns,
+                end_ns=end_ns,
+                handoffs=args.handoffs,
+                workers=args.workers,
+                progress=not args.no_progress,
+            )
         elif args.mode == "backfill":
             run_backfill(
                 emitter,

@@ -8,6 +8,7 @@ union of the shards is exactly the single-process backfill (same seed -> same ta
 from __future__ import annotations
 
 import multiprocessing as mp
+import queue
 import signal
 import sys
 import threading
@@ -85,7 +86,8 @@ def run_backfill_parallel(
     service_name: str = "handoffs-simulator",
 ) -> EmitStats:
     """run_backfill over `workers` processes sending to `otlp_url` (each flushes and closes its
-    exporters before it reports). Returns the merged stats. Stops early when `stop` is set."""
+    exporters before it reports). Returns the merged stats. Stops early, with everything sent
+    so far flushed, when `stop` is set or on Ctrl-C (KeyboardInterrupt in this process)."""
     if workers < 1:
         raise SimulatorConfigError("workers", f"must be >= 1, got {workers}")
     ctx = mp.get_context("spawn")  # no SDK threads or locks inherited through fork
@@ -124,9 +126,12 @@ def run_backfill_parallel(
             stop_flag.set()
         try:
             parts.append(EmitStats(**results.get(timeout=0.5)))
-        except Exception:  # queue.Empty: keep polling
+        except queue.Empty:
             if not any(p.is_alive() for p in procs) and results.empty():
                 break
+        except KeyboardInterrupt:
+            # Ctrl-C: workers stop between tasks, flush what they sent, then report
+            stop_flag.set()
         if bar is not None:
             bar.update(counter.value - seen)
             seen = counter.value
