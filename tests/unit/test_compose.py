@@ -199,3 +199,16 @@ def _default(value: str) -> str:
 def test_collector_default_token_is_known_to_serve():
     tokens = settings.parse_tokens(_default(_env("serve")[settings.TOKENS.env]))
     assert _default(_env("otel-collector")["HANDOFFS_COLLECTOR_TOKEN"]) in tokens
+
+
+def test_env_example_sets_every_variable_compose_interpolates():
+    text = (ROOT / "docker-compose.yml").read_text()
+    used = set(re.findall(r"\$\{([A-Z_]+)(?::-[^}]*)?\}", text))
+    example = dict(
+        line.split("=", 1)
+        for line in (ROOT / "deploy" / "env.example").read_text().splitlines()
+        if line and not line.startswith("#")
+    )
+    assert used <= set(example), used - set(example)
+    settings.parse_tokens(example["HANDOFFS_TOKENS"])
+    assert example["HANDOFFS_COLLECTOR_TOKEN"] in settings.parse_tokens(example["HANDOFFS_TOKENS"])
