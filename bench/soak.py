@@ -17,6 +17,7 @@ Asserts nothing; prints the samples, then the figures, last line:
 `RESULT acked=<n> stored=<n> duplicates=<n> rss_growth_mb=<n> ...` where stored counts the
 acknowledged span ids found, duplicates the extra rows of any span id, and rss_growth_mb
 the median RSS of the last fifth of the soak minus that of its first fifth (after warm-up).
+The growth is printed as within or OVER --rss-bound-mb (default 100 MiB).
 
     python bench/soak.py [--duration 600] [--clients 4] [--load 0.8 | --rate N]
 """
@@ -201,6 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--load", type=float, default=0.8, help="fraction of measured capacity")
     ap.add_argument("--rate", type=float, help="spans/s instead of calibrating (skips probe)")
     ap.add_argument("--sample-s", type=float, default=5, help="RSS/health sampling period")
+    ap.add_argument(
+        "--rss-bound-mb", type=float, default=100, help="RSS growth reported as within/over this"
+    )
     ap.add_argument("--seed", type=int, default=20261130)
     ap.add_argument("--workdir", help="where serve's store goes (default: a temp dir, removed)")
     args = ap.parse_args(argv)
@@ -331,9 +335,11 @@ def main(argv: list[str] | None = None) -> int:
         f"acknowledged span ids {len(acked_set)}, stored {stored_acked}, missing {missing}, "
         f"duplicate rows {duplicates}, stored but never acknowledged {unacked_stored}"
     )
+    verdict = "within" if growth <= args.rss_bound_mb else "OVER"
+    print(f"RSS growth {growth:.1f} MiB: {verdict} the bound of {args.rss_bound_mb:.0f} MiB")
     print(
         f"RESULT acked={len(acked_set)} stored={stored_acked} duplicates={duplicates} "
-        f"rss_growth_mb={growth:.1f} missing={missing} backpressure={statuses[429] + statuses[503]} "
+        f"rss_growth_mb={growth:.1f} rss_bound_mb={args.rss_bound_mb:.0f} missing={missing} backpressure={statuses[429] + statuses[503]} "
         f"errors={dropped} rate={rate:.0f} achieved={soak_acked / elapsed:.0f} "
         f"duration_s={elapsed:.0f}"
     )
