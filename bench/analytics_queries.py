@@ -243,6 +243,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"OPTIMIZE handoff_summary FINAL: {time.perf_counter() - t:.1f} s")
     merged_ms, _ = timed(lambda: funnel(client, database=DB, window=full), args.repeat, "merged")
     print(f"funnel (7 days) after merges: {merged_ms:.0f} ms (CPU {CPU['merged']:.0f} ms)")
+    mslice_ms, _ = timed(
+        lambda: funnel(client, database=DB, window=full, by=("pair", "mode", "capability")),
+        args.repeat,
+        "mslice",
+    )
+    print(f"slice after merges: {mslice_ms:.0f} ms (CPU {CPU['mslice']:.0f} ms)")
 
     # the same funnel without us: export a sample, compute in pandas, scale linearly
     s_end = BASE + timedelta(seconds=args.sample * DAYS * 86_400 / args.handoffs)
@@ -272,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"RESULT funnel_ms={funnel_ms:.0f} slice_ms={slice_ms:.0f} evidence_ms={ev_ms:.1f} "
-        f"pandas_ratio={ratio:.1f} funnel_merged_ms={merged_ms:.0f} funnel_cpu_ms={CPU['funnel']:.0f} "
+        f"pandas_ratio={ratio:.1f} funnel_merged_ms={merged_ms:.0f} slice_merged_ms={mslice_ms:.0f} "
+        f"funnel_cpu_ms={CPU['funnel']:.0f} funnel_merged_cpu_ms={CPU['merged']:.0f} "
         f"evidence_cpu_ms={CPU['evidence']:.1f} load_avg={os.getloadavg()[0]:.1f}"
     )
     return 0 if same else 1
