@@ -59,11 +59,11 @@ st.plotly_chart(_charts.trend_figure(daily, bucket="day", x_range=(start, end)),
 
 with _ui.guard():
     md = _data.weekly_report(src.store, src.database, week, "md")
-    html = _data.weekly_report(src.store, src.database, week, "html")
 c1, c2 = st.columns(2)
 c1.download_button(
     "Download report (HTML)",
-    html,
+    # built when clicked (a second full report: minutes on a large store), then cached
+    lambda: _data.weekly_report(src.store, src.database, week, "html"),
     file_name=f"handoffs-report-{week}.html",
     mime="text/html",
     on_click="ignore",

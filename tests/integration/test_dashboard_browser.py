@@ -7,6 +7,7 @@ the test's tmp dir and are copied to /tmp/dashboard-shots/ for a human to look a
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -42,6 +43,15 @@ PAGES = (
     ("explorer", "?handoff_id=h-ok-2", "Handoff explorer · read from"),  # root deep link
     ("reports", f"reports?week={WEEK}", "Reports · read from"),
 )
+
+#: page -> (download button label, check of the downloaded text)
+DOWNLOADS = {
+    "explorer": (
+        "Download evidence package (JSON)",
+        lambda t: json.loads(t)["handoff_id"] == "h-ok-2",
+    ),
+    "reports": ("Download report (HTML)", lambda t: "<html" in t.lower() and WEEK in t),
+}
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -143,6 +153,13 @@ def test_every_page_renders_in_chromium(dashboard_url, tmp_path):
                 )
                 if any(b in body for b in bad):
                     problems.append(f"{name}: unexpected error message:\n{body[:2000]}")
+                if name in DOWNLOADS:
+                    label, check = DOWNLOADS[name]
+                    with page.expect_download(timeout=PAGE_TIMEOUT_MS) as got:
+                        page.get_by_role("button", name=label).click()
+                    text = Path(got.value.path()).read_text()
+                    if not check(text):
+                        problems.append(f"{name}: download {label!r} is wrong: {text[:300]!r}")
         finally:
             browser.close()
     assert not problems, "\n\n".join(problems)
