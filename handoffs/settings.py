@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-__all__ = ["ENV", "Setting", "resolve", "resolve_int", "parse_tokens"]
+__all__ = ["ENV", "Setting", "parse_tokens", "resolve", "resolve_int"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,23 +28,49 @@ STORE: Final = Setting(
     "running `handoffs serve` query port)",
 )
 DATABASE: Final = Setting("HANDOFFS_DATABASE", "handoffs", "ClickHouse database holding the tables")
-OTLP_HOST: Final = Setting("HANDOFFS_OTLP_HOST", "127.0.0.1", "address serve binds its OTLP/HTTP receiver to")
-OTLP_PORT: Final = Setting("HANDOFFS_OTLP_PORT", "4318", "OTLP/HTTP port of serve (POST /v1/traces, GET /health)")
+OTLP_HOST: Final = Setting(
+    "HANDOFFS_OTLP_HOST", "127.0.0.1", "address serve binds its OTLP/HTTP receiver to"
+)
+OTLP_PORT: Final = Setting(
+    "HANDOFFS_OTLP_PORT", "4318", "OTLP/HTTP port of serve (POST /v1/traces, GET /health)"
+)
 QUERY_PORT: Final = Setting(
-    "HANDOFFS_QUERY_PORT", "8124", "loopback port of serve's ClickHouse HTTP query endpoint (embedded mode; 0 = off)"
+    "HANDOFFS_QUERY_PORT",
+    "8124",
+    "loopback port of serve's ClickHouse HTTP query endpoint (embedded mode; 0 = off)",
 )
 TOKENS: Final = Setting(
     "HANDOFFS_TOKENS",
     "",
     "bearer tokens and their tenants, 'token1=tenantA,token2=tenantB'; empty = no auth, tenant 'default'",
 )
-SPOOL_DIR: Final = Setting("HANDOFFS_SPOOL_DIR", "", "spool directory (default: <store dir>/spool, or ./handoffs-spool)")
-MAX_BODY_BYTES: Final = Setting("HANDOFFS_MAX_BODY_BYTES", str(16 * 1024 * 1024), "largest accepted OTLP body, bytes (after gunzip)")
-SPOOL_MAX_BYTES: Final = Setting("HANDOFFS_SPOOL_MAX_BYTES", str(1024 * 1024 * 1024), "spool size at which serve answers 503")
+SPOOL_DIR: Final = Setting(
+    "HANDOFFS_SPOOL_DIR", "", "spool directory (default: <store dir>/spool, or ./handoffs-spool)"
+)
+MAX_BODY_BYTES: Final = Setting(
+    "HANDOFFS_MAX_BODY_BYTES",
+    str(16 * 1024 * 1024),
+    "largest accepted OTLP body, bytes (after gunzip)",
+)
+SPOOL_MAX_BYTES: Final = Setting(
+    "HANDOFFS_SPOOL_MAX_BYTES", str(1024 * 1024 * 1024), "spool size at which serve answers 503"
+)
 USER: Final = Setting("HANDOFFS_USER", "default", "ClickHouse user for an http(s) store")
 PASSWORD: Final = Setting("HANDOFFS_PASSWORD", "", "ClickHouse password for an http(s) store")
 
-ENV: Final = (STORE, DATABASE, OTLP_HOST, OTLP_PORT, QUERY_PORT, TOKENS, SPOOL_DIR, MAX_BODY_BYTES, SPOOL_MAX_BYTES, USER, PASSWORD)
+ENV: Final = (
+    STORE,
+    DATABASE,
+    OTLP_HOST,
+    OTLP_PORT,
+    QUERY_PORT,
+    TOKENS,
+    SPOOL_DIR,
+    MAX_BODY_BYTES,
+    SPOOL_MAX_BYTES,
+    USER,
+    PASSWORD,
+)
 
 
 def resolve(setting: Setting, value: str | None = None) -> str:

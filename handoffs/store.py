@@ -21,7 +21,15 @@ from handoffs import settings
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
 
-__all__ = ["SQL_DIR", "StoreError", "StoreSpec", "apply_schema", "connect", "parse_store", "schema_statements"]
+__all__ = [
+    "SQL_DIR",
+    "StoreError",
+    "StoreSpec",
+    "apply_schema",
+    "connect",
+    "parse_store",
+    "schema_statements",
+]
 
 SQL_DIR = Path(__file__).resolve().parent.parent / "sql"
 _DB_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
@@ -70,7 +78,9 @@ def parse_store(store: str | None = None, *, database: str | None = None) -> Sto
         if parts.netloc and parts.netloc not in (".", "..", "~"):
             path = parts.netloc + parts.path
         if not path:
-            raise StoreError(f"store {raw!r}: chdb store needs a directory, e.g. chdb:///var/lib/handoffs")
+            raise StoreError(
+                f"store {raw!r}: chdb store needs a directory, e.g. chdb:///var/lib/handoffs"
+            )
         return StoreSpec(kind="chdb", path=str(Path(path).expanduser().resolve()), database=db)
     if parts.scheme in ("http", "https"):
         if not parts.hostname:
@@ -92,7 +102,9 @@ def parse_store(store: str | None = None, *, database: str | None = None) -> Sto
     )
 
 
-def connect(spec: StoreSpec, *, database: str | None = None, settings_: dict | None = None) -> Client:
+def connect(
+    spec: StoreSpec, *, database: str | None = None, settings_: dict | None = None
+) -> Client:
     """Open a clickhouse-connect client on the spec. Raises StoreError when unreachable.
 
     `database` None uses spec.database (which must exist; see apply_schema); pass "" to
@@ -102,7 +114,9 @@ def connect(spec: StoreSpec, *, database: str | None = None, settings_: dict | N
     try:
         if spec.embedded:
             Path(spec.path or ".").mkdir(parents=True, exist_ok=True)
-            client = clickhouse_connect.get_client(interface="chdb", path=spec.path, database=db, settings=settings_)
+            client = clickhouse_connect.get_client(
+                interface="chdb", path=spec.path, database=db, settings=settings_
+            )
         else:
             client = clickhouse_connect.get_client(
                 host=spec.host,
