@@ -41,6 +41,7 @@ __all__ = [
     "is_undefined",
     "parse_utc",
     "pickers",
+    "set_params",
     "start_page",
 ]
 
@@ -175,11 +176,22 @@ def arrived_params(page: str, keys: tuple[str, ...]) -> dict[str, str]:
     reruns do not reset what the user changed.
     """
     now = {k: st.query_params[k] for k in keys if k in st.query_params}
-    seen_key = f"_qp_seen_{page}"
-    if not now or st.session_state.get(seen_key) == now:
+    if not now or st.session_state.get(_seen_key(page)) == now:
         return {}
-    st.session_state[seen_key] = now
+    st.session_state[_seen_key(page)] = now
     return now
+
+
+def set_params(page: str, params: dict[str, str]) -> None:
+    """Write query parameters that describe what the page shows (a shareable URL) without
+    them counting as a new arrival on the next rerun."""
+    for k, v in params.items():
+        st.query_params[k] = v
+    st.session_state[_seen_key(page)] = dict(params)
+
+
+def _seen_key(page: str) -> str:
+    return f"_qp_seen_{page}"
 
 
 @dataclass(frozen=True, slots=True)

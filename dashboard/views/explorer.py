@@ -75,6 +75,9 @@ with _ui.guard():
         st.stop()
 
 hid = package["handoff_id"]
+if st.query_params.get("handoff_id") != hid:
+    # the URL names the handoff shown, so it can be shared
+    _ui.set_params("explorer", {"handoff_id": hid})
 terminal = package.get("terminal") or {}
 transitions = package.get("transitions") or []
 env = package.get("envelope") or {}

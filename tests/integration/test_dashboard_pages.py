@@ -144,6 +144,9 @@ def test_explorer_finds_by_task_and_idempotency_key(store_env):
     at = _app(page="views/explorer.py")
     at.text_input(key="ex_query").input("task-h-unk").run()
     assert "Handoff h-unk" in _texts(at.subheader)
+    assert at.query_params["handoff_id"] == "h-unk"  # the URL is a deep link to what is shown
+    at.run()
+    assert at.text_input(key="ex_query").value == "task-h-unk"  # not reset by its own link
     at.text_input(key="ex_query").input("idem-h-rej").run()
     assert "Handoff h-rej" in _texts(at.subheader)
     assert not at.exception
