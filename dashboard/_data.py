@@ -96,7 +96,7 @@ def _call(fn: Any, store: str, database: str, **kwargs: Any) -> Any:
         raise
     except Exception as exc:  # the store went away or refused the query
         text = " ".join(str(exc).split())[:300]
-        raise QueryFailed(f"The store did not answer {fn.__name__}(): {text}") from exc
+        raise QueryFailed(f"Could not load {fn.__name__}() from the store: {text}") from exc
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False, max_entries=256)

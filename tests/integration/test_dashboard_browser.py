@@ -149,7 +149,7 @@ def test_every_page_renders_in_chromium(dashboard_url, tmp_path):
                     "Integrity check FAILED",
                     "Cannot reach the store",
                     "Page not found",
-                    "did not answer",
+                    "Could not load",
                 )
                 if any(b in body for b in bad):
                     problems.append(f"{name}: unexpected error message:\n{body[:2000]}")

@@ -241,3 +241,11 @@ def test_explorer_lists_several_matches_then_opens_one(store_env):
     pick.select("h-ok-3").run()
     assert "Handoff h-ok-3" in _texts(at.subheader)
     assert not at.exception
+
+
+def test_failing_query_is_a_message_not_a_traceback(store_env, chdb_client):
+    at = _app(WINDOW)
+    chdb_client.command(f"DROP TABLE {store_env}.handoff_summary SYNC")  # the store breaks
+    at.text_input(key="w_from").set_value("2026-11-22T00:00:00Z").run()  # uncached window
+    assert not at.exception
+    assert "Could not load funnel() from the store" in _texts(at.error)
