@@ -66,6 +66,10 @@ _STATUS: Final = ("Unset", "Ok", "Error")
 _STATUS_NAMES: Final = {"STATUS_CODE_UNSET": 0, "STATUS_CODE_OK": 1, "STATUS_CODE_ERROR": 2}
 _SURROGATE: Final = re.compile(rb"\\u[dD][89a-fA-F]")
 MAX_SPAN_JSON: Final = 16_384  # bytes of a rejected span kept in ingest_rejects
+#: A span with more attributes, or a longer attribute value (after encoding), is rejected
+#: whole (never truncated: what is stored is what was sent). OTel SDKs default to 128.
+MAX_ATTRIBUTES: Final = 1024
+MAX_VALUE_CHARS: Final = 1 << 20
 
 
 class DecodeError(ValueError):
@@ -245,6 +249,10 @@ def _finish(
             problem = "startTimeUnixNano is missing or zero"
         elif start >= _MAX_NS or (events[0] and max(events[0]) >= _MAX_NS):
             problem = "a timestamp is past 2262-04-11 (the largest DateTime64(9) value)"
+        elif len(attrs) > MAX_ATTRIBUTES:
+            problem = f"{len(attrs)} attributes on one span; the limit is {MAX_ATTRIBUTES}"
+        elif attrs and max(map(len, attrs.values())) > MAX_VALUE_CHARS:
+            problem = f"an attribute value is longer than {MAX_VALUE_CHARS} characters"
     is_handoff = False
     if problem is None:
         result = check_handoff_span(attrs, tenant=batch.tenant)
@@ -310,7 +318,7 @@ def decode_protobuf(body: bytes, *, tenant: str) -> DecodedBatch:
     req = ExportTraceServiceRequest()
     try:
         req.ParseFromString(body)
-    except (_PbDecodeError, ValueError, RuntimeError) as exc:
+    except (_PbDecodeError, ValueError, RuntimeError, RecursionError) as exc:
         raise DecodeError(
             f"body is not a valid OTLP ExportTraceServiceRequest protobuf ({len(body)} bytes): {exc}"
         ) from None
@@ -376,5 +384,8 @@ def decode_request(body: bytes, fmt: str, *, tenant: str) -> DecodedBatch:
     if fmt == JSON:
         from ingest._decode_json import decode_json
 
-        return decode_json(body, tenant=tenant)
+        try:
+            return decode_json(body, tenant=tenant)
+        except RecursionError:
+            raise DecodeError("OTLP JSON: nested too deeply") from None
     raise DecodeError(f"unknown OTLP format {fmt!r}")

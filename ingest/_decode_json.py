@@ -170,6 +170,8 @@ def decode_json(body: bytes | str | dict, *, tenant: str) -> DecodedBatch:
     else:
         try:
             doc = json.loads(body)
+        except RecursionError:
+            raise DecodeError("OTLP JSON: nested too deeply") from None
         except (ValueError, UnicodeDecodeError) as exc:
             raise DecodeError(f"body is not valid JSON: {exc}") from None
     doc = _jobj(doc, "$")

@@ -71,6 +71,7 @@ def _gunzip(data: bytes, limit: int) -> bytes:
 class _Handler(BaseHTTPRequestHandler):
     server_version = "handoffs-serve"
     protocol_version = "HTTP/1.1"
+    timeout = 120  # seconds a connection may sit idle mid-request (slow or stalled clients)
     ingestor: Ingestor
     config: OtlpConfig
 

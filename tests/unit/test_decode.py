@@ -204,3 +204,31 @@ def test_timestamp_past_datetime64_range_rejects_the_span():
     b = decode_json(json.dumps(request_json(spans)).encode(), tenant="t")
     assert (b.stored, len(b.rejects)) == (2, 1)
     assert "past 2262-04-11" in b.rejects[0].reason
+
+
+def test_deep_nesting_is_a_decode_error_not_a_crash():
+    deep_doc = b"[" * 100_000 + b"]" * 100_000
+    with pytest.raises(DecodeError, match="nested too deeply"):
+        decode_request(deep_doc, "json", tenant="t")
+    value = '{"arrayValue":{"values":[' * 3000 + "]}}" * 3000
+    attrs = f'[{{"key":"a","value":{value}}}]'
+    doc = '{"resourceSpans":[{"scopeSpans":[{"spans":[{"attributes":' + attrs + "}]}]}]}"
+    with pytest.raises(DecodeError, match="nested too deeply"):
+        decode_request(doc.encode(), "json", tenant="t")
+
+
+def test_too_many_attributes_or_too_long_a_value_rejects_the_span():
+    from ingest._decode import MAX_ATTRIBUTES, MAX_VALUE_CHARS
+
+    spans = _spans()
+    spans[2]["attributes"] = [
+        {"key": f"k{i}", "value": {"stringValue": "x"}} for i in range(MAX_ATTRIBUTES + 1)
+    ]
+    spans[1]["attributes"].append(
+        {"key": "big", "value": {"stringValue": "v" * (MAX_VALUE_CHARS + 1)}}
+    )
+    b = decode_json(json.dumps(request_json(spans)).encode(), tenant="t")
+    reasons = sorted(r.reason for r in b.rejects)
+    assert b.stored == 1 and len(reasons) == 2
+    assert reasons[0].startswith(f"{MAX_ATTRIBUTES + 1} attributes on one span")
+    assert "longer than" in reasons[1]
