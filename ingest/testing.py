@@ -243,7 +243,11 @@ def transition(
     actor: str = "agent-b",
     **extra: object,
 ) -> dict:
-    """Wire attributes of one transition (`create` gets the required envelope fields)."""
+    """Wire attributes of one transition (`create` gets the required envelope fields).
+
+    Extra attributes as keywords with `__` for `.`: `handoff__deadline_ms=60_000` sets
+    `handoff.deadline_ms`; the Python type picks the OTLP value type (int, bool, list...).
+    """
     attrs: dict = {
         "handoff.task_id": task_id,
         "handoff.handoff_id": handoff_id,
