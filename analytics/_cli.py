@@ -67,6 +67,13 @@ def _client(args):
         raise _Unavailable(f"{str(exc).splitlines()[0][:300]}{hint}") from None
 
 
+def _write(path: str, text: str) -> None:
+    try:
+        Path(path).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise _Usage(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
 def _clean(v: Any) -> Any:
     if isinstance(v, float) and math.isnan(v):
         return None
@@ -169,7 +176,7 @@ def _cmd_evidence(args) -> int:
         return EXIT_CHECK_FAILED
     text = json.dumps(pkg, indent=2, ensure_ascii=False)
     if args.out:
-        Path(args.out).write_text(text + "\n", encoding="utf-8")
+        _write(args.out, text + "\n")
     if args.json:
         print(text)
         return EXIT_OK
@@ -267,7 +274,7 @@ def _cmd_report(args) -> int:
     status = slo_status(row.iloc[0].to_dict(), slo)
     breached = [s.metric for s in status if s.status == "breached"]
     if args.out:
-        Path(args.out).write_text(text, encoding="utf-8")
+        _write(args.out, text)
     if args.json:
         print(json.dumps({"week": week, "out": args.out, "format": args.format, "bytes": len(text.encode()),
                           "slo": [{"metric": s.metric, "target": s.target, "actual": _clean(s.actual),
@@ -313,6 +320,9 @@ def _guard(func):
         except _Unavailable as exc:
             print(f"error: {exc}", file=sys.stderr)
             return EXIT_UNAVAILABLE
+        except ValueError as exc:  # bad argument values refused by the analytics API
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
         except (ClickHouseError, OSError, RuntimeError) as exc:
             line = next((ln for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
             print(f"error: store query failed: {line[:300]}", file=sys.stderr)

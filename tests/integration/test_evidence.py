@@ -176,6 +176,7 @@ def test_cli_evidence_and_verify_exit_codes(chdb_client, db, chdb_path, tmp_path
     assert main(["evidence", "verify", str(garbage), *store]) == 2
     assert main(["evidence", "verify", str(tmp_path / "missing.json"), *store]) == 2
     assert main(["evidence", "missing-id", *store]) == 1
+    assert main(["evidence", "h1", *store, "--out", str(tmp_path / "no" / "dir.json")]) == 2
     capsys.readouterr()
     assert (
         main(["evidence", "verify", str(out), "--store", "http://127.0.0.1:9", "--database", db])

@@ -310,6 +310,7 @@ def test_cli_metrics_and_anomalies(chdb_client, db, chdb_path, capsys):
     assert main(["metrics", "--by", "colour", *store]) == 2
     assert "colour" in capsys.readouterr().err
     assert main(["metrics", "--from", "yesterday", *store]) == 2
+    assert main(["anomalies", *win, *store, "--examples", "-1"]) == 2
     assert main(["metrics", "--store", "http://127.0.0.1:9", "--database", db]) == 3
 
 
