@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from analytics import reference as ref
 from analytics._common import check_db, ns
-from analytics._rows import TASK_COLUMNS, fetch_handoff, fetch_ledger, fetch_rows
+from analytics._rows import POINT_LOOKUP, TASK_COLUMNS, fetch_handoff, fetch_ledger, fetch_rows
 from analytics.verify import VerifyResult, package_sha256, verify_offline, verify_package
 from collector import semconv as sc
 from collector.contract import TERMINAL
@@ -232,6 +232,7 @@ def _cross_anomalies(
             WHERE tenant = {{t:String}} AND event = 'create'
               AND idempotency_key IN {{k:Array(String)}} AND payload_hash != ''""",
             parameters={"t": tenant, "k": keys},
+            settings=POINT_LOOKUP,
         ).result_rows[0][0]
         if n > 1:
             kinds.add("idempotency_conflict")
@@ -250,6 +251,7 @@ def _related(client: Client, db: str, traces: list[str], rows) -> list[dict[str,
         WHERE TraceId IN {{tr:Array(String)}} AND SpanId NOT IN {{own:Array(String)}}
         ORDER BY t, SpanId LIMIT {_RELATED_LIMIT}""",
         parameters={"tr": traces, "own": own},
+        settings=POINT_LOOKUP,
     )
     return [
         {
