@@ -254,12 +254,18 @@ class Ingestor:
         """Write queued requests: consecutive same-tenant runs become groups; known batch
         ids (retries of stored requests) are skipped. `regroup`: items are one logged group."""
         runs: list[list[_Item]] = []
+        placed: set[str] = set()
+        later: list[_Item] = []  # same request queued twice: done once the first copy is stored
         for it in items:
             if it.batch_id in self._known:
                 with self._lock:
                     self.stats["duplicate_batches"] += 1
                 self.spool.commit(it.seq)
                 continue
+            if it.batch_id in placed:
+                later.append(it)
+                continue
+            placed.add(it.batch_id)
             if (
                 runs
                 and runs[-1][-1].decoded.tenant == it.decoded.tenant
@@ -267,13 +273,19 @@ class Ingestor:
                     regroup
                     or sum(x.decoded.spans for x in runs[-1]) + it.decoded.spans <= _GROUP_MAX_SPANS
                 )
-                and all(x.batch_id != it.batch_id for x in runs[-1])
             ):
                 runs[-1].append(it)
             else:
                 runs.append([it])
         for run in runs:
             run.sort(key=lambda x: x.seq)
+            for x in [x for x in run if x.batch_id in self._known]:  # stored by an earlier run
+                with self._lock:
+                    self.stats["duplicate_batches"] += 1
+                self.spool.commit(x.seq)
+                run.remove(x)
+            if not run:
+                continue
             if len(run) == 1:
                 token = run[0].batch_id
             else:
@@ -281,6 +293,10 @@ class Ingestor:
                 if log_group:
                     self.spool.log_group([x.seq for x in run])
             self._write(run, token, retry=True)
+        for it in later:
+            with self._lock:
+                self.stats["duplicate_batches"] += 1
+            self.spool.commit(it.seq)
 
     def _write(self, run: list[_Item], token: str, *, retry: bool) -> None:
         delay = 0.05

@@ -131,3 +131,31 @@ def test_a_batch_the_store_always_refuses_is_parked_not_lost(
     assert ing.wait_idle(60)
     ing.stop()
     assert ing.health()["batches"] == 1
+
+
+def test_the_same_request_sent_concurrently_is_stored_once(chdb_client, fresh_db, tmp_path):
+    ing = Ingestor(chdb_client, fresh_db, Spool(tmp_path / "spool", max_bytes=1 << 30))
+    ing.start()
+    sent = []
+    for r in range(3):  # whatever the writer sees together, copies of a request count once
+        a, b, c = _body(40 + 3 * r), _body(41 + 3 * r), _body(42 + 3 * r)
+        barrier = threading.Barrier(5)
+
+        def send(body, barrier=barrier):
+            barrier.wait()
+            ing.submit(body, "protobuf", tenant="default")
+
+        threads = [threading.Thread(target=send, args=(x,)) for x in (a, b, a, c, b)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        sent += [41 + 3 * r, 42 + 3 * r, 43 + 3 * r]
+    assert ing.wait_idle(60)
+    ing.stop()
+    rows = chdb_client.query(
+        f"SELECT SpanId, count() FROM {fresh_db}.otel_traces GROUP BY SpanId"
+    ).result_rows
+    assert sorted(rows) == [(f"{i:016x}", 1) for i in sent]
+    h = ing.health()
+    assert (h["batches"], h["duplicate_batches"]) == (9, 6)
