@@ -47,9 +47,10 @@ __all__ = [
 
 DASH = "—"
 ALL_TENANTS = "All tenants"
-#: Preset ranges (label -> length); "Custom" reads the from/to inputs.
+#: Preset ranges (label -> length); "Custom" reads the from/to inputs. Presets end at the next
+#: full hour (UTC): hour-aligned windows let one query serve a window and its previous period.
 RANGES: dict[str, timedelta | None] = {
-    "Last hour": timedelta(hours=1),
+    "Last 3 hours": timedelta(hours=3),
     "Last 6 hours": timedelta(hours=6),
     "Last 24 hours": timedelta(hours=24),
     "Last 7 days": timedelta(days=7),
@@ -208,7 +209,7 @@ class Picked:
         """For a preset range, the same length ending now (auto-refresh); custom stays put."""
         if self.preset is None:
             return self
-        end = _now_minute()
+        end = _next_hour()
         return Picked(
             start=end - self.preset,
             end=end,
@@ -231,6 +232,21 @@ class Picked:
         return Picked(start=self.start - span, end=self.start, as_of=self.as_of, tenant=self.tenant)
 
     @property
+    def aligned(self) -> bool:
+        """Both ends on a full UTC hour: hourly buckets split the window from the previous one."""
+        return all(t.minute == t.second == t.microsecond == 0 for t in (self.start, self.end))
+
+    def split_args(self) -> tuple[str, str, str | None, str]:
+        """(start, end, as_of, bucket) of the one tenant-split funnel a page rolls up.
+
+        Hour-aligned: hourly buckets over the previous period AND this one (one query gives
+        tiles, deltas, trend and the tenant list); otherwise this window in self.bucket.
+        """
+        if self.aligned:
+            return self.previous().start.isoformat(), self.end.isoformat(), self.args[2], "hour"
+        return (*self.args, self.bucket)
+
+    @property
     def bucket(self) -> str:
         """Trend granularity: hourly up to three days, daily beyond."""
         return "hour" if self.end - self.start <= timedelta(days=3) else "day"
@@ -241,10 +257,11 @@ class Picked:
         return f"{self.start.strftime(fmt)} → {self.end.strftime(fmt)} UTC{tail}"
 
 
-def _now_minute() -> datetime:
-    # Round "now" up to the next minute so reruns within a minute share cache entries.
-    now = datetime.now(UTC).replace(second=0, microsecond=0)
-    return now + timedelta(minutes=1)
+def _next_hour() -> datetime:
+    # Presets end at the next full hour: hour-aligned (see Picked.split_args), and reruns
+    # within the hour share cache entries.
+    now = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
+    return now + timedelta(hours=1)
 
 
 def pickers(src: _data.Source, page: str, *, tenant_picker: bool = True) -> Picked:
@@ -264,7 +281,7 @@ def pickers(src: _data.Source, page: str, *, tenant_picker: bool = True) -> Pick
     if "tenant" in got:
         ss["w_tenant"] = got["tenant"]
     ss.setdefault("w_range", "Last 24 hours")
-    end_default = _now_minute()
+    end_default = _next_hour()
     ss.setdefault("w_from", (end_default - timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%SZ"))
     ss.setdefault("w_to", end_default.strftime("%Y-%m-%dT%H:%M:%SZ"))
 
@@ -291,7 +308,7 @@ def pickers(src: _data.Source, page: str, *, tenant_picker: bool = True) -> Pick
         span = Picked(start=start, end=end, as_of=as_of, tenant=None)
         try:
             # the same cached query the Overview rolls up: the list costs nothing there
-            split = _data.tenant_split(src.store, src.database, *span.args, bucket=span.bucket)
+            split = _data.tenant_split(src.store, src.database, *span.split_args())
             tenants = sorted({str(t) for t in split["tenant"].tolist()})
         except (_data.QueryFailed, ValueError, StoreUnavailable):
             # the list is a convenience: without it the page still works for all tenants

@@ -65,15 +65,26 @@ def _row(df):
     return df.iloc[0].to_dict() if len(df) else {}
 
 
+def _split_at(split, p):
+    """(rows of this window, rows of the previous period) of an hourly split."""
+    if not len(split):
+        return split, split
+    return split[split["bucket"] >= p.start], split[split["bucket"] < p.start]
+
+
 @st.fragment(run_every=every)
 def body() -> None:
     p = picked.refreshed() if auto else picked
     with _ui.guard():
-        # one query split by tenant (and bucket): tiles, trend and tenant list roll it up
-        split = _data.tenant_split(src.store, src.database, *p.args, bucket=p.bucket)
-        # the previous period only feeds the deltas: its totals, filtered in SQL
-        prev = _row(_data.funnel(src.store, src.database, *p.previous().args, tenant=p.tenant))
-    cur = _row(rollup(split, tenant=p.tenant))
+        # one query split by tenant (and hour or day): tiles, trend, tenant list roll it up
+        split = _data.tenant_split(src.store, src.database, *p.split_args())
+        if p.aligned:  # the split also holds the previous period's hours
+            rows, before = _split_at(split, p)
+            prev = _row(rollup(before, tenant=p.tenant))
+        else:  # the previous period only feeds the deltas: its totals, filtered in SQL
+            rows = split
+            prev = _row(_data.funnel(src.store, src.database, *p.previous().args, tenant=p.tenant))
+    cur = _row(rollup(rows, tenant=p.tenant))
     if not cur or not cur.get("volume"):
         st.info(
             f"No handoffs were created in this window ({p.describe()}"
@@ -115,7 +126,9 @@ def body() -> None:
 
     left, right = st.columns(2)
     left.plotly_chart(_charts.funnel_figure(cur), key="ov_funnel")
-    trend = rollup(split, ("bucket",), tenant=p.tenant)
+    if p.bucket == "day" and p.aligned and len(rows):
+        rows = rows.assign(bucket=rows["bucket"].dt.floor("D"))  # hourly rows -> daily trend
+    trend = rollup(rows, ("bucket",), tenant=p.tenant)
     right.plotly_chart(
         _charts.trend_figure(trend, bucket=p.bucket, x_range=(p.start, p.end)), key="ov_trend"
     )

@@ -249,3 +249,30 @@ def test_failing_query_is_a_message_not_a_traceback(store_env, chdb_client):
     at.text_input(key="w_from").set_value("2026-11-22T00:00:00Z").run()  # uncached window
     assert not at.exception
     assert "Could not load funnel() from the store" in _texts(at.error)
+
+
+@pytest.mark.parametrize(
+    ("start", "end"),
+    [
+        ("2026-11-23T09:30:00Z", "2026-11-23T13:30:00Z"),  # not hour-aligned: split + totals query
+        ("2026-11-16T00:00:00Z", "2026-11-24T00:00:00Z"),  # aligned, > 3 days: hours rolled to days
+    ],
+)
+def test_overview_tiles_for_other_windows(store_env, chdb_client, start, end):
+    at = _app({"from": start, "to": end, "as_of": WINDOW["as_of"]})
+    w = analytics.Window(
+        start=ui.parse_utc(start, field="from"),
+        end=ui.parse_utc(end, field="to"),
+        as_of=datetime.fromisoformat(WINDOW["as_of"]),
+    )
+    row = analytics.funnel(chdb_client, database=store_env, window=w).iloc[0]
+    prev = analytics.funnel(
+        chdb_client, database=store_env, window=w.shifted(-(w.end - w.start))
+    ).iloc[0]
+    got, deltas = _metrics(at), {m.label: m.delta or None for m in at.metric}
+    assert got["P_e2e"] == ui.fmt_rate(row["p_e2e"]) and got["Volume"] == ui.fmt_count(
+        row["volume"]
+    )
+    assert deltas["Volume"] == ui.delta_count(row["volume"], prev["volume"])
+    assert deltas["P_accept"] == ui.delta_rate(row["p_accept"], prev["p_accept"])
+    assert _charts(at) == 2
