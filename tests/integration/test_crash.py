@@ -90,33 +90,46 @@ def test_kill_9_loses_and_doubles_nothing_acknowledged(tmp_path):
     store = tmp_path / "data"
     ports = {"otlp_port": free_port(), "query_port": free_port()}
     serve = start_serve(tmp_path, store_dir=store, **ports)
-    client = _Client(f"{serve.otlp_url}/v1/traces", seed=7)
-    client.thread.start()
+    # Two senders, so the writer also groups requests (and logs groups) when it is killed.
+    clients = [_Client(f"{serve.otlp_url}/v1/traces", seed=s) for s in (7, 8)]
+    for c in clients:
+        c.thread.start()
+
+    def acked_requests() -> int:
+        return sum(c.requests_acked for c in clients)
+
+    def failed() -> BaseException | None:
+        return next((c.error for c in clients if c.error), None)
+
     try:
         for k in range(KILLS):
-            target = client.requests_acked + 5
-            _wait(lambda t=target: client.requests_acked >= t or client.error, 120, "acks")
-            assert client.error is None, client.error
+            target = acked_requests() + 5
+            _wait(lambda t=target: acked_requests() >= t or failed(), 120, "acks")
+            assert failed() is None, failed()
             serve.kill()  # SIGKILL: no drain, requests may be in flight
             serve = start_serve(tmp_path, store_dir=store, **ports)
             assert serve.process.pid, k
-        target = client.requests_acked + 5
-        _wait(lambda: client.requests_acked >= target or client.error, 120, "acks after restarts")
+        target = acked_requests() + 5
+        _wait(lambda: acked_requests() >= target or failed(), 120, "acks after restarts")
     finally:
-        client.stop.set()
-        client.thread.join(60)
-    assert client.error is None, client.error
-    serve.wait_stored()
+        for c in clients:
+            c.stop.set()
+        for c in clients:
+            c.thread.join(60)
+    assert failed() is None, failed()
+    acked = [s for c in clients for s in c.acked]
+    health = serve.wait_stored()
+    print(f"FIGURES crash: kills={KILLS} acked_spans={len(acked)} health={health}")
     ch = serve.client()
     counts = dict(ch.query("SELECT SpanId, count() FROM otel_traces GROUP BY SpanId").result_rows)
-    assert len(client.acked) >= (KILLS + 1) * 5 * SPANS_PER_REQUEST
-    missing = [s for s in client.acked if s not in counts]
+    assert len(acked) >= (KILLS + 1) * 5 * SPANS_PER_REQUEST
+    missing = [s for s in acked if s not in counts]
     doubled = {s: n for s, n in counts.items() if n != 1}
     assert not missing, f"{len(missing)} acknowledged spans lost"
     assert not doubled, f"{len(doubled)} spans stored more than once"
-    assert set(counts) == set(client.acked)  # nothing stored that was never acknowledged
+    assert set(counts) == set(acked)  # nothing stored that was never acknowledged
     ht = ch.query("SELECT count(), uniqExact(span_id) FROM handoff_transitions").result_rows[0]
     tl = ch.query("SELECT count(), uniqExact(span_id) FROM transition_ledger").result_rows[0]
-    assert ht == tl == (len(client.acked), len(client.acked))
+    assert ht == tl == (len(acked), len(acked))
     ch.close()
     assert serve.stop() == 0
