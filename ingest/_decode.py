@@ -147,6 +147,9 @@ def _pb_plain(av: Any) -> Any:
     return None
 
 
+_STRING_WIRE: Final = frozenset(k for k, t in EXPECTED_TAG.items() if t == "string_value")
+
+
 def _pb_attrs(kvs: Any, check: bool) -> tuple[dict[str, str], str | None]:
     """Encode protobuf KeyValues; with `check`, also the first wire-type problem (or None)."""
     out: dict[str, str] = {}
@@ -154,10 +157,14 @@ def _pb_attrs(kvs: Any, check: bool) -> tuple[dict[str, str], str | None]:
     for kv in kvs:
         key = kv.key
         v = kv.value
+        s = v.string_value
+        if s and (not check or key in _STRING_WIRE or key not in EXPECTED_TAG):
+            out[key] = s  # fast path: a non-empty string where a string is right
+            continue
         w = v.WhichOneof("value")
         items = None
         if w == "string_value":
-            s = v.string_value
+            pass
         elif w == "int_value":
             s = str(v.int_value)
         elif w == "bool_value":
