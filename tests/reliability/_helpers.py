@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import requests
+from google.rpc import status_pb2
 
 from ingest.testing import request_protobuf, span_json, transition
 
@@ -115,6 +116,16 @@ def stored_span_ids(handle, table: str = "otel_traces") -> Counter:
     finally:
         c.close()
     return Counter(dict(rows))
+
+
+def explains(r: requests.Response, fmt: str) -> str:
+    """The reason in an OTLP error body (google.rpc.Status, protobuf or JSON); asserts one."""
+    if fmt == "protobuf" and r.headers.get("Content-Type") == "application/x-protobuf":
+        msg = status_pb2.Status.FromString(r.content).message
+    else:
+        msg = r.json()["message"]
+    assert msg.strip(), f"{r.status_code} without a reason"
+    return msg
 
 
 def health_or_none(handle) -> dict | None:
