@@ -200,5 +200,7 @@ FROM (
     WHERE created IS NOT NULL
        AND created >= {ts(window.start)} AND created < {ts(window.end)}
        {tenant_and}
+    -- the created filter must see merged rows (a server may default this on)
+    SETTINGS optimize_move_to_prewhere_if_final = 0
 )
 """
