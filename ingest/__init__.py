@@ -35,6 +35,8 @@ _WHERE = {
     "make_token": "_writer",
     "write_batch": "_writer",
     "row_hash": "integrity",
+    "ChainReport": "_verify",
+    "verify_chain": "_verify",
 }
 
 
@@ -58,12 +60,14 @@ if TYPE_CHECKING:
     from ingest._service import Ingestor, StoreUnavailable
     from ingest._spool import Spool, SpoolFull, SpoolRecord
     from ingest._validate import TENANT_MISMATCH, CheckResult, check_handoff_span
+    from ingest._verify import ChainReport, verify_chain
     from ingest._writer import BatchResult, last_chain_hash, make_token, write_batch
     from ingest.integrity import row_hash
 
 __all__ = [
     "TENANT_MISMATCH",
     "BatchResult",
+    "ChainReport",
     "CheckResult",
     "DecodeError",
     "DecodedBatch",
@@ -85,5 +89,6 @@ __all__ = [
     "read_requests",
     "row_hash",
     "run_serve",
+    "verify_chain",
     "write_batch",
 ]

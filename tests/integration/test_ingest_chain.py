@@ -1,0 +1,91 @@
+"""The ingest hash chain verifies when intact and names the batch when something changed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+import requests
+
+from ingest import ingest_requests, verify_chain
+from ingest.testing import request_protobuf, span_json, transition
+
+
+def _requests(n: int):
+    out = []
+    for k in range(n):
+        spans = [
+            span_json(
+                trace_id=f"{k + 1:08x}{i + 1:024x}",
+                span_id=f"{k + 1:08x}{i + 1:08x}",
+                attributes=transition(f"h-{k}-{i}", "create", "", "created"),
+                start_ns=time.time_ns(),
+            )
+            for i in range(3)
+        ]
+        out.append(("protobuf", request_protobuf(spans), f"request {k}"))
+    return out
+
+
+@pytest.fixture
+def chained(chdb_client, fresh_db):
+    ingest_requests(chdb_client, fresh_db, _requests(4), source="test")
+    report = verify_chain(chdb_client, fresh_db)
+    assert report.ok and report.batches == 4 and len(report.heads) == 1, report
+    return fresh_db
+
+
+def _mutate(client, sql: str) -> None:
+    client.command(sql, settings={"mutations_sync": 2})
+
+
+def test_a_rewritten_ledger_row_is_named(chdb_client, chained):
+    db = chained
+    (bid,) = chdb_client.query(f"SELECT any(ingest_batch) FROM {db}.transition_ledger").result_rows[
+        0
+    ]
+    _mutate(
+        chdb_client,
+        f"ALTER TABLE {db}.transition_ledger UPDATE row_hash = repeat('a', 64) "
+        f"WHERE ingest_batch = '{bid}' AND span_id = (SELECT min(span_id) FROM {db}.transition_ledger "
+        f"WHERE ingest_batch = '{bid}')",
+    )
+    report = verify_chain(chdb_client, db)
+    assert report.problems == (f"batch {bid}: its ledger row hashes changed (batch_hash differs)",)
+
+
+def test_a_deleted_batch_breaks_the_chain(chdb_client, chained):
+    db = chained
+    first = chdb_client.query(
+        f"SELECT ingest_batch FROM {db}.ingest_batches WHERE prev_chain_hash = repeat('0', 64)"
+    ).result_rows[0][0]
+    _mutate(chdb_client, f"ALTER TABLE {db}.ingest_batches DELETE WHERE ingest_batch = '{first}'")
+    report = verify_chain(chdb_client, db)
+    assert not report.ok
+    assert any("follows a chain link no batch has" in p for p in report.problems)
+    assert f"ledger rows of batch {first} with no ingest_batches row" in report.problems
+
+
+def test_cli_over_serves_query_port(start_serve):
+    serve = start_serve()
+    for _fmt, body, _ in _requests(3):
+        r = requests.post(
+            f"{serve.otlp_url}/v1/traces",
+            data=body,
+            headers={"Content-Type": "application/x-protobuf"},
+            timeout=30,
+        )
+        assert r.status_code == 200
+    serve.wait_stored()
+    out = subprocess.run(
+        [sys.executable, "-m", "handoffs", "verify-chain", "--store", serve.query_url, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["ok"] and report["batches"] >= 1 and len(report["heads"]) == 1
