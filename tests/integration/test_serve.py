@@ -209,7 +209,8 @@ def test_query_port_is_read_only(ch):
         ch.insert("otel_traces", [["x"]], column_names=["TraceId"])
 
 
-def test_ledger_and_batch_chain_match(ch):
+def test_ledger_and_batch_chain_match(serve, ch):
+    serve.wait_stored()  # earlier tests may have left a write in flight
     tl = ch.query("SELECT count() FROM transition_ledger").result_rows[0][0]
     ht = ch.query("SELECT count() FROM handoff_transitions").result_rows[0][0]
     assert tl == ht > 0
