@@ -10,6 +10,7 @@ import contextlib
 import os
 import random
 import subprocess
+import threading
 import time
 import uuid
 from collections import Counter
@@ -166,3 +167,38 @@ def fill(path: Path, leave: int = 0) -> Path:
             free -= chunk
         f.flush()
     return ballast
+
+
+class Streamer(threading.Thread):
+    """A client streaming `spans`-span requests back to back, retrying each one like an OTLP
+    exporter (429/502/503/504 and refused connections) until acknowledged. Counts statuses;
+    any other status is recorded in `errors` and that request dropped."""
+
+    def __init__(self, url: str, seed: int, spans: int = 5) -> None:
+        super().__init__(name=f"streamer-{seed}", daemon=True)
+        self.url, self.rng, self.spans = url, random.Random(seed), spans
+        self.acked: list[str] = []
+        self.statuses: Counter = Counter()
+        self.errors: list[str] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            sent = handoff_request(self.rng, self.spans)
+            while True:
+                try:
+                    r = post(self.url, sent.body)
+                except requests.RequestException:
+                    self.statuses[0] += 1
+                    time.sleep(0.05)
+                    continue
+                self.statuses[r.status_code] += 1
+                if r.status_code == 200:
+                    self.acked.extend(sent.span_ids)
+                    break
+                if r.status_code not in RETRYABLE:
+                    self.errors.append(f"{r.status_code}: {r.text[:200]}")
+                    break
+                if not r.headers.get("Retry-After"):
+                    self.errors.append(f"{r.status_code} without Retry-After")
+                time.sleep(min(float(r.headers.get("Retry-After", 0.1)), 0.2))
