@@ -25,6 +25,9 @@ from ingest.testing import request_protobuf, span_json, transition
 
 PB = {"Content-Type": "application/x-protobuf"}
 JS = {"Content-Type": "application/json"}
+TOKENS = "tok-acme=acme,tok-globex=globex"  # module_serve's bearer tokens -> tenants
+ACME = {"Authorization": "Bearer tok-acme"}
+GLOBEX = {"Authorization": "Bearer tok-globex"}
 RETRYABLE = frozenset({429, 502, 503, 504})  # OTLP/HTTP: retry these, drop on other errors
 
 

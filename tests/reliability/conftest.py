@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-TOKENS = "tok-acme=acme,tok-globex=globex"
-ACME = {"Authorization": "Bearer tok-acme"}
-GLOBEX = {"Authorization": "Bearer tok-globex"}
+from tests.reliability._helpers import TOKENS
 
 
 @pytest.fixture(scope="module")

@@ -28,8 +28,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from collector import semconv
 from ingest.testing import request_json, request_protobuf, span_json, start_serve, transition
-from tests.reliability._helpers import JS, PB, explains, wait_for
-from tests.reliability.conftest import ACME
+from tests.reliability._helpers import ACME, JS, PB, explains, wait_for
 
 FUZZ_EXAMPLES = int(os.environ.get("HANDOFFS_FUZZ_EXAMPLES", "200"))
 FUZZ = settings(

@@ -14,8 +14,7 @@ import pytest
 import requests
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from tests.reliability._helpers import JS, PB, explains
-from tests.reliability.conftest import ACME
+from tests.reliability._helpers import ACME, JS, PB, explains
 
 LIMIT = 4 * 1024 * 1024  # limits_serve's --max-body-bytes
 

@@ -17,8 +17,7 @@ import pytest
 import requests
 
 from ingest.testing import request_json, request_protobuf, span_json, transition
-from tests.reliability._helpers import JS, PB, handoff_request, post
-from tests.reliability.conftest import ACME, GLOBEX
+from tests.reliability._helpers import ACME, GLOBEX, JS, PB, handoff_request, post
 
 ROOT = Path(__file__).resolve().parents[2]
 INJECTIONS = (
