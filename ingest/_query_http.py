@@ -182,6 +182,10 @@ def _decompress(data: bytes, encoding: str | None) -> bytes:
     return decompress_response(data, encoding)
 
 
+#: Largest query body the read-only endpoint reads (queries are small; inserts are refused).
+MAX_QUERY_BODY = 16 * 1024 * 1024
+
+
 class _Handler(BaseHTTPRequestHandler):
     server_version = "handoffs-serve"
     protocol_version = "HTTP/1.1"
@@ -211,9 +215,43 @@ class _Handler(BaseHTTPRequestHandler):
         self._query(b"")
 
     def do_POST(self) -> None:
-        n = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(n) if n else b""
+        try:
+            body = self._read_body()
+        except ValueError as exc:
+            # The body was not consumed whole: the connection cannot carry another request.
+            self.close_connection = True
+            self._send(
+                413 if "too large" in str(exc) else 400,
+                f"Code: {_SYNTAX_CODE}. DB::Exception: {exc}\n".encode(),
+                {"Content-Type": "text/plain; charset=UTF-8", "Connection": "close"},
+            )
+            return
         self._query(_decompress(body, self.headers.get("Content-Encoding")))
+
+    def _read_body(self) -> bytes:
+        """The whole request body, Content-Length or chunked (clickhouse-connect streams
+        inserts chunked); ValueError past MAX_QUERY_BODY bytes or on a malformed chunk.
+        Reading it whole keeps a keep-alive connection in step even for refused queries."""
+        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+            out = bytearray()
+            while True:
+                line = self.rfile.readline(1024)
+                try:
+                    size = int(line.split(b";", 1)[0].strip() or b"x", 16)
+                except ValueError:
+                    raise ValueError("malformed chunked body") from None
+                if size == 0:
+                    while self.rfile.readline(1024) not in (b"\r\n", b"\n", b""):
+                        pass  # trailers
+                    return bytes(out)
+                if len(out) + size > MAX_QUERY_BODY:
+                    raise ValueError(f"query body too large (limit {MAX_QUERY_BODY} bytes)")
+                out += self.rfile.read(size)
+                self.rfile.readline(1024)  # CRLF after each chunk
+        n = int(self.headers.get("Content-Length") or 0)
+        if n > MAX_QUERY_BODY:
+            raise ValueError(f"query body too large (limit {MAX_QUERY_BODY} bytes)")
+        return self.rfile.read(n) if n else b""
 
     def _query(self, body: bytes) -> None:
         qid = ""

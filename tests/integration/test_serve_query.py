@@ -96,6 +96,36 @@ def test_errors_become_clickhouse_exceptions(serve):
     c.close()
 
 
+def test_refused_chunked_insert_leaves_the_connection_in_step(serve):
+    """clickhouse-connect streams inserts as a chunked body on a pooled keep-alive
+    connection. The port refuses the insert; it must still read the body whole, or the
+    leftover chunks are parsed as the next request and the next query on that connection
+    gets garbage (seen as BadStatusLine('<!DOCTYPE HTML>'))."""
+    c = serve.client()
+    try:
+        for i in range(5):
+            with pytest.raises(DatabaseError, match=r"(?i)readonly|read-only|not allowed|refus"):
+                c.insert("otel_traces", [[f"{i:016x}"]], column_names=["SpanId"])
+            assert c.query("SELECT count() FROM otel_traces").result_rows[0][0] == 9
+    finally:
+        c.close()
+
+
+def test_chunked_query_body_is_read_and_oversized_one_refused(serve):
+    def chunks(payload: bytes, size: int = 7):
+        for i in range(0, len(payload), size):
+            yield payload[i : i + size]
+
+    url = f"http://127.0.0.1:{serve.query_port}/?database={serve.database}"
+    with requests.Session() as s:
+        r = s.post(url, data=chunks(b"SELECT count() FROM otel_traces"), timeout=30)
+        assert (r.status_code, r.text.strip()) == (200, "9")
+        r = s.post(
+            url, data=chunks(b"SELECT 1 -- " + b"x" * (17 * 1024 * 1024), 1 << 20), timeout=60
+        )
+        assert r.status_code == 413 and "too large" in r.text
+
+
 def test_ping_and_plain_http(serve):
     assert requests.get(f"{serve.query_url}/ping", timeout=10).text == "Ok.\n"
     r = requests.get(serve.query_url, params={"query": "SELECT 41 + 1"}, timeout=10)
