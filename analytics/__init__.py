@@ -4,18 +4,58 @@ Every loader takes a clickhouse-connect `client` and keyword-only arguments; tim
 UTC datetimes; `database` defaults to HANDOFFS_DATABASE. Contract: docs/metrics.md.
 """
 
-from analytics._common import DIMENSIONS, Window
-from analytics.anomalies import ANOMALY_KINDS, anomalies, anomaly_handoff_ids
-from analytics.evidence import VerifyResult, evidence_package, verify_package
-from analytics.metrics import (
-    STAGES,
-    find_handoffs,
-    funnel,
-    handoffs_behind,
-    latencies,
-    task_stats,
-)
-from analytics.report import weekly_report
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from analytics._common import DIMENSIONS, Window
+    from analytics.anomalies import ANOMALY_KINDS, anomalies, anomaly_handoff_ids
+    from analytics.evidence import VerifyResult, evidence_package, verify_package
+    from analytics.metrics import (
+        STAGES,
+        find_handoffs,
+        funnel,
+        handoffs_behind,
+        latencies,
+        task_stats,
+    )
+    from analytics.report import weekly_report
+
+# Loaded on first use (PEP 562): `handoffs serve` imports analytics._cli to build its parser
+# and must not pay for pandas/numpy (about 100 MB RSS) that only the loaders need.
+_LAZY: dict[str, str] = {
+    "DIMENSIONS": "analytics._common",
+    "Window": "analytics._common",
+    "ANOMALY_KINDS": "analytics.anomalies",
+    "anomalies": "analytics.anomalies",
+    "anomaly_handoff_ids": "analytics.anomalies",
+    "VerifyResult": "analytics.evidence",
+    "evidence_package": "analytics.evidence",
+    "verify_package": "analytics.evidence",
+    "STAGES": "analytics.metrics",
+    "find_handoffs": "analytics.metrics",
+    "funnel": "analytics.metrics",
+    "handoffs_behind": "analytics.metrics",
+    "latencies": "analytics.metrics",
+    "task_stats": "analytics.metrics",
+    "weekly_report": "analytics.report",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'analytics' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "ANOMALY_KINDS",
