@@ -27,6 +27,7 @@ __all__ = [
 FAULTS: Final = (
     "bounce",  # wrong specialist picked: A->B transfer, B->A transfer back, then A->C
     "partial_result",  # specialist returns partial results: evidence_valid=False, committed
+    "commit_fail",  # valid result prepared, then the commit fails (conflict): evidenced, not committed
     "duplicate_delivery",  # a write retried without dedup key: same transition delivered twice
     "stale_state_version",  # consumer lag: commit carries an older state_version
     "stale_fence",  # commit carries a fence token older than the lease's
@@ -55,7 +56,9 @@ class SimulatorConfigError(ValueError):
 class FailureRates:
     """Probabilities (0..1) per handoff intent of each injected failure mode.
 
-    Outcome modes (reject, expire, cancel, fail, timeout, partial_result) are exclusive: their
+    Outcome modes (reject, expire, cancel, fail, timeout, partial_result, commit_fail) are
+    exclusive (commit_fail: a result with valid evidence is prepared, then the commit fails,
+    the one path that lowers P_commit); their
     sum must be <= 1; the rest of the intents succeed. Overlay modes (bounce,
     duplicate_delivery, stale_state_version, stale_fence, idempotency_conflict,
     after_terminal) are drawn independently on top; the stale ones force a commit so the
@@ -69,6 +72,7 @@ class FailureRates:
     fail: float = 0.03
     timeout: float = 0.04
     partial_result: float = 0.05
+    commit_fail: float = 0.02
     bounce: float = 0.05
     duplicate_delivery: float = 0.03
     stale_state_version: float = 0.01
@@ -86,11 +90,17 @@ class FailureRates:
             if not 0.0 <= float(v) <= 1.0:
                 raise SimulatorConfigError(f.name, f"must be in [0, 1], got {v!r}")
         outcome = (
-            self.reject + self.expire + self.cancel + self.fail + self.timeout + self.partial_result
+            self.reject
+            + self.expire
+            + self.cancel
+            + self.fail
+            + self.timeout
+            + self.partial_result
+            + self.commit_fail
         )
         if outcome > 1.0 + 1e-9:
             raise SimulatorConfigError(
-                "reject+expire+cancel+fail+timeout+partial_result",
+                "reject+expire+cancel+fail+timeout+partial_result+commit_fail",
                 f"exclusive outcome rates sum to {outcome:.3f} > 1",
             )
         if self.timeout_resolve + self.timeout_escalate > 1.0 + 1e-9:

@@ -199,6 +199,10 @@ def _attempt(
             else:
                 labels.add("timeout_unresolved")
             labels.discard("timeout")
+        elif outcome == "commit_fail":
+            # a result with valid evidence, then the write fails (conflict): E and V, not K
+            t = b.step(hid, "prepare", t + run_ns, rcv, **b.evidence(hid, True))
+            t = b.step(hid, "fail", t + b.ms(200), rcv, error_code="commit_conflict")
         else:  # success or partial_result: a result, then a commit
             valid = outcome != "partial_result"
             ev = b.evidence(hid, valid)
@@ -260,7 +264,7 @@ def _draw_outcome(b: _Builder, hop: Hop, at: int) -> tuple[str, frozenset[str]]:
     u = rng.random()
     outcome = "success"
     acc = 0.0
-    for name in ("reject", "expire", "cancel", "fail", "timeout", "partial_result"):
+    for name in ("reject", "expire", "cancel", "fail", "timeout", "partial_result", "commit_fail"):
         acc += getattr(r, name)
         if u < acc:
             outcome = name

@@ -148,3 +148,18 @@ def test_funnel_reflects_injected_outcomes(simulated):
     # partial results are executed but not evidenced: P_evidence clearly below 1
     assert 0.85 < row["p_evidence"] < 0.97
     assert 0.5 < row["p_e2e"] < 0.9
+
+
+def test_failed_commits_after_valid_evidence_lower_p_commit(simulated):
+    # commit_fail (default 2%) is the one injected path from V to not-K: prepared with valid
+    # evidence, then the commit fails. The funnel's evidenced - committed must recover it.
+    f = simulated["stats"].faults
+    w = Window(
+        start=_dt(simulated["start"]),
+        end=_dt(simulated["end"]),
+        as_of=_dt(simulated["end"] + 3600 * S),
+    )
+    row = funnel(simulated["client"], database=simulated["db"], window=w).iloc[0]
+    assert f["commit_fail"] > 0
+    assert _close(int(row["evidenced"]) - int(row["committed"]), f["commit_fail"])
+    assert row["p_commit"] < 1.0

@@ -45,7 +45,10 @@ def _plans(n: int, cfg: ScenarioConfig | None = None, start: int = T0):
         ({"bounce": 1.5}, "bounce"),
         ({"timeout": -0.1}, "timeout"),
         ({"reject": "x"}, "reject"),
-        ({"reject": 0.5, "fail": 0.6}, "reject+expire+cancel+fail+timeout+partial_result"),
+        (
+            {"reject": 0.5, "fail": 0.6},
+            "reject+expire+cancel+fail+timeout+partial_result+commit_fail",
+        ),
         ({"timeout_resolve": 0.9, "timeout_escalate": 0.2}, "timeout_resolve+timeout_escalate"),
     ],
 )
