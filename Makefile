@@ -18,10 +18,13 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/handoffs demo $(ARGS)
 
-## Run the whole test suite (installs Debian's chromium for the browser tests if missing)
+## Lint (ruff, pinned), type-check (mypy, pinned), then the whole test suite
+## (installs Debian's chromium for the browser tests if missing)
 test: $(STAMP)
 	bash scripts/ensure-chromium
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 	$(BIN)/pytest $(ARGS)
 
 lint: $(STAMP)

@@ -109,9 +109,7 @@ TRANSITIONS: Final = MappingProxyType(_TABLE)
 #: Events whose transition carries the handoff's result (and its evidence).
 RESULT_EVENTS: Final = frozenset({E.PREPARE, E.COMMIT, E.RESOLVE_COMMITTED})
 #: States that imply the receiver accepted (an accept never emitted is implied).
-ACCEPTED_OR_LATER: Final = frozenset(
-    {S.ACCEPTED, S.RUNNING, S.PREPARED, S.COMMITTED, S.VERIFIED}
-)
+ACCEPTED_OR_LATER: Final = frozenset({S.ACCEPTED, S.RUNNING, S.PREPARED, S.COMMITTED, S.VERIFIED})
 #: States that imply execution produced a result.
 EXECUTED: Final = frozenset({S.PREPARED, S.COMMITTED, S.VERIFIED})
 

@@ -77,9 +77,13 @@ class AttrSpec:
 
 
 WIRE_ATTRIBUTES: Final[tuple[AttrSpec, ...]] = (
-    AttrSpec(TASK_ID, "string", "every", True, "the business task; several handoffs (attempts) per task"),
+    AttrSpec(
+        TASK_ID, "string", "every", True, "the business task; several handoffs (attempts) per task"
+    ),
     AttrSpec(HANDOFF_ID, "string", "every", True, "this attempt"),
-    AttrSpec(EVENT, "string", "every", True, "the event from the state table (`create` for the first)"),
+    AttrSpec(
+        EVENT, "string", "every", True, "the event from the state table (`create` for the first)"
+    ),
     AttrSpec(FROM_STATE, "string", "every", True, "state before (empty for `create`)"),
     AttrSpec(TO_STATE, "string", "every", True, "state after"),
     AttrSpec(ACTOR, "string", "every", True, "the agent that observed/caused it"),
@@ -87,9 +91,17 @@ WIRE_ATTRIBUTES: Final[tuple[AttrSpec, ...]] = (
     AttrSpec(MODE, "string", "create", True, "`delegate`, `consult`, `transfer`, `escalate`"),
     AttrSpec(FROM_AGENT, "string", "create", True, "sender"),
     AttrSpec(TO_AGENT, "string", "create", True, "receiver"),
-    AttrSpec(TOPOLOGY, "string", "create", False, "`in_process`, `agent_as_tool`, `shared_queue`, `federated_a2a`"),
+    AttrSpec(
+        TOPOLOGY,
+        "string",
+        "create",
+        False,
+        "`in_process`, `agent_as_tool`, `shared_queue`, `federated_a2a`",
+    ),
     AttrSpec(IDEMPOTENCY_KEY, "string", "create", False, "dedup key of side effects"),
-    AttrSpec(DEADLINE_MS, "int", "create", False, "budget in ms; drives 'settled' (300000 when absent)"),
+    AttrSpec(
+        DEADLINE_MS, "int", "create", False, "budget in ms; drives 'settled' (300000 when absent)"
+    ),
     AttrSpec(CAPABILITIES, "string[]", "create", False, "capabilities granted"),
     AttrSpec(EVIDENCE_REFS, "string[]", "create, result", False, "evidence ids"),
     AttrSpec(EVIDENCE_COUNT, "int", "result", False, "evidence items backing the result"),
@@ -97,7 +109,9 @@ WIRE_ATTRIBUTES: Final[tuple[AttrSpec, ...]] = (
     AttrSpec(ERROR_CODE, "string", "reject / fail / timeout", False, "why"),
     AttrSpec(FENCE_TOKEN, "int", "optional", False, "lease fence token"),
     AttrSpec(STATE_VERSION, "int", "optional", False, "optimistic state version"),
-    AttrSpec(PAYLOAD_HASH, "string", "optional", False, "tells a same-key retry from a changed payload"),
+    AttrSpec(
+        PAYLOAD_HASH, "string", "optional", False, "tells a same-key retry from a changed payload"
+    ),
     AttrSpec(RECEIPT_STATUS, "string", "commit / verify", False, "terminal receipt status"),
     AttrSpec(RECEIPT_HASH, "string", "commit / verify", False, "terminal receipt hash"),
     AttrSpec(RESULT_VERSION, "string", "commit / verify", False, "version of the committed result"),
@@ -109,15 +123,27 @@ WIRE_ATTRIBUTES: Final[tuple[AttrSpec, ...]] = (
     AttrSpec(REPLY_CONTRACT, "string", "create", False, "what the reply must contain"),
     AttrSpec(CAUSATION_ID, "string", "create", False, "the message/handoff that caused this one"),
     AttrSpec(MAX_TOOL_CALLS, "int", "create", False, "tool call budget"),
-    AttrSpec(EXECUTION_ID, "string", "result", False, "identity of the execution that produced the result"),
+    AttrSpec(
+        EXECUTION_ID,
+        "string",
+        "result",
+        False,
+        "identity of the execution that produced the result",
+    ),
     AttrSpec(EXECUTION_VERSION, "string", "result", False, "version of the executing agent/model"),
-    AttrSpec(VALID, "bool", "optional", False, "false when a lenient shim emitted an illegal transition"),
+    AttrSpec(
+        VALID, "bool", "optional", False, "false when a lenient shim emitted an illegal transition"
+    ),
     AttrSpec(INVALID_REASON, "string", "optional", False, "why the transition is invalid"),
-    AttrSpec(TENANT, "string", "optional", False, "a claim only; the stored tenant is the credential's"),
+    AttrSpec(
+        TENANT, "string", "optional", False, "a claim only; the stored tenant is the credential's"
+    ),
 )
 
 REQUIRED_ON_EVERY: Final = tuple(a.name for a in WIRE_ATTRIBUTES if a.on == "every")
-REQUIRED_ON_CREATE: Final = tuple(a.name for a in WIRE_ATTRIBUTES if a.on == "create" and a.required)
+REQUIRED_ON_CREATE: Final = tuple(
+    a.name for a in WIRE_ATTRIBUTES if a.on == "create" and a.required
+)
 INT_ATTRIBUTES: Final = frozenset(a.name for a in WIRE_ATTRIBUTES if a.type == "int")
 BOOL_ATTRIBUTES: Final = frozenset(a.name for a in WIRE_ATTRIBUTES if a.type == "bool")
 ARRAY_ATTRIBUTES: Final = frozenset(a.name for a in WIRE_ATTRIBUTES if a.type == "string[]")

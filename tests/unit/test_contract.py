@@ -37,7 +37,10 @@ def test_illegal_names_allowed_events():
 def test_terminal_except_committed_has_no_exits():
     for s in TERMINAL - {State.COMMITTED}:
         assert not [k for k in TRANSITIONS if k[0] == s]
-    assert {e for (s, e) in TRANSITIONS if s == State.COMMITTED} == {Event.VERIFY, Event.VERIFY_FAIL}
+    assert {e for (s, e) in TRANSITIONS if s == State.COMMITTED} == {
+        Event.VERIFY,
+        Event.VERIFY_FAIL,
+    }
 
 
 def test_cancel_escalate_from_every_non_terminal():
