@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 __all__ = ["BatchResult", "Member", "last_chain_hash", "make_token", "write_batch", "write_group"]
 
 _OTEL_INSERT_COLUMNS = (*OTEL_COLUMNS, "Tenant", "IngestBatch")
+_SPAN_ID = OTEL_COLUMNS.index("SpanId")
+_TRACE_ID = OTEL_COLUMNS.index("TraceId")
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,8 +131,7 @@ def _merge(parts: Sequence[DecodedBatch]) -> DecodedBatch:
     out = DecodedBatch(tenant=tenant)
     for p in parts:
         base = out.stored
-        for c in OTEL_COLUMNS:
-            out.columns[c].extend(p.columns[c])
+        out.rows.extend(p.rows)
         out.ledger.extend((i + base, hid, h) for i, hid, h in p.ledger)
         out.rejects.extend(p.rejects)
         out.spans += p.spans
@@ -158,7 +159,7 @@ def write_group(
     tenant = members[0].decoded.tenant
     if any(m.decoded.tenant != tenant for m in members):
         raise ValueError("write_group: members must share a tenant")
-    cols: dict[str, list[Any]] = {c: [] for c in OTEL_COLUMNS}
+    rows: list[tuple[Any, ...]] = []
     batch_col: list[str] = []
     ledger_rows: list[list[Any]] = []
     reject_rows: list[list[Any]] = []
@@ -168,14 +169,14 @@ def write_group(
     for m in members:
         p, bid, at = m.decoded, m.batch_id, m.received_at_ms
         hashes = []
-        span_ids, trace_ids = p.columns["SpanId"], p.columns["TraceId"]
+        prows = p.rows
         for idx, handoff_id, h in p.ledger:
-            ledger_rows.append([tenant, handoff_id, span_ids[idx], trace_ids[idx], h, bid, at])
+            row = prows[idx]
+            ledger_rows.append([tenant, handoff_id, row[_SPAN_ID], row[_TRACE_ID], h, bid, at])
             hashes.append(h)
         for r in p.rejects:
             reject_rows.append([at, tenant, bid, r.trace_id, r.span_id, r.reason, r.span_json])
-        for c in OTEL_COLUMNS:
-            cols[c].extend(p.columns[c])
+        rows.extend(prows)
         batch_col.extend([bid] * p.stored)
         bh = batch_hash(sorted(hashes))  # sorted: an auditor can recompute it from the ledger
         ch = chain(link, bh)
@@ -193,7 +194,8 @@ def write_group(
         }
 
     if stored:
-        data = [cols[c] for c in OTEL_COLUMNS] + [[tenant] * stored, batch_col]
+        # rows -> columns in C (zip), then the two columns serve adds
+        data = [*zip(*rows, strict=True), [tenant] * stored, batch_col]
         _insert(
             client,
             database,
