@@ -1,0 +1,204 @@
+"""SQL of the anomaly kinds, grouped into passes: one query (one scan) per pass.
+
+Each pass returns one row per flagged-or-candidate handoff: `handoff_id` plus one Bool
+column per kind it computes (named after the kind). anomalies() aggregates a pass once for
+all its kinds; anomaly_handoff_ids() selects one kind's column.
+
+Why passes (measured at 10M transitions / 2.67M handoffs, docs/metrics.md): every kind used
+to re-read the cohort (handoff_summary FINAL) and some re-read all transitions twice (clock
+skew self-join) or window-sorted every task (stale fence); 24 h took ~37 s. Now:
+  cohort       five kinds that are bit tests over the cohort's summary rows
+  transitions  duplicate delivery + clock skew from ONE GROUP BY over the cohort's rows
+               (IN on the primary-key prefix (tenant, handoff_id))
+  fence        stale fence over only the rows that carry a fence token or state version
+  bounce       over the summary's `transfer` create rows only
+  spike        window and baseline cohorts in one scan of the summary
+  orphan       candidates from a cheap filter, checked exactly by key
+  idempotency  create rows with a key and payload hash only
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from analytics import _contract_sql as cs
+from analytics._common import Window, cohort_sql, ts
+
+#: rejection_spike: a group spikes when both the window and the baseline have at least
+#: SPIKE_MIN_SETTLED settled handoffs, the window's rejection rate is >= SPIKE_MIN_RATE and
+#: >= SPIKE_BASELINE_FACTOR x baseline rate + 0.1. Baseline = the 7 window lengths before.
+SPIKE_MIN_SETTLED: Final = 5
+SPIKE_MIN_RATE: Final = 0.3
+SPIKE_BASELINE_FACTOR: Final = 2.0
+SPIKE_BASELINE_WINDOWS: Final = 7
+
+#: pass name -> the kinds (Bool columns) it returns, in ANOMALY_KINDS order of appearance.
+PASSES: Final = {
+    "cohort": (
+        "invalid_transition",
+        "committed_without_evidence",
+        "unknown_unresolved",
+        "accepted_never_started",
+        "implied_accept",
+    ),
+    "transitions": ("duplicate_delivery", "clock_skew"),
+    "idempotency": ("idempotency_conflict",),
+    "fence": ("stale_fence",),
+    "bounce": ("bounce",),
+    "spike": ("rejection_spike",),
+    "orphan": ("orphan_transition",),
+}
+KIND_PASS: Final = {k: p for p, kinds in PASSES.items() for k in kinds}
+
+
+def _ids(cohort: str) -> str:
+    return f"(tenant, handoff_id) IN (SELECT tenant, handoff_id FROM ({cohort}))"
+
+
+def _cohort_pass(db: str, window: Window, tenant: bool, sla_ms: int) -> str:
+    now_ns = f"toUnixTimestamp64Nano({ts(window.clock())})"
+    cohort = cohort_sql(db, window, tenant_param=tenant, extra=("uncounted", "t_unknown_in"))
+    return f"""SELECT handoff_id,
+    uncounted > 0 OR {cs.fork_condition()} OR {cs.after_terminal_condition()}
+        AS invalid_transition,
+    {cs.has("tmask", cs.COMMITTED_MASK)} AND NOT is_v AS committed_without_evidence,
+    is_unresolved AND {now_ns} - toUnixTimestamp64Nano(assumeNotNull(t_unknown_in))
+        > {int(sla_ms)} * 1000000 AS unknown_unresolved,
+    is_a AND NOT {cs.has("tmask", cs.BEYOND_ACCEPTED_MASK)}
+        AND {now_ns} - toUnixTimestamp64Nano(created) > deadline_eff * 1000000
+        AS accepted_never_started,
+    is_a AND NOT {cs.has("tmask", cs.ACCEPT_EVENT_MASK)} AS implied_accept
+FROM ({cohort})"""
+
+
+def _transitions_pass_sql(db: str, window: Window, tenant: bool) -> str:
+    """Duplicate delivery: a (event, from, to) stored more than once. Clock skew: counted
+    transitions x -> y (x.to = y.from, y not the way back, x before y in machine order) with
+    y's earliest copy before x's earliest copy. One GROUP BY per handoff, in the table's
+    order, over an array of its few rows (a handful: the lambdas are cubic in it)."""
+    cohort = cohort_sql(db, window, tenant_param=tenant, extra=())
+    legal = ", ".join(f"('{f}', '{e}', '{t}')" for f, e, t in cs.POSITIONS)
+    # a set lookup per row, cheaper than position_expr()'s concat + indexOf at 10M rows
+    counted = f"valid AND (from_state, event, to_state) IN ({legal})"
+    # c: counted rows as (event, from, to, time, okey)
+    first = "arrayMin(z -> z.4, arrayFilter(z -> z.1 = x.1 AND z.2 = x.2 AND z.3 = x.3, c))"
+    return f"""SELECT handoff_id,
+    length(a) > length(arrayDistinct(a)) AS duplicate_delivery,
+    arrayExists(x -> arrayExists(y -> x.3 = y.2 AND y.3 != x.2 AND x.5 < y.5 AND y.4 < {first},
+                                 c), c) AS clock_skew
+FROM (
+    SELECT tenant, handoff_id, groupArray((event, from_state, to_state)) AS a,
+        groupArrayIf((event, from_state, to_state, time, {cs.order_key_expr()}), {counted}) AS c
+    FROM {db}.handoff_transitions
+    WHERE {_ids(cohort)}
+    GROUP BY tenant, handoff_id
+)
+WHERE duplicate_delivery OR clock_skew"""
+
+
+def _idempotency_pass(db: str, window: Window, tenant: bool) -> str:
+    cohort = cohort_sql(db, window, tenant_param=tenant, extra=())
+    tw = "AND tenant = {tenant:String}" if tenant else ""
+    return f"""SELECT DISTINCT handoff_id, true AS idempotency_conflict
+FROM {db}.handoff_transitions
+WHERE event = 'create' AND idempotency_key != '' AND {_ids(cohort)}
+  AND (tenant, idempotency_key) IN (
+    SELECT tenant, idempotency_key FROM {db}.handoff_transitions
+    WHERE event = 'create' AND idempotency_key != '' AND payload_hash != '' {tw}
+    GROUP BY tenant, idempotency_key HAVING uniqExact(payload_hash) > 1)"""
+
+
+def _fence_pass(db: str, window: Window, tenant: bool) -> str:
+    """Rows with neither a fence token nor a state version cannot be stale nor raise an
+    earlier maximum (max ignores NULL), so the window runs over the others only."""
+    cohort = cohort_sql(db, window, tenant_param=tenant, extra=("task_id",))
+    return f"""SELECT DISTINCT handoff_id, true AS stale_fence FROM (
+    SELECT tenant, handoff_id, event, fence_token, state_version,
+        max(fence_token) OVER w AS prev_fence, max(state_version) OVER w AS prev_version
+    FROM {db}.handoff_transitions
+    WHERE (fence_token IS NOT NULL OR state_version IS NOT NULL)
+      AND (tenant, task_id) IN (SELECT tenant, task_id FROM ({cohort}))
+    WINDOW w AS (PARTITION BY tenant, task_id ORDER BY time, span_id
+                 ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+)
+WHERE event IN ('commit', 'resolve_committed') AND {_ids(cohort)}
+  AND (coalesce(fence_token < prev_fence, false) OR coalesce(state_version < prev_version, false))"""
+
+
+def _bounce_pass(db: str, window: Window, tenant: bool) -> str:
+    """Only a handoff's create row carries its mode (and created time), so the summary's
+    rows with mode 'transfer' are exactly the transfer handoffs' create rows."""
+    cohort = cohort_sql(db, window, tenant_param=tenant, extra=("task_id",))
+    return f"""SELECT handoff_id, true AS bounce FROM (
+    SELECT tenant, handoff_id, h_from, h_to,
+        lagInFrame(h_from) OVER w AS prev_from, lagInFrame(h_to) OVER w AS prev_to,
+        row_number() OVER w AS rn
+    FROM (
+        SELECT tenant, handoff_id, max(task_id) AS h_task, min(created) AS h_created,
+            max(from_agent) AS h_from, max(to_agent) AS h_to
+        FROM {db}.handoff_summary
+        WHERE mode = 'transfer' AND created IS NOT NULL
+          AND (tenant, task_id) IN (SELECT tenant, task_id FROM ({cohort}) WHERE mode = 'transfer')
+        GROUP BY tenant, handoff_id
+    )
+    WINDOW w AS (PARTITION BY tenant, h_task ORDER BY h_created, handoff_id
+                 ROWS BETWEEN 1 PRECEDING AND CURRENT ROW)
+)
+WHERE rn > 1 AND h_from != '' AND prev_from = h_to AND prev_to = h_from
+  AND {_ids(cohort)}"""
+
+
+def _spike_pass(db: str, window: Window, tenant: bool) -> str:
+    """The window's and the baseline's cohorts are one contiguous created range: one scan."""
+    length = window.end - window.start
+    both = Window(
+        start=window.start - SPIKE_BASELINE_WINDOWS * length, end=window.end, as_of=window.clock()
+    )
+    cohort = cohort_sql(db, both, tenant_param=tenant, extra=("to_agent", "capabilities"))
+    rej = cs.has("tmask", cs.REJECTED_MASK)
+    cap = "arrayJoin(if(empty(capabilities), [''], capabilities))"
+    in_w = f"created >= {ts(window.start)}"
+    return f"""SELECT DISTINCT arrayJoin(ids) AS handoff_id, true AS rejection_spike FROM (
+    SELECT to_agent, {cap} AS capability,
+        countIf(in_w AND is_settled) AS wn, countIf(in_w AND is_settled AND is_rej) AS wr,
+        countIf(NOT in_w AND is_settled) AS bn, countIf(NOT in_w AND is_settled AND is_rej) AS br,
+        groupArrayIf(handoff_id, in_w AND is_settled AND is_rej) AS ids
+    FROM (
+        SELECT handoff_id, to_agent, capabilities, {in_w} AS in_w, is_settled, {rej} AS is_rej
+        FROM ({cohort})
+    )
+    GROUP BY to_agent, capability
+)
+WHERE wn >= {SPIKE_MIN_SETTLED} AND bn >= {SPIKE_MIN_SETTLED}
+  AND wr / wn >= {SPIKE_MIN_RATE} AND wr / wn >= {SPIKE_BASELINE_FACTOR} * (br / bn) + 0.1"""
+
+
+def _orphan_pass(db: str, window: Window, tenant: bool) -> str:
+    """A handoff whose rows all lack `created` and whose earliest row is in the window: the
+    row holding that minimum is itself a created-less row first seen in the window, so such
+    rows are the candidates; the exact test then reads only their keys."""
+    tw = "AND tenant = {tenant:String}" if tenant else ""
+    lo, hi = ts(window.start), ts(window.end)
+    return f"""SELECT handoff_id, true AS orphan_transition FROM {db}.handoff_summary
+WHERE (tenant, handoff_id) IN (
+    SELECT tenant, handoff_id FROM {db}.handoff_summary
+    WHERE created IS NULL AND first_seen >= {lo} AND first_seen < {hi} {tw})
+GROUP BY tenant, handoff_id
+HAVING min(created) IS NULL AND min(first_seen) >= {lo} AND min(first_seen) < {hi}"""
+
+
+def pass_sql(name: str, db: str, window: Window, *, tenant: bool, sla_ms: int) -> str:
+    """SQL of one pass (see module doc); ValueError for an unknown pass."""
+    if name == "cohort":
+        return _cohort_pass(db, window, tenant, sla_ms)
+    builders = {
+        "transitions": _transitions_pass_sql,
+        "idempotency": _idempotency_pass,
+        "fence": _fence_pass,
+        "bounce": _bounce_pass,
+        "spike": _spike_pass,
+        "orphan": _orphan_pass,
+    }
+    if name not in builders:
+        raise ValueError(f"unknown anomaly pass {name!r}")
+    return builders[name](db, window, tenant)
