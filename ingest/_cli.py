@@ -90,6 +90,9 @@ def _verify_chain(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from ingest._serve import keep_dataframe_libs_out
+
+    keep_dataframe_libs_out()  # this process is serve: before chdb / clickhouse-connect load
     from handoffs.store import StoreError, parse_store
     from ingest._serve import ServeConfig, run_serve
 

@@ -12,6 +12,7 @@ import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Final
 
 from handoffs.store import StoreSpec, apply_schema, connect
 from ingest._otlp_http import OtlpConfig, make_otlp_server
@@ -19,7 +20,7 @@ from ingest._query_http import QueryEngine, make_query_server
 from ingest._service import Ingestor
 from ingest._spool import Spool
 
-__all__ = ["ServeConfig", "run_serve"]
+__all__ = ["ServeConfig", "keep_dataframe_libs_out", "run_serve"]
 
 log = logging.getLogger("handoffs.serve")
 
@@ -50,6 +51,27 @@ def _limit_malloc_arenas(arenas: int = 2) -> None:
         libc.mallopt(-8, arenas)  # M_ARENA_MAX
     except (OSError, AttributeError):
         pass
+
+
+#: Optional libraries chDB and clickhouse-connect import when installed, never needed by serve.
+_DATAFRAME_LIBS: Final = ("pandas", "pyarrow", "polars", "numpy")
+
+
+def keep_dataframe_libs_out() -> list[str]:
+    """Make the optional imports of pandas/pyarrow/polars/numpy fail in this process.
+
+    chDB imports pyarrow (and with it numpy) whenever it is installed, for its DataFrame and
+    Arrow result APIs; clickhouse-connect imports pandas and numpy on every `insert` to check
+    whether the data is a DataFrame or an ndarray. Serve needs none of them: it inserts lists
+    and its query endpoint returns the engine's own output bytes (FORMAT Arrow included).
+    Keeping them out saves ~70 MB of RSS. Call it only in a process that is serve (the CLI
+    does), before chdb or clickhouse-connect are used; a library already imported is left
+    alone. Returns the names blocked; a later `import pandas` here raises ImportError.
+    """
+    blocked = [m for m in _DATAFRAME_LIBS if m not in sys.modules]
+    for m in blocked:
+        sys.modules[m] = None  # type: ignore[assignment]  # import machinery: ImportError
+    return blocked
 
 
 def _spool_dir(cfg: ServeConfig) -> Path:
