@@ -11,7 +11,12 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from analytics._common import DIMENSIONS, Window
-    from analytics.anomalies import ANOMALY_KINDS, anomalies, anomaly_handoff_ids
+    from analytics.anomalies import (
+        ANOMALY_KINDS,
+        anomalies,
+        anomaly_handoff_ids,
+        backfill_task_index,
+    )
     from analytics.evidence import VerifyResult, evidence_package, verify_package
     from analytics.metrics import (
         STAGES,
@@ -31,6 +36,7 @@ _LAZY: dict[str, str] = {
     "ANOMALY_KINDS": "analytics.anomalies",
     "anomalies": "analytics.anomalies",
     "anomaly_handoff_ids": "analytics.anomalies",
+    "backfill_task_index": "analytics.anomalies",
     "VerifyResult": "analytics.evidence",
     "evidence_package": "analytics.evidence",
     "verify_package": "analytics.evidence",
@@ -65,6 +71,7 @@ __all__ = [
     "Window",
     "anomalies",
     "anomaly_handoff_ids",
+    "backfill_task_index",
     "evidence_package",
     "find_handoffs",
     "funnel",

@@ -20,6 +20,7 @@ from analytics._anomaly_sql import (
     pass_sql,
 )
 from analytics._common import Window, check_db
+from analytics._tasks_sql import backfill_sql
 from analytics.reference import UNKNOWN_SLA_MS
 
 if TYPE_CHECKING:
@@ -33,6 +34,7 @@ __all__ = [
     "SPIKE_MIN_SETTLED",
     "anomalies",
     "anomaly_handoff_ids",
+    "backfill_task_index",
 ]
 
 DESCRIPTIONS: Final = {
@@ -125,3 +127,16 @@ def anomalies(
         for k in ANOMALY_KINDS
     ]
     return pd.DataFrame(rows, columns=["kind", "count", "examples", "description"])
+
+
+def backfill_task_index(client: Client, *, database: str | None = None) -> int:
+    """Fill handoff_tasks (sql/005) from the stored transitions, for a store created before
+    005 (a new store needs nothing: the view fills it). Safe while ingest runs and when run
+    again (readers dedup). Returns the distinct (tenant, task_id, handoff_id) rows indexed."""
+    db = check_db(database)
+    client.command(backfill_sql(db))
+    return int(
+        client.query(
+            f"SELECT count() FROM (SELECT DISTINCT tenant, task_id, handoff_id FROM {db}.handoff_tasks)"
+        ).result_rows[0][0]
+    )

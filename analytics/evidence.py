@@ -199,11 +199,14 @@ def evidence_package(
         raise ValueError(f"handoff_id {handoff_id!r} exists in tenants {tenants}; pass tenant=")
     ten = tenants[0]
     now_ns = ns(as_of or datetime.now(UTC))
-    # the task's rows (bloom filter on task_id) for the cross-handoff anomalies
+    # the task's rows for the cross-handoff anomalies: the task's handoff ids from the
+    # handoff_tasks index (sql/005), then their rows by primary key (tenant, handoff_id)
     task_rows = fetch_rows(
         client,
         db,
-        "tenant = {t:String} AND task_id = {k:String}",
+        f"""tenant = {{t:String}} AND task_id = {{k:String}} AND handoff_id IN (
+            SELECT handoff_id FROM {db}.handoff_tasks
+            WHERE tenant = {{t:String}} AND task_id = {{k:String}})""",
         {"t": ten, "k": rows[0]["task_id"]},
         TASK_COLUMNS,
     )

@@ -28,6 +28,7 @@ SHARDING_KEYS: Final = {
     "cityHash64(SpanAttributes['handoff.handoff_id']))",
     "handoff_transitions": "cityHash64(handoff_id)",
     "handoff_summary": "cityHash64(handoff_id)",
+    "handoff_tasks": "cityHash64(handoff_id)",
     "transition_ledger": "cityHash64(handoff_id)",
     "ingest_batches": "cityHash64(ingest_batch)",
     "ingest_rejects": "rand()",
