@@ -150,3 +150,11 @@ def test_offline_verification_detects_edits():
     assert any("package_sha256" in p for p in problems)
     with pytest.raises(ValueError, match="missing field 'transitions'"):
         verify_offline({"handoff_id": "h", "tenant": "t", "integrity": {}})
+
+
+def test_task_index_ddl_file_is_generated():
+    from analytics import _tasks_sql
+
+    assert (SQL_DIR / "005_handoff_tasks.sql").read_text() == _tasks_sql.render_tasks_ddl(), (
+        "sql/005_handoff_tasks.sql is stale: run `python -m analytics._tasks_sql`"
+    )
