@@ -12,8 +12,12 @@ and the same funnel the way a user would without us: export a sample of transiti
 scaled linearly to N. pandas_ratio = scaled pandas compute time / our funnel time (export
 time excluded, which favours pandas).
 
+  anomalies all kinds over the 24 h window (anomalies_ms) and the 7 days (anomalies_7d_ms)
+
 Usage: python bench/analytics_queries.py [--handoffs 2000000] [--sample 100000] [--repeat 5]
-Last line: RESULT funnel_ms=<n> slice_ms=<n> evidence_ms=<n> pandas_ratio=<pandas/ours> plus
+       [--path DIR --reuse] [--anomaly-repeat 3]
+Last line: RESULT funnel_ms=<n> slice_ms=<n> evidence_ms=<n> pandas_ratio=<pandas/ours>
+anomalies_ms=<24 h> anomalies_7d_ms=<n> plus
 funnel_merged_ms (after OPTIMIZE FINAL), *_cpu_ms (process CPU: chDB runs in this process, so
 this is the query's own work, unlike wall time on a shared machine) and load_avg.
 """
@@ -33,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import pandas as pd
 
-from analytics import Window, evidence_package, funnel
+from analytics import Window, anomalies, backfill_task_index, evidence_package, funnel
 from handoffs.store import StoreSpec, apply_schema, connect
 from ingest.integrity import row_hash
 
@@ -172,15 +176,35 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--repeat", type=int, default=5, help="timed runs per query (median reported)")
     ap.add_argument("--path", help="chDB directory (default: a new temporary one)")
+    ap.add_argument(
+        "--reuse",
+        action="store_true",
+        help="keep the data already in --path when it has the right row count (skips the "
+        "~5 min generation; the 'right after insert' figures then see merged parts)",
+    )
+    ap.add_argument(
+        "--anomaly-repeat", type=int, default=3, help="timed anomalies() runs per window"
+    )
     args = ap.parse_args(argv)
     if args.handoffs < 10 or not 10 <= args.sample <= args.handoffs:
         ap.error("need --handoffs >= 10 and 10 <= --sample <= --handoffs")
     path = args.path or tempfile.mkdtemp(prefix="bench-analytics-")
     client = connect(StoreSpec(kind="chdb", path=path), database="")
-    client.command(f"DROP DATABASE IF EXISTS {DB} SYNC")
-    apply_schema(client, DB)
-    print(f"generating {args.handoffs:,} handoffs ({args.handoffs * 5:,} transitions) in {path}")
-    gen_s = generate(client, args.handoffs)
+    have = 0
+    if args.reuse:
+        apply_schema(client, DB)
+        have = client.query(f"SELECT count() FROM {DB}.handoff_transitions").result_rows[0][0]
+    if have == args.handoffs * 5:
+        print(f"reusing {have:,} transitions in {path} (parts as left by the last run)")
+        backfill_task_index(client, database=DB)  # a store made before sql/005
+        gen_s = 0.0
+    else:
+        client.command(f"DROP DATABASE IF EXISTS {DB} SYNC")
+        apply_schema(client, DB)
+        print(
+            f"generating {args.handoffs:,} handoffs ({args.handoffs * 5:,} transitions) in {path}"
+        )
+        gen_s = generate(client, args.handoffs)
     rows = client.query(f"SELECT count() FROM {DB}.handoff_transitions").result_rows[0][0]
     parts = client.query(
         f"SELECT count() FROM system.parts WHERE database = '{DB}' AND table = 'handoff_summary' AND active"
@@ -220,6 +244,13 @@ def main(argv: list[str] | None = None) -> int:
     ev_ms, pkg = timed(
         lambda: evidence_package(client, database=DB, handoff_id=next(it)), args.repeat, "evidence"
     )
+    an_ms = {}
+    for label, w in (("24h", day), ("7d", full)):
+        an_ms[label], adf = timed(
+            lambda w=w: anomalies(client, database=DB, window=w), args.anomaly_repeat, f"an{label}"
+        )
+        print(f"anomalies, all {len(adf)} kinds, {label} window: {an_ms[label]:.0f} ms "
+              f"(CPU {CPU['an' + label]:.0f} ms; {int(adf['count'].sum()):,} flagged)")  # fmt: skip
     row = f.iloc[0]
     print(f"funnel (7 days, {int(row['volume']):,} handoffs): {funnel_ms:.0f} ms  "
           f"[settled {int(row['settled']):,}, committed {int(row['committed']):,}, p_e2e {row['p_e2e']:.3f}]")  # fmt: skip
@@ -275,7 +306,8 @@ def main(argv: list[str] | None = None) -> int:
         f"RESULT funnel_ms={funnel_ms:.0f} slice_ms={slice_ms:.0f} evidence_ms={ev_ms:.1f} "
         f"pandas_ratio={ratio:.1f} funnel_merged_ms={merged_ms:.0f} slice_merged_ms={mslice_ms:.0f} "
         f"funnel_cpu_ms={CPU['funnel']:.0f} funnel_merged_cpu_ms={CPU['merged']:.0f} "
-        f"evidence_cpu_ms={CPU['evidence']:.1f} load_avg={os.getloadavg()[0]:.1f}"
+        f"evidence_cpu_ms={CPU['evidence']:.1f} anomalies_ms={an_ms['24h']:.0f} "
+        f"anomalies_7d_ms={an_ms['7d']:.0f} load_avg={os.getloadavg()[0]:.1f}"
     )
     return 0 if same else 1
 
