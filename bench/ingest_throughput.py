@@ -200,6 +200,7 @@ def main() -> int:
     print(
         "serve stage seconds (wall, overlapping):",
         {k: health[k] for k in ("decode_s", "spool_s", "queue_wait_s", "store_s")},
+        f"writes {health['writes']}",
     )
     print(f"RESULT spans_per_s={e2e:.0f} parse_ratio={e2e / parse_rate:.4f} rss_mb={rss:.0f}")
     return 0

@@ -34,8 +34,8 @@ __all__ = ["Ingestor", "StoreUnavailable"]
 
 log = logging.getLogger("handoffs.ingest")
 _KNOWN_BATCHES = 50_000  # batch ids remembered to keep a retried request off the chain
-_MAX_QUEUED_SPANS = 10_000  # decoded spans held in memory for the writer (then submit waits)
-_GROUP_MAX_SPANS = 5_000  # spans the writer puts in one insert
+_MAX_QUEUED_SPANS = 30_000  # decoded spans (~1.2 KB each) held for the writer; then submit waits
+_GROUP_MAX_SPANS = 20_000  # spans per insert: 4x 5,000 cut chDB CPU per span by ~1/3 (bench)
 _GROUP_MAX_REQUESTS = 64
 
 
