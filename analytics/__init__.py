@@ -54,8 +54,14 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'analytics' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    mod = importlib.import_module(module)
+    value = getattr(mod, name)
     globals()[name] = value
+    # importing analytics.anomalies binds the package attribute `anomalies` to the module,
+    # shadowing the function of the same name: rebind it to the public function
+    short = module.rsplit(".", 1)[1]
+    if _LAZY.get(short) == module:
+        globals()[short] = getattr(mod, short)
     return value
 
 
