@@ -74,23 +74,45 @@ FROM ({cohort})"""
 def _transitions_pass_sql(db: str, window: Window, tenant: bool) -> str:
     """Duplicate delivery: a (event, from, to) stored more than once. Clock skew: counted
     transitions x -> y (x.to = y.from, y not the way back, x before y in machine order) with
-    y's earliest copy before x's earliest copy. One GROUP BY per handoff, in the table's
-    order, over an array of its few rows (a handful: the lambdas are cubic in it)."""
+    y's earliest copy before x's earliest copy. One GROUP BY per handoff over arrays of its
+    few rows as integers (state/event indexes, ns); the lambdas are quadratic in a handful."""
     cohort = cohort_sql(db, window, tenant_param=tenant, extra=())
-    legal = ", ".join(f"('{f}', '{e}', '{t}')" for f, e, t in cs.POSITIONS)
-    # a set lookup per row, cheaper than position_expr()'s concat + indexOf at 10M rows
-    counted = f"valid AND (from_state, event, to_state) IN ({legal})"
-    # c: counted rows as (event, from, to, time, okey)
-    first = "arrayMin(z -> z.4, arrayFilter(z -> z.1 = x.1 AND z.2 = x.2 AND z.3 = x.3, c))"
+    states = [str(x) for x in cs.STATE_RANK]
+    ev = sorted({e for _f, e, _t in cs.POSITIONS})
+    names = "[" + ", ".join(f"'{x}'" for x in states) + "]"
+    events = "[" + ", ".join(f"'{x}'" for x in ev) + "]"
+    # legal = its integer code is one of the contract's (a set of ints: cheaper per row than
+    # position_expr()'s concat + indexOf); an unknown from_state has index 0 like create's ''
+    codes = ", ".join(
+        str(
+            (ev.index(e) + 1) * 65536
+            + (states.index(f) + 1 if f else 0) * 256
+            + states.index(t)
+            + 1
+        )
+        for f, e, t in cs.POSITIONS
+    )
+    counted = f"valid AND (f > 0 OR from_state = '') AND (e * 65536 + f * 256 + to) IN ({codes})"
+    # okey of order_key() from 1-based state indexes (from 0 = create)
+    ranks = "[" + ", ".join(str(int(cs.STATE_RANK[x])) for x in states) + "]"
+    okey = f"(if(f = 0, 0, arrayElement({ranks}, f) + 1) * 16 + arrayElement({ranks}, to))"
+    # c: counted rows as (event, from, to, time ns, okey); m: earliest time of each row's
+    # transition (its copies included)
+    m = "arrayMap(x -> arrayMin(z -> z.4, arrayFilter(z -> z.1 = x.1 AND z.2 = x.2 AND z.3 = x.3, c)), c)"
     return f"""SELECT handoff_id,
     length(a) > length(arrayDistinct(a)) AS duplicate_delivery,
-    arrayExists(x -> arrayExists(y -> x.3 = y.2 AND y.3 != x.2 AND x.5 < y.5 AND y.4 < {first},
-                                 c), c) AS clock_skew
+    arrayExists((x, mx) -> arrayExists(y -> x.3 = y.2 AND y.3 != x.2 AND x.5 < y.5 AND y.4 < mx,
+                                       c), c, {m}) AS clock_skew
 FROM (
-    SELECT tenant, handoff_id, groupArray((event, from_state, to_state)) AS a,
-        groupArrayIf((event, from_state, to_state, time, {cs.order_key_expr()}), {counted}) AS c
-    FROM {db}.handoff_transitions
-    WHERE {_ids(cohort)}
+    SELECT tenant, handoff_id, groupArray(cityHash64(event, from_state, to_state)) AS a,
+        groupArrayIf((e, f, to, toUnixTimestamp64Nano(time), {okey}), {counted}) AS c
+    FROM (
+        SELECT tenant, handoff_id, valid, time, event, from_state, to_state,
+            indexOf({events}, event) AS e, indexOf({names}, from_state) AS f,
+            indexOf({names}, to_state) AS to
+        FROM {db}.handoff_transitions
+        WHERE {_ids(cohort)}
+    )
     GROUP BY tenant, handoff_id
 )
 WHERE duplicate_delivery OR clock_skew"""
