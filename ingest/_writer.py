@@ -24,6 +24,8 @@ __all__ = ["BatchResult", "Member", "last_chain_hash", "make_token", "write_batc
 
 _OTEL_INSERT_COLUMNS = (*OTEL_COLUMNS, "Tenant", "IngestBatch")
 _SPAN_ID = OTEL_COLUMNS.index("SpanId")
+_EVENT_COLS = tuple(i for i, c in enumerate(OTEL_COLUMNS) if c.startswith("Events."))
+_LINK_COLS = tuple(i for i, c in enumerate(OTEL_COLUMNS) if c.startswith("Links."))
 _TRACE_ID = OTEL_COLUMNS.index("TraceId")
 
 
@@ -196,12 +198,23 @@ def write_group(
     if stored:
         # rows -> columns in C (zip), then the two columns serve adds
         data = [*zip(*rows, strict=True), [tenant] * stored, batch_col]
+        names: tuple[str, ...] = _OTEL_INSERT_COLUMNS
+        # Event and link columns that are empty for every span are left out: the table's
+        # default is the same empty array, and clickhouse-connect encodes arrays in Python
+        # (a span's event/link columns are parallel arrays: the first one tells for all).
+        drop: set[int] = set()
+        for group in (_EVENT_COLS, _LINK_COLS):
+            if not any(data[group[0]]):
+                drop.update(group)
+        if drop:
+            data = [c for i, c in enumerate(data) if i not in drop]
+            names = tuple(n for i, n in enumerate(names) if i not in drop)
         _insert(
             client,
             database,
             "otel_traces",
             data,
-            _OTEL_INSERT_COLUMNS,
+            names,
             column_oriented=True,
             settings=settings("otel_traces"),
         )
