@@ -7,6 +7,8 @@ UTC datetimes; `database` defaults to HANDOFFS_DATABASE. Contract: docs/metrics.
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -67,6 +69,20 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
+
+
+class _Package(types.ModuleType):
+    """Keeps a public function named like its submodule (`anomalies`) bound to the function
+    when that submodule is imported directly (`from analytics.anomalies import ...`), as the
+    eager imports this package had did: the import system sets the submodule attribute last."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, types.ModuleType) and _LAZY.get(name) == value.__name__:
+            value = getattr(value, name)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 __all__ = [
