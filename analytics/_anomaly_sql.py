@@ -94,7 +94,7 @@ def _transitions_pass_sql(db: str, window: Window, tenant: bool) -> str:
     )
     counted = f"valid AND (f > 0 OR from_state = '') AND (e * 65536 + f * 256 + to) IN ({codes})"
     # okey of order_key() from 1-based state indexes (from 0 = create)
-    ranks = "[" + ", ".join(str(int(cs.STATE_RANK[x])) for x in states) + "]"
+    ranks = "[" + ", ".join(str(int(r)) for r in cs.STATE_RANK.values()) + "]"  # order of `states`
     okey = f"(if(f = 0, 0, arrayElement({ranks}, f) + 1) * 16 + arrayElement({ranks}, to))"
     # c: counted rows as (event, from, to, time ns, okey); m: earliest time of each row's
     # transition (its copies included)
