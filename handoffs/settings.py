@@ -55,6 +55,12 @@ MAX_BODY_BYTES: Final = Setting(
 SPOOL_MAX_BYTES: Final = Setting(
     "HANDOFFS_SPOOL_MAX_BYTES", str(1024 * 1024 * 1024), "spool size at which serve answers 503"
 )
+DECODER: Final = Setting(
+    "HANDOFFS_DECODER",
+    "auto",
+    "how serve decodes OTLP/protobuf: 'auto' (chDB decodes requests >= 256 KiB in SQL when the "
+    "store is embedded, Python the rest), 'sql' (chDB tries every request) or 'python'",
+)
 USER: Final = Setting("HANDOFFS_USER", "default", "ClickHouse user for an http(s) store")
 PASSWORD: Final = Setting("HANDOFFS_PASSWORD", "", "ClickHouse password for an http(s) store")
 
@@ -68,6 +74,7 @@ ENV: Final = (
     SPOOL_DIR,
     MAX_BODY_BYTES,
     SPOOL_MAX_BYTES,
+    DECODER,
     USER,
     PASSWORD,
 )

@@ -17,7 +17,7 @@ from typing import Final
 from handoffs.store import StoreSpec, apply_schema, connect
 from ingest._otlp_http import OtlpConfig, make_otlp_server
 from ingest._query_http import QueryEngine, make_query_server
-from ingest._service import Ingestor
+from ingest._service import SQL_MIN_BYTES, Ingestor
 from ingest._spool import Spool
 
 __all__ = ["ServeConfig", "keep_dataframe_libs_out", "run_serve"]
@@ -39,6 +39,9 @@ class ServeConfig:
     max_body_bytes: int = 16 * 1024 * 1024
     spool_max_bytes: int = 1024 * 1024 * 1024
     fsync: bool = True
+    #: "auto": chDB decodes large protobuf requests it can (embedded store only); "sql": every
+    #: protobuf request it can; "python": never (ingest._decode only)
+    decoder: str = "auto"
 
 
 def _limit_malloc_arenas(arenas: int = 2) -> None:
@@ -92,7 +95,18 @@ def run_serve(
     apply_schema(admin, spec.database)
     client = connect(spec)
     spool = Spool(_spool_dir(cfg), max_bytes=cfg.spool_max_bytes, fsync=cfg.fsync)
-    ingestor = Ingestor(client, spec.database, spool)
+    stager = None
+    if cfg.decoder != "python" and spec.embedded:
+        from ingest._fast import Stager
+
+        stager = Stager(lambda: connect(spec), spool.dir / "stage")
+    ingestor = Ingestor(
+        client,
+        spec.database,
+        spool,
+        stager=stager,
+        sql_min_bytes=0 if cfg.decoder == "sql" else SQL_MIN_BYTES,
+    )
     replayed = ingestor.start()
     if replayed:
         print(f"serve: replayed {replayed} spooled request(s) left by a crash", file=sys.stderr)
@@ -143,6 +157,8 @@ def run_serve(
         s.server_close()
     if engine is not None:
         engine.close()
+    if stager is not None:
+        stager.close()
     client.close()
     admin.close()
     print(

@@ -20,23 +20,30 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from ingest._decode import DecodedBatch, decode_request
+from ingest._decode import PROTOBUF, DecodedBatch, decode_request
 from ingest._spool import Spool
-from ingest._writer import Member, last_chain_hash, make_token, write_group
+from ingest._writer import Member, last_chain_hash, make_token, write_group, write_staged_group
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
 
-__all__ = ["Ingestor", "StoreUnavailable"]
+    from ingest._fast import Staged, Stager
+
+__all__ = ["SQL_MIN_BYTES", "Ingestor", "StoreUnavailable"]
 
 log = logging.getLogger("handoffs.ingest")
 _KNOWN_BATCHES = 50_000  # batch ids remembered to keep a retried request off the chain
 _MAX_QUEUED_SPANS = 30_000  # decoded spans (~1.2 KB each) held for the writer; then submit waits
 _GROUP_MAX_SPANS = 20_000  # spans per insert: 4x 5,000 cut chDB CPU per span by ~1/3 (bench)
 _GROUP_MAX_REQUESTS = 64
+#: Smallest protobuf body chDB decodes (ingest._fast); smaller ones go through Python, whose
+#: cost per request is lower: ClickHouse spends ~50-100 ms analysing the decoding query
+#: whatever the input size, which only pays off from a few thousand spans per query.
+#: (OTel SDK batches of 512 spans are ~180 KB; a Collector's 8192-span batches ~3 MB.)
+SQL_MIN_BYTES = 256 * 1024
 
 
 class StoreUnavailable(RuntimeError):
@@ -51,6 +58,7 @@ class _Item:
     decoded: DecodedBatch
     body: bytes | None = None
     fmt: str = ""
+    stage: Staged | None = None  # when chDB decoded it (ingest._fast)
 
 
 _MAX_REFUSALS = 20  # the store answered with an error this many times for one batch: park it
@@ -75,8 +83,12 @@ class Ingestor:
         source: str = "otlp-http",
         clock: Callable[[], float] = time.time,
         max_refusals: int = _MAX_REFUSALS,
+        stager: Stager | None = None,
+        sql_min_bytes: int = SQL_MIN_BYTES,
     ) -> None:
         self.client = client
+        self.stager = stager
+        self.sql_min_bytes = sql_min_bytes
         self.database = database
         self.spool = spool
         self.source = source
@@ -120,14 +132,17 @@ class Ingestor:
         Returns the number of spool records replayed.
         """
         self._load_chain()
+        if self.stager is not None:
+            self.stager.setup()
         groups = self.spool.groups()
         present = {rec.seq for rec in self.spool.uncommitted()}
         replayed = 0
         waiting: dict[tuple[int, ...], list[_Item]] = {}
         for rec in self.spool.uncommitted():
             h = rec.header
-            decoded = decode_request(rec.body, h["fmt"], tenant=h["tenant"])
-            item = _Item(rec.seq, h["batch"], int(h["received_at_ms"]), decoded, rec.body, h["fmt"])
+            item = self._prepare(
+                rec.body, h["fmt"], h["tenant"], h["batch"], int(h["received_at_ms"]), rec.seq
+            )
             replayed += 1
             group = groups.get(rec.seq)
             if group is None:
@@ -168,6 +183,24 @@ class Ingestor:
 
     # ------------------------------------------------------------ request path
 
+    def _prepare(
+        self, body: bytes, fmt: str, tenant: str, batch_id: str, received: int, seq: int = -1
+    ) -> _Item:
+        """Decode one request: chDB stages it when it can (ingest._fast), else ingest._decode.
+
+        Both give the same stored rows; the Python decoder also gives the reject messages
+        and raises DecodeError for a bad body.
+        """
+        if self.stager is not None and fmt == PROTOBUF and len(body) >= self.sql_min_bytes:
+            staged = self.stager.stage(
+                body, batch_id=batch_id, received_at_ms=received, tenant=tenant
+            )
+            if staged is not None:
+                decoded = DecodedBatch(tenant=tenant, spans=staged.spans)
+                return _Item(seq, batch_id, received, decoded, body, fmt, staged)
+        decoded = decode_request(body, fmt, tenant=tenant)
+        return _Item(seq, batch_id, received, decoded, body, fmt)
+
     def submit(self, body: bytes, fmt: str, *, tenant: str) -> DecodedBatch:
         """Decode, validate and durably spool one request; return the decoded batch.
 
@@ -175,7 +208,10 @@ class Ingestor:
         Empty requests are acknowledged without touching the spool.
         """
         t0 = time.perf_counter()
-        decoded = decode_request(body, fmt, tenant=tenant)
+        batch_id = make_token(tenant, hashlib.sha256(body).hexdigest())
+        received = int(self._clock() * 1000)
+        item = self._prepare(body, fmt, tenant, batch_id, received)
+        decoded = item.decoded
         t1 = time.perf_counter()
         with self._lock:
             self.stats["requests"] += 1
@@ -184,17 +220,22 @@ class Ingestor:
         if decoded.spans == 0:
             return decoded
         if self._store_error is not None:
+            if item.stage is not None and self.stager is not None:
+                self.stager.release([item.stage])
             raise StoreUnavailable(f"store is failing: {self._store_error}")
-        batch_id = make_token(tenant, hashlib.sha256(body).hexdigest())
-        received = int(self._clock() * 1000)
         header = {"tenant": tenant, "fmt": fmt, "batch": batch_id, "received_at_ms": received}
-        seq = self.spool.append(header, body)  # durable when it returns; may raise SpoolFull
+        try:
+            seq = self.spool.append(header, body)  # durable when it returns; may raise SpoolFull
+        except BaseException:
+            if item.stage is not None and self.stager is not None:
+                self.stager.release([item.stage])
+            raise
         t2 = time.perf_counter()
         with self._room:
             while self._queued_spans and self._queued_spans + decoded.spans > _MAX_QUEUED_SPANS:
                 self._room.wait(1.0)
             self._queued_spans += decoded.spans
-        self._queue.put(_Item(seq, batch_id, received, decoded, body, fmt))
+        self._queue.put(replace(item, seq=seq))
         with self._lock:
             self.timings["spool_s"] += t2 - t1
             self.timings["queue_wait_s"] += time.perf_counter() - t2
@@ -206,6 +247,8 @@ class Ingestor:
             "store_error": self._store_error,
             "queued": self._queue.qsize(),
             "spool_backlog_bytes": self.spool.backlog_bytes,
+            "decoder": "sql+python" if self.stager is not None else "python",
+            "sql_declined": self.stager.fallbacks if self.stager is not None else 0,
             **self.stats,
             **{k: round(v, 3) for k, v in self.timings.items()},
         }
@@ -260,7 +303,7 @@ class Ingestor:
             if it.batch_id in self._known:
                 with self._lock:
                     self.stats["duplicate_batches"] += 1
-                self.spool.commit(it.seq)
+                self._discard(it)
                 continue
             if it.batch_id in placed:
                 later.append(it)
@@ -269,6 +312,7 @@ class Ingestor:
             if (
                 runs
                 and runs[-1][-1].decoded.tenant == it.decoded.tenant
+                and (regroup or (runs[-1][-1].stage is None) == (it.stage is None))
                 and (
                     regroup
                     or sum(x.decoded.spans for x in runs[-1]) + it.decoded.spans <= _GROUP_MAX_SPANS
@@ -282,10 +326,12 @@ class Ingestor:
             for x in [x for x in run if x.batch_id in self._known]:  # stored by an earlier run
                 with self._lock:
                     self.stats["duplicate_batches"] += 1
-                self.spool.commit(x.seq)
+                self._discard(x)
                 run.remove(x)
             if not run:
                 continue
+            if len({x.stage is None for x in run}) > 1:  # a replayed group of both kinds
+                run[:] = [self._unstage(x) for x in run]
             if len(run) == 1:
                 token = run[0].batch_id
             else:
@@ -296,7 +342,21 @@ class Ingestor:
         for it in later:
             with self._lock:
                 self.stats["duplicate_batches"] += 1
-            self.spool.commit(it.seq)
+            self._discard(it)
+
+    def _discard(self, item: _Item) -> None:
+        """A request already stored: drop its staging table, mark it done in the spool."""
+        if item.stage is not None and self.stager is not None:
+            self.stager.release([item.stage])
+        self.spool.commit(item.seq)
+
+    def _unstage(self, item: _Item) -> _Item:
+        """The same request decoded by ingest._decode (same rows; for mixed replay groups)."""
+        if item.stage is None or self.stager is None or item.body is None:
+            return item
+        self.stager.release([item.stage])
+        decoded = decode_request(item.body, item.fmt, tenant=item.decoded.tenant)
+        return replace(item, decoded=decoded, stage=None)
 
     def _write(self, run: list[_Item], token: str, *, retry: bool) -> None:
         delay = 0.05
@@ -323,6 +383,8 @@ class Ingestor:
                         # (dead/), count them, and let the rest flow. Never silently dropped.
                         for x in run:
                             self._park(x, exc)
+                        if self.stager is not None:
+                            self.stager.release([x.stage for x in run if x.stage])
                         self._store_error = None
                         return
                 if not retry or self._stopping.is_set():
@@ -356,14 +418,25 @@ class Ingestor:
 
     def _write_once(self, run: list[_Item], token: str) -> None:
         t0 = time.perf_counter()
-        results = write_group(
-            self.client,
-            self.database,
-            [Member(x.batch_id, x.decoded, x.received_at_ms) for x in run],
-            token=token,
-            prev_chain=self._chain,
-            source=self.source,
-        )
+        if run[0].stage is not None:
+            results = write_staged_group(
+                self.client,
+                self.database,
+                [(x.batch_id, x.stage.table if x.stage else "", x.received_at_ms) for x in run],
+                tenant=run[0].decoded.tenant,
+                token=token,
+                prev_chain=self._chain,
+                source=self.source,
+            )
+        else:
+            results = write_group(
+                self.client,
+                self.database,
+                [Member(x.batch_id, x.decoded, x.received_at_ms) for x in run],
+                token=token,
+                prev_chain=self._chain,
+                source=self.source,
+            )
         self.timings["store_s"] += time.perf_counter() - t0
         for res in results:
             self._known[res.ingest_batch] = res.chain_hash
@@ -376,5 +449,7 @@ class Ingestor:
             self._known.popitem(last=False)
         with self._lock:
             self.stats["writes"] += 1
+        if self.stager is not None and run[0].stage is not None:
+            self.stager.release([x.stage for x in run if x.stage])
         for x in run:
             self.spool.commit(x.seq)

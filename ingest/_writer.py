@@ -20,7 +20,15 @@ from ingest.integrity import GENESIS, batch_hash, chain
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
 
-__all__ = ["BatchResult", "Member", "last_chain_hash", "make_token", "write_batch", "write_group"]
+__all__ = [
+    "BatchResult",
+    "Member",
+    "last_chain_hash",
+    "make_token",
+    "write_batch",
+    "write_group",
+    "write_staged_group",
+]
 
 _OTEL_INSERT_COLUMNS = (*OTEL_COLUMNS, "Tenant", "IngestBatch")
 _SPAN_ID = OTEL_COLUMNS.index("SpanId")
@@ -277,3 +285,81 @@ _BATCH_COLUMNS = (
     "chain_hash",
     "source",
 )
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def write_staged_group(
+    client: Client,
+    database: str,
+    members: Sequence[tuple[str, str, int]],
+    *,
+    tenant: str,
+    token: str,
+    prev_chain: str,
+    source: str,
+) -> list[BatchResult]:
+    """write_group for requests chDB decoded into staging tables (ingest._fast).
+
+    `members` are (batch_id, staging table, received_at_ms) in order. The rows, the ledger
+    row hashes and therefore the batch hashes are the ones write_group stores for the same
+    requests; the copies run inside ClickHouse (INSERT ... SELECT), with the same dedup
+    tokens. Raises what the client raises.
+    """
+    from ingest._fast import OTEL_FROM_STAGE
+
+    if not members:
+        raise ValueError("write_staged_group: no members")
+    by_table: dict[str, list[str]] = {}
+    for bid, table, _ in members:
+        by_table.setdefault(table, []).append(bid)
+    union = " UNION ALL ".join(
+        f"SELECT * FROM {table} WHERE IngestBatch IN ({', '.join(_quote(b) for b in bids)})"
+        for table, bids in by_table.items()
+    )
+    cols = ", ".join(OTEL_FROM_STAGE)
+
+    def settings(table: str) -> dict[str, str]:
+        return {"insert_deduplication_token": f"{token}:{table}", "max_threads": "1"}
+
+    client.command(
+        f"INSERT INTO {database}.otel_traces ({cols}) SELECT {cols} FROM ({union})",
+        settings=settings("otel_traces"),
+    )
+    client.command(
+        f"INSERT INTO {database}.transition_ledger ({', '.join(_LEDGER_COLUMNS)}) "
+        "SELECT Tenant, handoff_id, SpanId, TraceId, row_hash, IngestBatch, ingested_at "
+        f"FROM ({union}) WHERE is_handoff",
+        settings=settings("transition_ledger"),
+    )
+    agg = {
+        r[0]: r[1:]
+        for r in client.query(
+            "SELECT IngestBatch, count(), countIf(is_handoff), lower(hex(SHA256("
+            "arrayStringConcat(arraySort(groupArrayIf(row_hash, is_handoff)))))) "
+            f"FROM ({union}) GROUP BY IngestBatch"
+        ).result_rows
+    }
+    batch_rows: list[list[Any]] = []
+    results: list[BatchResult] = []
+    link = prev_chain
+    for bid, _table, at in members:
+        spans, transitions, bh = agg[bid]
+        ch = chain(link, bh)
+        batch_rows.append([bid, tenant, at, spans, transitions, 0, bh, link, ch, source])
+        results.append(BatchResult(bid, spans, spans, transitions, 0, bh, ch))
+        link = ch
+    _insert(
+        client,
+        database,
+        "ingest_batches",
+        batch_rows,
+        _BATCH_COLUMNS,
+        settings={
+            "insert_deduplication_token": f"{token}:ingest_batches",
+            "input_format_native_allow_types_conversion": "1",
+        },
+    )
+    return results

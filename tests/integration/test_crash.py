@@ -86,9 +86,15 @@ def _wait(cond, timeout: float, what: str) -> None:
 
 
 @pytest.mark.slow
-def test_kill_9_loses_and_doubles_nothing_acknowledged(tmp_path):
+@pytest.mark.parametrize("decoder", ["auto", "sql"])
+def test_kill_9_loses_and_doubles_nothing_acknowledged(tmp_path, decoder):
+    """`sql`: chDB decodes every request (ingest._fast), staged requests are replayed too."""
     store = tmp_path / "data"
-    ports = {"otlp_port": free_port(), "query_port": free_port()}
+    ports = {
+        "otlp_port": free_port(),
+        "query_port": free_port(),
+        "extra_args": ("--decoder", decoder),
+    }
     serve = start_serve(tmp_path, store_dir=store, **ports)
     # Two senders, so the writer also groups requests (and logs groups) when it is killed.
     clients = [_Client(f"{serve.otlp_url}/v1/traces", seed=s) for s in (7, 8)]

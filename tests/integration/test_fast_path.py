@@ -1,0 +1,294 @@
+"""The SQL decoding path (ingest._fast) stores exactly what the Python decoder stores.
+
+Each request goes both ways into two databases of one real chDB store: through
+Stager (chDB parses the protobuf, computes columns, checks and row hashes) +
+write_staged_group, and through ingest._decode + write_group. Every stored column of
+otel_traces, handoff_transitions, transition_ledger and ingest_batches must be equal,
+awkward strings included; requests the SQL path must not take are declined (None).
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue
+
+from handoffs.store import StoreSpec, apply_schema, connect
+from ingest._decode import decode_protobuf
+from ingest._fast import Stager
+from ingest._writer import Member, write_group, write_staged_group
+from ingest.integrity import GENESIS
+
+AWKWARD = [
+    "plain",
+    "a/b/c",
+    'q"uote',
+    "back\\slash",
+    "new\nline\r\n",
+    "tab\tand\bfeed\f",
+    "ctl\x01\x02\x10",
+    "ü日本🎉",
+    "",
+    "'single'",
+    "x" * 300,
+    "nul\x00byte",
+    "del\x7f",
+]
+TENANT = "acme"
+
+
+@pytest.fixture
+def two_dbs(chdb_client):
+    import uuid
+
+    names = [f"t_fast_{uuid.uuid4().hex[:8]}_{k}" for k in ("sql", "py")]
+    for n in names:
+        apply_schema(chdb_client, n)
+    yield names
+    for n in names:
+        chdb_client.command(f"DROP DATABASE IF EXISTS {n} SYNC")
+
+
+@pytest.fixture
+def stager(chdb_path: Path, tmp_path: Path):
+    spec = StoreSpec(kind="chdb", path=str(chdb_path), database="default")
+    s = Stager(lambda: connect(spec, database=""), tmp_path / "stage")
+    s.setup()
+    yield s
+    s.close()
+
+
+def _kv(k: str, v: object) -> KeyValue:
+    if isinstance(v, bool):
+        return KeyValue(key=k, value=AnyValue(bool_value=v))
+    if isinstance(v, int):
+        return KeyValue(key=k, value=AnyValue(int_value=v))
+    if isinstance(v, float):
+        return KeyValue(key=k, value=AnyValue(double_value=v))
+    if isinstance(v, list):
+        return KeyValue(
+            key=k,
+            value=AnyValue(array_value=ArrayValue(values=[AnyValue(string_value=x) for x in v])),
+        )
+    if v is None:
+        return KeyValue(key=k, value=AnyValue())
+    return KeyValue(key=k, value=AnyValue(string_value=str(v)))
+
+
+_FLOW = [
+    ("create", "", "created"),
+    ("accept", "created", "accepted"),
+    ("start", "accepted", "running"),
+    ("prepare", "running", "prepared"),
+    ("commit", "prepared", "committed"),
+    ("verify", "committed", "verified"),
+]
+
+
+def build(rng: random.Random, n_handoffs: int, *, texts: list[str] = AWKWARD) -> ExportTraceServiceRequest:
+    """Handoff transitions (every step with extras) plus plain spans, in two resources."""
+    req = ExportTraceServiceRequest()
+    for r in range(2):
+        rs = req.resource_spans.add()
+        rs.resource.attributes.extend(
+            [_kv("service.name", f"svc-{r}"), _kv("host.name", rng.choice(texts)), _kv("pid", 42)]
+        )
+        for sc in range(2):
+            ss = rs.scope_spans.add()
+            ss.scope.name = f"scope-{sc}"
+            ss.scope.version = rng.choice(["", "1.0"])
+            for h in range(n_handoffs):
+                hid = f"h-{r}-{sc}-{h}-{rng.choice(texts)}"
+                for event, frm, to in _FLOW[: rng.randint(1, len(_FLOW))]:
+                    sp = ss.spans.add()
+                    sp.trace_id = rng.randbytes(16)
+                    sp.span_id = rng.randbytes(8)
+                    if rng.random() < 0.7:
+                        sp.parent_span_id = rng.randbytes(8)
+                    sp.name = f"handoff.{event}"
+                    sp.kind = rng.randint(0, 5)
+                    sp.start_time_unix_nano = 1_764_000_000_000_000_000 + rng.randint(0, 10**15)
+                    sp.end_time_unix_nano = sp.start_time_unix_nano + rng.choice([0, -5, 1234])
+                    sp.status.code = rng.randint(0, 2)
+                    sp.status.message = rng.choice(["", "boom"])
+                    attrs: list[tuple[str, object]] = [
+                        ("handoff.task_id", f"task/{h}"),
+                        ("handoff.handoff_id", hid),
+                        ("handoff.event", event),
+                        ("handoff.from_state", frm),
+                        ("handoff.to_state", to),
+                        ("handoff.actor", rng.choice(texts) or "agent"),
+                        ("note", rng.choice(texts)),
+                        ("count", rng.randint(-(2**63), 2**63 - 1)),
+                        ("flag", rng.random() < 0.5),
+                        ("tags", [rng.choice(texts) for _ in range(rng.randint(0, 3))]),
+                    ]
+                    if event == "create":
+                        attrs += [
+                            ("handoff.protocol", "aa-handoff/v1"),
+                            ("handoff.mode", "delegate"),
+                            ("handoff.from_agent", "a"),
+                            ("handoff.to_agent", "b"),
+                            ("handoff.deadline_ms", 60_000),
+                            ("handoff.capabilities", ["read", rng.choice(texts)]),
+                            ("handoff.tenant", rng.choice(["", TENANT])),
+                        ]
+                    if event == "commit":
+                        attrs += [("handoff.evidence.count", 2), ("handoff.evidence.valid", True)]
+                    rng.shuffle(attrs)
+                    sp.attributes.extend(_kv(k, v) for k, v in attrs)
+                plain = ss.spans.add()
+                plain.trace_id = rng.randbytes(16)
+                plain.span_id = rng.randbytes(8)
+                plain.name = rng.choice(texts)
+                plain.start_time_unix_nano = 1_764_000_000_000_000_000
+                plain.attributes.extend([_kv("http.route", rng.choice(texts))])
+    return req
+
+
+def _store_both(client, dbs, stager, bodies: list[bytes], prefix: str = "batch") -> list[bool]:
+    """Store each body both ways; returns which ones the SQL path took."""
+    sql_db, py_db = dbs
+    taken = []
+    chain = {sql_db: GENESIS, py_db: GENESIS}
+    for i, body in enumerate(bodies):
+        bid = f"{prefix}-{i}"
+        at = 1_764_000_000_000 + i
+        staged = stager.stage(body, batch_id=bid, received_at_ms=at, tenant=TENANT)
+        taken.append(staged is not None)
+        decoded = decode_protobuf(body, tenant=TENANT)
+        (py,) = write_group(
+            client, py_db, [Member(bid, decoded, at)], token=bid, prev_chain=chain[py_db], source="t"
+        )
+        chain[py_db] = py.chain_hash
+        if staged is None:
+            continue
+        (res,) = write_staged_group(
+            client,
+            sql_db,
+            [(bid, staged.table, at)],
+            tenant=TENANT,
+            token=bid,
+            prev_chain=chain[sql_db],
+            source="t",
+        )
+        stager.release([staged])
+        chain[sql_db] = res.chain_hash
+        assert (res.spans, res.transitions, res.batch_hash) == (
+            py.spans,
+            py.transitions,
+            py.batch_hash,
+        )
+        assert res.chain_hash == py.chain_hash
+    return taken
+
+
+def _tables(client, db: str, prefix: str) -> dict[str, list[tuple]]:
+    q = {
+        "otel_traces": "SELECT * EXCEPT (InsertedAt) FROM {db}.otel_traces "
+        "WHERE startsWith(IngestBatch, {p}) ORDER BY SpanId",
+        "handoff_transitions": "SELECT * EXCEPT (ingested_at) FROM {db}.handoff_transitions "
+        "WHERE startsWith(ingest_batch, {p}) ORDER BY span_id",
+        "transition_ledger": "SELECT * FROM {db}.transition_ledger "
+        "WHERE startsWith(ingest_batch, {p}) ORDER BY span_id",
+        "ingest_batches": "SELECT * FROM {db}.ingest_batches "
+        "WHERE startsWith(ingest_batch, {p}) ORDER BY ingest_batch",
+    }
+    return {
+        t: client.query(sql.format(db=db, p=f"'{prefix}-'")).result_rows for t, sql in q.items()
+    }
+
+
+def _assert_same(client, dbs, prefix: str = "batch") -> None:
+    a, b = (_tables(client, d, prefix) for d in dbs)
+    assert a["otel_traces"], "nothing stored"
+    for table in a:
+        assert len(a[table]) == len(b[table]), table
+        for ra, rb in zip(a[table], b[table], strict=True):
+            assert ra == rb, f"{table}: SQL path stored {ra!r}, Python path {rb!r}"
+
+
+def test_sql_path_stores_what_python_stores(chdb_client, two_dbs, stager):
+    rng = random.Random(5)
+    bodies = [build(rng, n).SerializeToString() for n in (1, 3, 10)]
+    taken = _store_both(chdb_client, two_dbs, stager, bodies)
+    assert taken == [True, True, True]
+    _assert_same(chdb_client, two_dbs)
+    n = chdb_client.query(f"SELECT count() FROM {two_dbs[0]}.transition_ledger").result_rows[0][0]
+    assert n > 50
+
+
+#: characters whose JSON escapes differ between ClickHouse and Python (ingest._fast)
+_DIFFERS = set("\x0b\x0e\x0f\x1a\x1b\x1c\x1d\x1e\x1f\u2028\u2029")
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    texts=st.lists(st.text(min_size=0, max_size=12), min_size=1, max_size=6),
+    seed=st.integers(0, 2**32),
+)
+def test_sql_path_equals_python_on_any_text(chdb_client, two_dbs, stager, texts, seed):
+    import uuid
+
+    prefix = uuid.uuid4().hex[:12]
+    body = build(random.Random(seed), 2, texts=texts).SerializeToString()
+    (taken,) = _store_both(chdb_client, two_dbs, stager, [body], prefix)
+    differs = any(c in _DIFFERS for t in texts for c in t)
+    assert taken == (not differs), texts
+    if taken:
+        _assert_same(chdb_client, two_dbs, prefix)
+
+
+def _one_span(**attrs: object) -> ExportTraceServiceRequest:
+    req = build(random.Random(1), 1)
+    sp = req.resource_spans[0].scope_spans[0].spans[0]
+    for k, v in attrs.items():
+        sp.attributes.append(_kv(k, v))
+    return req
+
+
+def _declines(stager, req: ExportTraceServiceRequest) -> bool:
+    body = req.SerializeToString()
+    return stager.stage(body, batch_id="x", received_at_ms=1, tenant=TENANT) is None
+
+
+def test_requests_the_sql_path_declines(stager):
+    assert not _declines(stager, build(random.Random(1), 1))
+    # values this path does not encode, or encodes differently from Python's json
+    assert _declines(stager, _one_span(ratio=0.5))
+    assert _declines(stager, _one_span(empty=None))
+    assert _declines(stager, _one_span(sep="line\u2028sep"))
+    assert _declines(stager, _one_span(esc="esc\x1b[0m"))
+    # a wire attribute of the wrong type (Python rejects the span)
+    assert _declines(stager, _one_span(**{"handoff.fence_token": "7"}))
+    # a span Python flags: foreign tenant claim, illegal transition
+    req = build(random.Random(1), 1)
+    sp = req.resource_spans[0].scope_spans[0].spans[0]
+    for kv in sp.attributes:
+        if kv.key == "handoff.tenant":
+            kv.value.string_value = "other"
+        if kv.key == "handoff.to_state":
+            kv.value.string_value = "running"
+    assert _declines(stager, req)
+    # duplicate keys, events, bad ids, invalid UTF-8, bad framing
+    dup = build(random.Random(1), 1)
+    dsp = dup.resource_spans[0].scope_spans[0].spans[0]
+    dsp.attributes.append(_kv("note", "again"))
+    dsp.attributes.append(_kv("note", "twice"))
+    assert _declines(stager, dup)
+    ev = build(random.Random(1), 1)
+    ev.resource_spans[0].scope_spans[0].spans[0].events.add(name="exception", time_unix_nano=5)
+    assert _declines(stager, ev)
+    zero = build(random.Random(1), 1)
+    zero.resource_spans[0].scope_spans[0].spans[0].span_id = b"\0" * 8
+    assert _declines(stager, zero)
+    body = build(random.Random(1), 1).SerializeToString()
+    assert stager.stage(body[:-7], batch_id="t", received_at_ms=1, tenant=TENANT) is None
+    bad_utf8 = body.replace(b"aa-handoff/v1", b"aa-handoff\xff1")
+    assert stager.stage(bad_utf8, batch_id="u", received_at_ms=1, tenant=TENANT) is None
+    assert stager.fallbacks >= 11
