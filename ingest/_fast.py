@@ -377,6 +377,7 @@ class Stager:
         self._threads: list[threading.Thread] = []
         self._drop_client: Client | None = None
         self.fallbacks = 0  # requests this path declined (went through ingest._decode)
+        self.staged = 0  # requests it decoded
         self.queries = 0
 
     def setup(self) -> None:
@@ -406,9 +407,11 @@ class Stager:
         p = _Pending(body, batch_id, received_at_ms, tenant)
         self._queue.put(p)
         p.done.wait()
-        if p.result is None:
-            with self._lock:
+        with self._lock:
+            if p.result is None:
                 self.fallbacks += 1
+            else:
+                self.staged += 1
         return p.result
 
     def _run(self, client: Client) -> None:

@@ -248,6 +248,7 @@ class Ingestor:
             "queued": self._queue.qsize(),
             "spool_backlog_bytes": self.spool.backlog_bytes,
             "decoder": "sql+python" if self.stager is not None else "python",
+            "sql_decoded": self.stager.staged if self.stager is not None else 0,
             "sql_declined": self.stager.fallbacks if self.stager is not None else 0,
             **self.stats,
             **{k: round(v, 3) for k, v in self.timings.items()},

@@ -134,6 +134,8 @@ def test_kill_9_loses_and_doubles_nothing_acknowledged(tmp_path, decoder):
     assert not missing, f"{len(missing)} acknowledged spans lost"
     assert not doubled, f"{len(doubled)} spans stored more than once"
     assert set(counts) == set(acked)  # nothing stored that was never acknowledged
+    if decoder == "sql":
+        assert health["sql_decoded"] > 0 and health["sql_declined"] == 0, health
     ht = ch.query("SELECT count(), uniqExact(span_id) FROM handoff_transitions").result_rows[0]
     tl = ch.query("SELECT count(), uniqExact(span_id) FROM transition_ledger").result_rows[0]
     assert ht == tl == (len(acked), len(acked))

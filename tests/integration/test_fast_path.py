@@ -90,7 +90,9 @@ _FLOW = [
 ]
 
 
-def build(rng: random.Random, n_handoffs: int, *, texts: list[str] = AWKWARD) -> ExportTraceServiceRequest:
+def build(
+    rng: random.Random, n_handoffs: int, *, texts: list[str] = AWKWARD
+) -> ExportTraceServiceRequest:
     """Handoff transitions (every step with extras) plus plain spans, in two resources."""
     req = ExportTraceServiceRequest()
     for r in range(2):
@@ -163,7 +165,12 @@ def _store_both(client, dbs, stager, bodies: list[bytes], prefix: str = "batch")
         taken.append(staged is not None)
         decoded = decode_protobuf(body, tenant=TENANT)
         (py,) = write_group(
-            client, py_db, [Member(bid, decoded, at)], token=bid, prev_chain=chain[py_db], source="t"
+            client,
+            py_db,
+            [Member(bid, decoded, at)],
+            token=bid,
+            prev_chain=chain[py_db],
+            source="t",
         )
         chain[py_db] = py.chain_hash
         if staged is None:
