@@ -107,38 +107,12 @@ def _peak_rss_mb(pid: int, field: str = "VmHWM") -> float:
     return float("nan")
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--requests", type=int, default=20, help="requests to send (default 20)")
-    ap.add_argument("--spans", type=int, default=5000, help="spans per request (default 5000)")
-    ap.add_argument("--concurrency", type=int, default=2, help="parallel senders (default 2)")
-    ap.add_argument("--seed", type=int, default=1)
-    args = ap.parse_args()
-
-    rng = random.Random(args.seed)
-    base = time.time_ns()
-    bodies = [build_request(rng, args.spans, base + k * 10**9) for k in range(args.requests)]
+def _e2e(bodies: list[bytes], args: argparse.Namespace, base: int, decoder: str) -> dict | None:
+    """One serve run with `decoder`; prints its figures, returns them (None on errors)."""
     total = args.requests * args.spans
-    print(
-        f"{args.requests} requests x {args.spans} spans, {sum(map(len, bodies)) / 1e6:.1f} MB protobuf"
-    )
-
-    t = time.perf_counter()
-    for b in bodies:
-        ExportTraceServiceRequest.FromString(b)
-    parse_s = time.perf_counter() - t
-    parse_rate = total / parse_s
-    print(f"protobuf parse only:        {parse_rate:12,.0f} spans/s")
-
-    t = time.perf_counter()
-    for b in bodies[: max(1, len(bodies) // 4)]:
-        decode_protobuf(b, tenant="default")
-    n_dec = max(1, len(bodies) // 4) * args.spans
-    decode_rate = n_dec / (time.perf_counter() - t)
-    print(f"decode+validate+hash only:  {decode_rate:12,.0f} spans/s (in this process)")
-
+    print(f"\n--- serve --decoder {decoder}")
     with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
-        serve = start_serve(Path(tmp))
+        serve = start_serve(Path(tmp), extra_args=("--decoder", decoder))
         try:
             url = f"{serve.otlp_url}/v1/traces"
             # warm-up request (schema parts, first insert) not counted
@@ -180,7 +154,7 @@ def main() -> int:
             cpu = _cpu_s(serve.process.pid) - cpu0
             if errors:
                 print("errors:", errors[:3])
-                return 1
+                return None
             ch = serve.client()
             stored = ch.query("SELECT count() FROM handoff_transitions").result_rows[0][0]
             ch.close()
@@ -202,7 +176,65 @@ def main() -> int:
         {k: health[k] for k in ("decode_s", "spool_s", "queue_wait_s", "store_s")},
         f"writes {health['writes']}",
     )
-    print(f"RESULT spans_per_s={e2e:.0f} parse_ratio={e2e / parse_rate:.4f} rss_mb={rss:.0f}")
+    print(f"requests decoded by chDB: {health['sql_decoded']}, declined: {health['sql_declined']}")
+    return {"e2e": total / e2e_s, "rss": rss, "health": health}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=20, help="requests to send (default 20)")
+    ap.add_argument("--spans", type=int, default=5000, help="spans per request (default 5000)")
+    ap.add_argument("--concurrency", type=int, default=2, help="parallel senders (default 2)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument(
+        "--decoder",
+        default="auto",
+        choices=("auto", "sql", "python"),
+        help="serve --decoder of the measured run (default auto)",
+    )
+    ap.add_argument(
+        "--no-baseline",
+        dest="baseline",
+        action="store_false",
+        help="skip the baseline run with --decoder python",
+    )
+    args = ap.parse_args()
+
+    rng = random.Random(args.seed)
+    base = time.time_ns()
+    bodies = [build_request(rng, args.spans, base + k * 10**9) for k in range(args.requests)]
+    total = args.requests * args.spans
+    print(
+        f"{args.requests} requests x {args.spans} spans, {sum(map(len, bodies)) / 1e6:.1f} MB protobuf"
+    )
+
+    t = time.perf_counter()
+    for b in bodies:
+        ExportTraceServiceRequest.FromString(b)
+    parse_s = time.perf_counter() - t
+    parse_rate = total / parse_s
+    print(f"protobuf parse only:        {parse_rate:12,.0f} spans/s")
+
+    t = time.perf_counter()
+    for b in bodies[: max(1, len(bodies) // 4)]:
+        decode_protobuf(b, tenant="default")
+    n_dec = max(1, len(bodies) // 4) * args.spans
+    decode_rate = n_dec / (time.perf_counter() - t)
+    print(f"decode+validate+hash only:  {decode_rate:12,.0f} spans/s (in this process)")
+
+    base_run = _e2e(bodies, args, base, "python") if args.baseline else None
+    run = _e2e(bodies, args, base, args.decoder)
+    if run is None or (args.baseline and base_run is None):
+        return 1
+    e2e, rss = run["e2e"], run["rss"]
+    ratio = f" vs_python={e2e / base_run['e2e']:.2f}" if base_run else ""
+    if base_run:
+        print(
+            f"\n{args.decoder} decoder vs python decoder in this run: {e2e / base_run['e2e']:.2f}x"
+        )
+    print(
+        f"RESULT spans_per_s={e2e:.0f} parse_ratio={e2e / parse_rate:.4f} rss_mb={rss:.0f}{ratio}"
+    )
     return 0
 
 
