@@ -55,6 +55,11 @@ MAX_BODY_BYTES: Final = Setting(
 SPOOL_MAX_BYTES: Final = Setting(
     "HANDOFFS_SPOOL_MAX_BYTES", str(1024 * 1024 * 1024), "spool size at which serve answers 503"
 )
+MIN_FREE_DISK_BYTES: Final = Setting(
+    "HANDOFFS_MIN_FREE_DISK_BYTES",
+    str(16 * 1024 * 1024),
+    "embedded store: free disk below which inserts wait (serve answers 503) instead of writing",
+)
 DECODER: Final = Setting(
     "HANDOFFS_DECODER",
     "auto",
@@ -75,6 +80,7 @@ ENV: Final = (
     MAX_BODY_BYTES,
     SPOOL_MAX_BYTES,
     DECODER,
+    MIN_FREE_DISK_BYTES,
     USER,
     PASSWORD,
 )

@@ -52,6 +52,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "the rest and any request it declines; sql = chDB tries every protobuf request; "
         f"python = always Python (env {settings.DECODER.env}, default auto)",
     )
+    p.add_argument(
+        "--min-free-disk-bytes",
+        type=int,
+        help="embedded store: below this much free disk ClickHouse refuses inserts; serve keeps "
+        "the spooled data, answers 503 and retries until space returns; 0 = no guard "
+        f"(env {settings.MIN_FREE_DISK_BYTES.env}, default 16 MiB)",
+    )
     p.set_defaults(func=_serve)
 
     from ingest._files_cli import register_ingest
@@ -128,6 +135,9 @@ def _serve(args: argparse.Namespace) -> int:
             max_body_bytes=settings.resolve_int(settings.MAX_BODY_BYTES, args.max_body_bytes),
             spool_max_bytes=settings.resolve_int(settings.SPOOL_MAX_BYTES, args.spool_max_bytes),
             decoder=_decoder(settings.resolve(settings.DECODER, args.decoder)),
+            min_free_disk_bytes=settings.resolve_int(
+                settings.MIN_FREE_DISK_BYTES, args.min_free_disk_bytes
+            ),
         )
     except (ValueError, StoreError) as exc:
         print(f"handoffs serve: {exc}", file=sys.stderr)

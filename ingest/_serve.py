@@ -42,6 +42,9 @@ class ServeConfig:
     #: "auto": chDB decodes large protobuf requests it can (embedded store only); "sql": every
     #: protobuf request it can; "python": never (ingest._decode only)
     decoder: str = "auto"
+    #: embedded store: ClickHouse refuses an insert (serve answers 503 and retries) when less
+    #: than this much disk is free, instead of writing parts into a full disk
+    min_free_disk_bytes: int = 16 * 1024 * 1024
 
 
 def _limit_malloc_arenas(arenas: int = 2) -> None:
@@ -93,7 +96,12 @@ def run_serve(
     spec = cfg.store
     admin = connect(spec, database="")
     apply_schema(admin, spec.database)
-    client = connect(spec)
+    guard = (
+        {"min_free_disk_bytes_to_perform_insert": str(cfg.min_free_disk_bytes)}
+        if spec.embedded and cfg.min_free_disk_bytes > 0
+        else None
+    )
+    client = connect(spec, settings_=guard)
     spool = Spool(_spool_dir(cfg), max_bytes=cfg.spool_max_bytes, fsync=cfg.fsync)
     stager = None
     if cfg.decoder != "python" and spec.embedded:

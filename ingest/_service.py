@@ -65,11 +65,19 @@ class _Item:
 _MAX_REFUSALS = 20  # the store answered with an error this many times for one batch: park it
 
 
+#: ClickHouse errors that pass: memory limit, not enough disk space (min_free_disk_bytes_to_
+#: perform_insert), too many parts. The store is unavailable for a while, not refusing the data.
+_TRANSIENT_CODES = frozenset({241, 243, 252})
+
+
 def _is_refusal(exc: Exception) -> bool:
-    """The store answered and refused (a ClickHouse error), as opposed to being unreachable."""
+    """The store answered and refused (a ClickHouse error), as opposed to being unreachable
+    or temporarily out of memory or disk."""
     from clickhouse_connect.driver.exceptions import DatabaseError, OperationalError
 
-    return isinstance(exc, DatabaseError) and not isinstance(exc, OperationalError)
+    if not isinstance(exc, DatabaseError) or isinstance(exc, OperationalError):
+        return False
+    return getattr(exc, "code", None) not in _TRANSIENT_CODES
 
 
 class Ingestor:

@@ -159,3 +159,39 @@ def test_the_same_request_sent_concurrently_is_stored_once(chdb_client, fresh_db
     assert sorted(rows) == [(f"{i:016x}", 1) for i in sent]
     h = ing.health()
     assert (h["batches"], h["duplicate_batches"]) == (9, 6)
+
+
+def test_a_full_disk_makes_the_writer_wait_not_park(
+    chdb_client, chdb_path, fresh_db, tmp_path, serve_on
+):
+    """Below min_free_disk_bytes_to_perform_insert ClickHouse refuses inserts (code 243):
+    that is an outage (503, retry), not data the store rejects (parked after max_refusals)."""
+    from handoffs.store import StoreSpec, connect
+
+    spec = StoreSpec(kind="chdb", path=str(chdb_path), database=fresh_db)
+    full = connect(spec, settings_={"min_free_disk_bytes_to_perform_insert": str(1 << 60)})
+    spool_dir = tmp_path / "spool"
+    spool = Spool(spool_dir, max_bytes=1 << 30)
+    ing = Ingestor(full, fresh_db, spool, max_refusals=2)
+    ing.start()
+    url = serve_on(ing)
+    assert requests.post(url, data=_body(20), headers=PB, timeout=30).status_code == 200
+    deadline = time.monotonic() + 30
+    while ing.stats["store_errors"] < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    health = ing.health()
+    assert health["status"] == "store_unavailable", health
+    assert "243" in health["store_error"] and "free space" in health["store_error"]
+    assert health["parked_batches"] == 0 and not (spool_dir / "dead").exists()
+    r = requests.post(url, data=_body(21), headers=PB, timeout=30)
+    assert r.status_code == 503 and r.headers["Retry-After"] == "1"
+    ing._stopping.set()
+    ing.stop(timeout=5)
+    spool.close()
+    full.close()
+    spool2 = Spool(spool_dir, max_bytes=1 << 30)  # space is back: the next start stores it
+    ing2 = Ingestor(chdb_client, fresh_db, spool2)
+    assert ing2.start() == 1
+    ing2.stop()
+    rows = chdb_client.query(f"SELECT SpanId FROM {fresh_db}.otel_traces").result_rows
+    assert rows == [(f"{21:016x}",)]
