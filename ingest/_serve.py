@@ -7,6 +7,7 @@ SIGTERM / SIGINT: stop accepting, store everything spooled, exit 0.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
@@ -55,6 +56,9 @@ def _limit_malloc_arenas(arenas: int = 2) -> None:
 
         libc = ctypes.CDLL("libc.so.6")
         libc.mallopt(-8, arenas)  # M_ARENA_MAX
+        if os.environ.get("HANDOFFS_MMAP_THRESHOLD"):
+            libc.mallopt(-3, int(os.environ["HANDOFFS_MMAP_THRESHOLD"]))  # M_MMAP_THRESHOLD
+            libc.mallopt(-1, int(os.environ["HANDOFFS_MMAP_THRESHOLD"]))  # M_TRIM_THRESHOLD
     except (OSError, AttributeError):
         pass
 
