@@ -55,10 +55,10 @@ _MAX_NS: Final = 2**63
 _MAX_ATTRIBUTES: Final = 1024  # == ingest._decode.MAX_ATTRIBUTES (a test pins them together)
 _MAX_VALUE_CHARS: Final = 1 << 20
 
-_TAGS: Final = (
-    "Enum8('none' = 0, 'string_value' = 1, 'bool_value' = 2, 'int_value' = 3, "
-    "'double_value' = 4, 'array_value' = 5, 'kvlist_value' = 6, 'bytes_value' = 7)"
-)
+#: the oneof presence column (input_format_protobuf_oneof_presence): the field number of the
+#: value that is set, 0 for none (see _TAG_IDS); Int8 rather than an Enum keeps type names
+#: short, which ClickHouse's analyser handles measurably faster
+_TAGS: Final = "Int8"
 _VALUE: Final = (
     f"Tuple(value {_TAGS}, string_value String, bool_value Bool, int_value Int64, "
     f"array_value Tuple(values Array(Tuple(value {_TAGS}, string_value String))))"
@@ -205,7 +205,9 @@ def stage_select(path: str, tenant: str) -> str:
     )
     row_json = (
         "concat('{\"actor\":', toJSONString(a_actor)"
-        ", ',\"attributes\":', toJSONString(mapSort(m))"
+        ", ',\"attributes\":{', arrayStringConcat(arrayMap((k, v) -> concat(k, ':', v), "
+        "arrayMap(x -> toJSONString(x), mapKeys(mapSort(m))), "
+        "arrayMap(x -> toJSONString(x), mapValues(mapSort(m)))), ','), '}'"
         ", ',\"event\":', toJSONString(a_event)"
         ", ',\"from_state\":', toJSONString(a_from)"
         ", ',\"handoff_id\":', toJSONString(a_handoff)"
@@ -309,16 +311,16 @@ FROM (
             sp.status.message AS status_message, sp.status.code AS code,
             length(sp.events) + length(sp.links) AS n_events,
             sp.attributes.key AS keys,
-            CAST(sp.attributes.value.value, 'Array(Int8)') AS tags,
+            sp.attributes.value.value AS tags,
             sp.attributes.value.string_value AS strs,
             sp.attributes.value.int_value AS ints,
             sp.attributes.value.bool_value AS bools,
             sp.attributes.value.array_value.values AS arrs,
-            CAST(arrs.value, 'Array(Array(Int8))') AS item_tags,
+            arrs.value AS item_tags,
             arrs.string_value AS item_strs,
             scope.name AS scope_name, scope.version AS scope_version,
             rattrs.key AS rkeys,
-            CAST(rattrs.value.value, 'Array(Int8)') AS rtags,
+            rattrs.value.value AS rtags,
             rattrs.value.string_value AS rstrs,
             rattrs.value.int_value AS rints,
             rattrs.value.bool_value AS rbools,
