@@ -386,10 +386,10 @@ class _Pending:
 class Stager:
     """Decodes protobuf requests with chDB (see module doc) into Memory staging tables.
 
-    ClickHouse spends ~50-100 ms analysing the decoding query whatever its input size, so
-    one thread decodes every request that arrived while it was busy in one query (group
-    commit, like the spool's fsync): request threads wait for their answer. The writer
-    thread runs on the other core. `connect` opens a new clickhouse-connect client on the
+    ClickHouse spends ~50 ms analysing the decoding query whatever its input size, so a
+    thread decodes every request that arrived while it was busy (and for 50 ms more) in one
+    query (group commit, like the spool's fsync): request threads wait for their answer.
+    Two threads: one collects while the other's query runs; the writer runs alongside. `connect` opens a new clickhouse-connect client on the
     same embedded store; `tmp_dir` holds each query's input file while chDB reads it.
     """
 
