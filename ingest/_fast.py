@@ -403,6 +403,7 @@ class Stager:
         self._n = itertools.count()
         self._threads: list[threading.Thread] = []
         self._collect = threading.Lock()
+        self._arriving = 0  # requests between submit() and stage(): worth lingering for
         self._drop_client: Client | None = None
         self.fallbacks = 0  # requests this path declined (went through ingest._decode)
         self.staged = 0  # requests it decoded
@@ -425,15 +426,35 @@ class Stager:
             self._threads.append(t)
             t.start()
 
+    def expect(self) -> None:
+        """A request for this path is on its way (its stage() call follows, or arrived())."""
+        with self._lock:
+            self._arriving += 1
+
+    def arrived(self) -> None:
+        with self._lock:
+            self._arriving -= 1
+
     def stage(
-        self, body: bytes, *, batch_id: str, received_at_ms: int, tenant: str
+        self,
+        body: bytes,
+        *,
+        batch_id: str,
+        received_at_ms: int,
+        tenant: str,
+        expected: bool = False,
     ) -> Staged | None:
         """Decode `body` into a staging table; None when the request must go the Python way
-        (a span to reject or flag, a value type this path does not encode, bad framing)."""
+        (a span to reject or flag, a value type this path does not encode, bad framing).
+        `expected`: the caller announced it with expect()."""
         if not self._threads:
+            if expected:
+                self.arrived()
             return None
         p = _Pending(body, batch_id, received_at_ms, tenant)
         self._queue.put(p)
+        if expected:
+            self.arrived()
         p.done.wait()
         with self._lock:
             if p.result is None:
@@ -455,10 +476,13 @@ class Stager:
                 size = len(first.body)
                 deadline = time.monotonic() + _LINGER_S
                 while size < _GROUP_BYTES:
+                    left = deadline - time.monotonic()
                     try:
-                        nxt = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+                        nxt = self._queue.get(timeout=max(0.0, min(0.005, left)))
                     except queue.Empty:
-                        break
+                        if left <= 0 or self._arriving <= 0:  # nobody else on the way
+                            break
+                        continue
                     if nxt is None:
                         self._queue.put(
                             None

@@ -192,17 +192,28 @@ class Ingestor:
 
     # ------------------------------------------------------------ request path
 
+    def _wants_sql(self, body: bytes, fmt: str) -> bool:
+        return self.stager is not None and fmt == PROTOBUF and len(body) >= self.sql_min_bytes
+
     def _prepare(
-        self, body: bytes, fmt: str, tenant: str, batch_id: str, received: int, seq: int = -1
+        self,
+        body: bytes,
+        fmt: str,
+        tenant: str,
+        batch_id: str,
+        received: int,
+        seq: int = -1,
+        *,
+        expected: bool = False,
     ) -> _Item:
         """Decode one request: chDB stages it when it can (ingest._fast), else ingest._decode.
 
         Both give the same stored rows; the Python decoder also gives the reject messages
         and raises DecodeError for a bad body.
         """
-        if self.stager is not None and fmt == PROTOBUF and len(body) >= self.sql_min_bytes:
+        if self.stager is not None and self._wants_sql(body, fmt):
             staged = self.stager.stage(
-                body, batch_id=batch_id, received_at_ms=received, tenant=tenant
+                body, batch_id=batch_id, received_at_ms=received, tenant=tenant, expected=expected
             )
             if staged is not None:
                 decoded = DecodedBatch(tenant=tenant, spans=staged.spans)
@@ -217,9 +228,17 @@ class Ingestor:
         Empty requests are acknowledged without touching the spool.
         """
         t0 = time.perf_counter()
-        batch_id = make_token(tenant, hashlib.sha256(body).hexdigest())
-        received = int(self._clock() * 1000)
-        item = self._prepare(body, fmt, tenant, batch_id, received)
+        expected = self._wants_sql(body, fmt)
+        if expected and self.stager is not None:
+            self.stager.expect()  # the stager may wait for this one rather than query without it
+        try:
+            batch_id = make_token(tenant, hashlib.sha256(body).hexdigest())
+            received = int(self._clock() * 1000)
+        except BaseException:
+            if expected and self.stager is not None:
+                self.stager.arrived()
+            raise
+        item = self._prepare(body, fmt, tenant, batch_id, received, expected=expected)
         decoded = item.decoded
         t1 = time.perf_counter()
         with self._lock:
