@@ -234,7 +234,7 @@ def test_sql_path_stores_what_python_stores(chdb_client, two_dbs, stager):
 _DIFFERS = set("\x0b\x0e\x0f\x1a\x1b\x1c\x1d\x1e\x1f\u2028\u2029")
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=15, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(
     texts=st.lists(st.text(min_size=0, max_size=12), min_size=1, max_size=6),
     seed=st.integers(0, 2**32),
