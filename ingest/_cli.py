@@ -48,7 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--decoder",
         choices=DECODERS,
         help="OTLP/protobuf decoding (embedded store): auto = chDB decodes requests of 256 KiB "
-        "and more in SQL (same stored rows, ~1.5x the throughput for large batches), Python "
+        "and more in SQL (same stored rows, ~2x the throughput for large batches), Python "
         "the rest and any request it declines; sql = chDB tries every protobuf request; "
         f"python = always Python (env {settings.DECODER.env}, default auto)",
     )
@@ -107,6 +107,12 @@ def _verify_chain(args: argparse.Namespace) -> int:
 DECODERS = ("auto", "sql", "python")
 
 
+def _non_negative(name: str, value: int) -> int:
+    if value < 0:
+        raise ValueError(f"--{name} must be 0 or more bytes, got {value}")
+    return value
+
+
 def _decoder(value: str) -> str:
     if value not in DECODERS:
         raise ValueError(f"decoder {value!r}: use one of {', '.join(DECODERS)}")
@@ -135,8 +141,9 @@ def _serve(args: argparse.Namespace) -> int:
             max_body_bytes=settings.resolve_int(settings.MAX_BODY_BYTES, args.max_body_bytes),
             spool_max_bytes=settings.resolve_int(settings.SPOOL_MAX_BYTES, args.spool_max_bytes),
             decoder=_decoder(settings.resolve(settings.DECODER, args.decoder)),
-            min_free_disk_bytes=settings.resolve_int(
-                settings.MIN_FREE_DISK_BYTES, args.min_free_disk_bytes
+            min_free_disk_bytes=_non_negative(
+                "min-free-disk-bytes",
+                settings.resolve_int(settings.MIN_FREE_DISK_BYTES, args.min_free_disk_bytes),
             ),
         )
     except (ValueError, StoreError) as exc:

@@ -1,6 +1,6 @@
 """`handoffs serve` (subprocess) answering bad and good OTLP requests as the spec says.
 
-One serve with two tenants' tokens for the module; each test asserts status code and message
+One serve with two tenants' tokens per decoder (auto; sql = chDB first); each test asserts status code and message
 and what was stored; the last test checks that every span acknowledged in the module is
 stored exactly once.
 """
@@ -27,9 +27,14 @@ _rng = random.Random(20261130)
 ACKED: list[str] = []  # span ids acknowledged with 200 and not rejected
 
 
-@pytest.fixture(scope="module")
-def serve(tmp_path_factory):
-    h = start_serve(tmp_path_factory.mktemp("serve"), TOKENS)
+@pytest.fixture(scope="module", params=["auto", "sql"])
+def serve(tmp_path_factory, request):
+    """`sql`: chDB tries every protobuf request first (ingest._fast); every answer below
+    must be the same as with the Python decoder."""
+    ACKED.clear()
+    h = start_serve(
+        tmp_path_factory.mktemp("serve"), TOKENS, extra_args=("--decoder", request.param)
+    )
     yield h
     assert h.stop() == 0, h.log()
 
@@ -248,3 +253,37 @@ def test_every_acknowledged_span_is_stored_exactly_once(serve, ch):
     ).result_rows
     assert len(ACKED) >= 7
     assert dict(rows) == dict.fromkeys(ACKED, 1)
+
+
+def test_the_sql_decoder_took_the_clean_requests_and_declined_the_rest(serve, request):
+    health = serve.health()
+    if request.node.callspec.params["serve"] == "sql":
+        # clean protobuf requests went through chDB; bad ones were declined to Python
+        assert health["sql_decoded"] >= 3 and health["sql_declined"] >= 3, health
+    else:  # auto: these small requests stay in Python
+        assert health["sql_decoded"] == 0, health
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["--decoder", "bogus"], {}, "invalid choice: 'bogus'"),
+        ([], {"HANDOFFS_DECODER": "bogus"}, "decoder 'bogus': use one of auto, sql, python"),
+        (["--min-free-disk-bytes", "-5"], {}, "--min-free-disk-bytes must be 0 or more bytes"),
+        ([], {"HANDOFFS_MIN_FREE_DISK_BYTES": "lots"}, "must be an integer, got 'lots'"),
+    ],
+)
+def test_bad_decoder_or_disk_guard_options_exit_2(tmp_path, args, env, message):
+    import os
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [sys.executable, "-m", "handoffs", "serve", "--store", f"chdb://{tmp_path}/d", *args],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 2, r.stderr
+    assert message in r.stderr
