@@ -48,6 +48,7 @@ __all__ = [
     "Stager",
     "frame",
     "read_settings",
+    "sql_string",
     "stage_select",
 ]
 
@@ -107,7 +108,7 @@ STAGE_COLUMNS: Final = (
 OTEL_FROM_STAGE: Final = tuple(c for c, _ in STAGE_COLUMNS[:17])
 
 
-def _q(text: str) -> str:
+def sql_string(text: str) -> str:
     """A ClickHouse string literal."""
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
@@ -166,7 +167,11 @@ def _encode(tags: str, strs: str, ints: str, bools: str, arrays: str) -> str:
 def _legal_set() -> str:
     triples = [("", contract.CREATE_EVENT.value, contract.State.CREATED.value)]
     triples += [(s.value, e.value, d.value) for (s, e), d in contract.TRANSITIONS.items()]
-    return "(" + ", ".join(f"({_q(a)}, {_q(b)}, {_q(c)})" for a, b, c in triples) + ")"
+    return (
+        "("
+        + ", ".join(f"({sql_string(a)}, {sql_string(b)}, {sql_string(c)})" for a, b, c in triples)
+        + ")"
+    )
 
 
 def _all_of(conditions: list[str]) -> str:
@@ -175,7 +180,7 @@ def _all_of(conditions: list[str]) -> str:
 
 
 def _arr(names: Iterable[str]) -> str:
-    return "[" + ", ".join(_q(n) for n in names) + "]"
+    return "[" + ", ".join(sql_string(n) for n in names) + "]"
 
 
 def stage_select(path: str, tenant: str) -> str:
@@ -202,7 +207,8 @@ def stage_select(path: str, tenant: str) -> str:
         "a_tenant": semconv.TENANT,
     }
     lookup_cols = ",\n        ".join(
-        f"arrayElement(strs, indexOf(keys, {_q(name)})) AS {col}" for col, name in lookups.items()
+        f"arrayElement(strs, indexOf(keys, {sql_string(name)})) AS {col}"
+        for col, name in lookups.items()
     )
     row_json = (
         "concat('{\"actor\":', toJSONString(a_actor)"
@@ -214,7 +220,7 @@ def stage_select(path: str, tenant: str) -> str:
         ", ',\"handoff_id\":', toJSONString(a_handoff)"
         ", ',\"span_id\":\"', span_hex"
         ", '\",\"task_id\":', toJSONString(a_task)"
-        ", ',\"tenant\":', " + _q(encode_basestring(tenant))
+        ", ',\"tenant\":', " + sql_string(encode_basestring(tenant))
         + ", ',\"time_ns\":', toString(start)"
         ", ',\"to_state\":', toJSONString(a_to)"
         ", ',\"trace_id\":\"', trace_hex, '\"}')"
@@ -251,13 +257,13 @@ def stage_select(path: str, tenant: str) -> str:
             + _all_of(
                 [
                     f"hasAll(keys, {ident})",
-                    f"a_event != {_q(contract.CREATE_EVENT.value)} OR hasAll(keys, {on_create})",
+                    f"a_event != {sql_string(contract.CREATE_EVENT.value)} OR hasAll(keys, {on_create})",
                     "a_handoff != ''",
                     "a_task != ''",
                     "a_event != ''",
                     "a_to != ''",
                     f"(a_from, a_event, a_to) IN {_legal_set()}",
-                    f"a_tenant IN ('', {_q(tenant)})",
+                    f"a_tenant IN ('', {sql_string(tenant)})",
                 ]
             )
             + ", 1)",
@@ -284,7 +290,7 @@ SELECT
     if(code BETWEEN 0 AND 2, arrayElement(['Unset', 'Ok', 'Error'], code + 1), 'Unset')
         AS StatusCode,
     status_message AS StatusMessage,
-    {_q(tenant)} AS Tenant,
+    {sql_string(tenant)} AS Tenant,
     ingest_batch AS IngestBatch,
     fromUnixTimestamp64Milli(toInt64(received_at_ms), 'UTC') AS ingested_at,
     a_handoff AS handoff_id,
@@ -329,7 +335,7 @@ FROM (
         FROM (
             SELECT ingest_batch, received_at_ms, rs.resource.attributes AS rattrs,
                 ss.scope AS scope, ss.spans AS spans
-            FROM file({_q(path)}, 'Protobuf', {_q(STRUCTURE)})
+            FROM file({sql_string(path)}, 'Protobuf', {sql_string(STRUCTURE)})
             ARRAY JOIN resource_spans AS rs
             ARRAY JOIN rs.scope_spans AS ss
         )

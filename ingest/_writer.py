@@ -287,10 +287,6 @@ _BATCH_COLUMNS = (
 )
 
 
-def _quote(text: str) -> str:
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
 def write_staged_group(
     client: Client,
     database: str,
@@ -309,6 +305,7 @@ def write_staged_group(
     tokens. Raises what the client raises.
     """
     from ingest._fast import OTEL_FROM_STAGE
+    from ingest._fast import sql_string as _quote
 
     if not members:
         raise ValueError("write_staged_group: no members")
