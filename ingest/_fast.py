@@ -205,6 +205,7 @@ def stage_select(path: str, tenant: str) -> str:
         "a_handoff": semconv.HANDOFF_ID,
         "a_task": semconv.TASK_ID,
         "a_tenant": semconv.TENANT,
+        "a_reason": semconv.INVALID_REASON,
     }
     lookup_cols = ",\n        ".join(
         f"arrayElement(strs, indexOf(keys, {sql_string(name)})) AS {col}"
@@ -262,7 +263,11 @@ def stage_select(path: str, tenant: str) -> str:
                     "a_task != ''",
                     "a_event != ''",
                     "a_to != ''",
-                    f"(a_from, a_event, a_to) IN {_legal_set()}",
+                    # legal, or illegal and already flagged by the sender's lenient shim
+                    # (valid=false with a reason): ingest._validate's flags then change
+                    # nothing, so both paths store the same attributes
+                    f"(a_from, a_event, a_to) IN {_legal_set()} "
+                    "OR (sender_flagged AND a_reason != '')",
                     f"a_tenant IN ('', {sql_string(tenant)})",
                 ]
             )
@@ -305,6 +310,8 @@ FROM (
         mapFromArrays(keys, vals) AS m,
         mapFromArrays(rkeys, {rvals}) AS res,
         toUInt8(hasAny(keys, {ident})) AS is_handoff,
+        has(keys, {sql_string(semconv.VALID)})
+            AND NOT arrayElement(bools, indexOf(keys, {sql_string(semconv.VALID)})) AS sender_flagged,
         arrayStringConcat(arrayConcat(keys, strs, arrayFlatten(item_strs),
             [span_name, trace_state, status_message, scope_name, scope_version],
             rkeys, rstrs), '\\n') AS blob,

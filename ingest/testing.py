@@ -29,6 +29,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    """True when something listens on host:port (a socket in TIME_WAIT does not count)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+        return False
+
+
 @dataclass(slots=True)
 class ServeHandle:
     otlp_url: str  # http://127.0.0.1:P (POST {otlp_url}/v1/traces)
@@ -107,6 +118,14 @@ def start_serve(
     store = Path(store_dir) if store_dir else tmp / "data"
     otlp_port = otlp_port or free_port()
     query_port = query_port or free_port()
+    # Otherwise /health could be answered by whatever already listens there (another serve)
+    # while this one fails to bind.
+    for what, port in (("OTLP", otlp_port), ("query", query_port)):
+        if port_in_use(port):
+            raise RuntimeError(
+                f"{what} port {port} on 127.0.0.1 is in use (another serve or demo?); "
+                "stop it or pick another port"
+            )
     log_path = tmp / f"serve-{otlp_port}-{int(time.time() * 1000)}.log"
     cmd = [
         sys.executable,

@@ -251,6 +251,39 @@ def test_sql_path_equals_python_on_any_text(chdb_client, two_dbs, stager, texts,
         _assert_same(chdb_client, two_dbs, prefix)
 
 
+def _illegal(req: ExportTraceServiceRequest, **extra: object) -> ExportTraceServiceRequest:
+    """Make the first span an illegal transition (create -> running) with `extra` attributes."""
+    sp = req.resource_spans[0].scope_spans[0].spans[0]
+    for kv in sp.attributes:
+        if kv.key == "handoff.to_state":
+            kv.value.string_value = "running"
+        if kv.key == "handoff.tenant":
+            kv.value.string_value = ""
+    sp.attributes.extend(_kv(k, v) for k, v in extra.items())
+    return req
+
+
+def test_a_transition_the_sender_already_flagged_takes_the_sql_path(chdb_client, two_dbs, stager):
+    """A lenient shim sends an illegal transition with valid=false and a reason: the Python
+    decoder's flags change nothing, so the SQL path stores it (identically)."""
+    flagged = _illegal(
+        build(random.Random(9), 2),
+        **{"handoff.valid": False, "handoff.invalid_reason": "event 'start' from ''"},
+    )
+    (taken,) = _store_both(chdb_client, two_dbs, stager, [flagged.SerializeToString()], "flag")
+    assert taken
+    _assert_same(chdb_client, two_dbs, "flag")
+    valid = chdb_client.query(
+        f"SELECT countIf(NOT valid) FROM {two_dbs[0]}.handoff_transitions "
+        "WHERE startsWith(ingest_batch, 'flag-')"
+    ).result_rows[0][0]
+    assert valid == 1
+    # valid=true on an illegal transition, or no reason: Python rewrites them -> declined
+    assert _declines(stager, _illegal(build(random.Random(9), 2), **{"handoff.valid": True}))
+    assert _declines(stager, _illegal(build(random.Random(9), 2), **{"handoff.valid": False}))
+    assert _declines(stager, _illegal(build(random.Random(9), 2)))
+
+
 def _one_span(**attrs: object) -> ExportTraceServiceRequest:
     req = build(random.Random(1), 1)
     sp = req.resource_spans[0].scope_spans[0].spans[0]

@@ -287,3 +287,16 @@ def test_bad_decoder_or_disk_guard_options_exit_2(tmp_path, args, env, message):
     )
     assert r.returncode == 2, r.stderr
     assert message in r.stderr
+
+
+def test_start_serve_refuses_a_port_someone_else_listens_on(tmp_path):
+    """Otherwise /health is answered by the other listener and the demo sends its traffic
+    there while its own serve failed to bind (seen with two demos on the default ports)."""
+    import socket
+
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        with pytest.raises(RuntimeError, match=rf"OTLP port {port} on 127.0.0.1 is in use"):
+            start_serve(tmp_path, otlp_port=port)
