@@ -176,7 +176,10 @@ def _e2e(bodies: list[bytes], args: argparse.Namespace, base: int, decoder: str)
         {k: health[k] for k in ("decode_s", "spool_s", "queue_wait_s", "store_s")},
         f"writes {health['writes']}",
     )
-    print(f"requests decoded by chDB: {health['sql_decoded']}, declined: {health['sql_declined']}")
+    print(
+        f"requests decoded by chDB: {health['sql_decoded']} in {health['sql_decode_queries']} "
+        f"queries, declined: {health['sql_declined']}"
+    )
     return {"e2e": total / e2e_s, "rss": rss, "health": health}
 
 

@@ -66,6 +66,12 @@ DECODER: Final = Setting(
     "how serve decodes OTLP/protobuf: 'auto' (chDB decodes requests >= 256 KiB in SQL when the "
     "store is embedded, Python the rest), 'sql' (chDB tries every request) or 'python'",
 )
+MERGE_NICE: Final = Setting(
+    "HANDOFFS_MERGE_NICE",
+    "10",
+    "embedded store: nice value (0-19) of ClickHouse's background merge threads, so storing "
+    "spans goes first under full load and merges catch up when it eases; 0 = same as serve",
+)
 USER: Final = Setting("HANDOFFS_USER", "default", "ClickHouse user for an http(s) store")
 PASSWORD: Final = Setting("HANDOFFS_PASSWORD", "", "ClickHouse password for an http(s) store")
 
@@ -81,6 +87,7 @@ ENV: Final = (
     SPOOL_MAX_BYTES,
     DECODER,
     MIN_FREE_DISK_BYTES,
+    MERGE_NICE,
     USER,
     PASSWORD,
 )

@@ -59,6 +59,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "the spooled data, answers 503 and retries until space returns; 0 = no guard "
         f"(env {settings.MIN_FREE_DISK_BYTES.env}, default 16 MiB)",
     )
+    p.add_argument(
+        "--merge-nice",
+        type=int,
+        help="embedded store: nice value 0-19 of ClickHouse's background merge threads; under "
+        "full load serve stores spans first and merges catch up when load eases (the store "
+        "slows inserts itself if parts pile up); 0 = merges at serve's priority "
+        f"(env {settings.MERGE_NICE.env}, default 10)",
+    )
     p.set_defaults(func=_serve)
 
     from ingest._files_cli import register_ingest
@@ -113,6 +121,12 @@ def _non_negative(name: str, value: int) -> int:
     return value
 
 
+def _nice(value: int) -> int:
+    if not 0 <= value <= 19:
+        raise ValueError(f"--merge-nice must be 0 to 19, got {value}")
+    return value
+
+
 def _decoder(value: str) -> str:
     if value not in DECODERS:
         raise ValueError(f"decoder {value!r}: use one of {', '.join(DECODERS)}")
@@ -145,6 +159,7 @@ def _serve(args: argparse.Namespace) -> int:
                 "min-free-disk-bytes",
                 settings.resolve_int(settings.MIN_FREE_DISK_BYTES, args.min_free_disk_bytes),
             ),
+            merge_nice=_nice(settings.resolve_int(settings.MERGE_NICE, args.merge_nice)),
         )
     except (ValueError, StoreError) as exc:
         print(f"handoffs serve: {exc}", file=sys.stderr)

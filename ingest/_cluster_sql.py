@@ -42,6 +42,7 @@ _HEADER = (
 _TABLE = re.compile(r"CREATE TABLE IF NOT EXISTS \{db\}\.(\w+)\s*\n")
 _MV = re.compile(r"CREATE MATERIALIZED VIEW IF NOT EXISTS \{db\}\.(\w+) TO \{db\}\.(\w+) AS")
 _ENGINE = re.compile(r"ENGINE = (\w*)MergeTree\b(\(\))?")
+_ALTER = re.compile(r"ALTER TABLE \{db\}\.(\w+) ")
 
 
 def _table(stmt: str) -> str:
@@ -80,6 +81,16 @@ def _view(stmt: str) -> str:
     return out + ";\n"
 
 
+def _alter(stmt: str) -> str:
+    """ALTER TABLE X ... -> ALTER TABLE X_local ON CLUSTER ... (the data lives in X_local)."""
+    return (
+        _ALTER.sub(
+            lambda m: f"ALTER TABLE {{db}}.{m.group(1)}_local ON CLUSTER '{{cluster}}' ", stmt
+        )
+        + ";\n"
+    )
+
+
 def cluster_sql(text: str, name: str) -> str:
     """The cluster variant of one single-node DDL file's text."""
     parts = [_HEADER.format(name=name)]
@@ -88,6 +99,8 @@ def cluster_sql(text: str, name: str) -> str:
             parts.append(_table(stmt))
         elif _MV.search(stmt):
             parts.append(_view(stmt))
+        elif _ALTER.search(stmt):
+            parts.append(_alter(stmt))
         else:
             raise ValueError(f"{name}: statement kind not handled by the cluster generator")
     return "\n".join(parts)

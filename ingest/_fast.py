@@ -365,6 +365,11 @@ def read_settings() -> dict[str, str]:
     }
 
 
+def inline_settings(settings: dict[str, str]) -> str:
+    """`k = v, ...` for a query's own SETTINGS clause (values quoted as strings)."""
+    return ", ".join(f"{k} = {sql_string(v)}" for k, v in settings.items())
+
+
 STAGE_DATABASE: Final = "_handoffs_stage"  # Memory engine: nothing in it outlives serve
 
 
@@ -382,6 +387,7 @@ class Staged:
     batch_id: str
     spans: int
     transitions: int
+    batch_hash: str  # integrity.batch_hash of its ledger row hashes, computed by chDB
 
 
 class _Pending:
@@ -530,13 +536,18 @@ class Stager:
             c.command(f"CREATE TABLE {table} ({_STAGE_DDL}) ENGINE = Memory")
             self.queries += 1
             try:
+                # settings inline: clickhouse-connect's chdb backend applies per-call
+                # settings as SET queries around the call (~6 ms for two)
                 c.command(
-                    f"INSERT INTO {table} {stage_select(str(path), tenant)}",
-                    settings=read_settings(),
+                    f"INSERT INTO {table} SETTINGS {inline_settings(read_settings())} "
+                    f"{stage_select(str(path), tenant)}"
                 )
+                # the batch hash as write_group computes it: SHA-256 of the sorted
+                # ledger row hashes (hex), concatenated
                 rows = c.query(
-                    f"SELECT IngestBatch, count(), min(ok), sum(is_handoff) FROM {table} "
-                    "GROUP BY IngestBatch"
+                    f"SELECT IngestBatch, count(), min(ok), sum(is_handoff), "
+                    "lower(hex(SHA256(arrayStringConcat(arraySort("
+                    f"groupArrayIf(row_hash, is_handoff)))))) FROM {table} GROUP BY IngestBatch"
                 ).result_rows
             except Exception:
                 rows = []
@@ -545,9 +556,9 @@ class Stager:
         found = {r[0]: r[1:] for r in rows}
         refs = 0
         for p in unique:
-            spans, ok, transitions = found.get(p.batch_id, (0, 0, 0))
+            spans, ok, transitions, bh = found.get(p.batch_id, (0, 0, 0, ""))
             if spans and ok:
-                p.result = Staged(table, p.batch_id, int(spans), int(transitions))
+                p.result = Staged(table, p.batch_id, int(spans), int(transitions), bh)
                 refs += 1
         with self._lock:
             self._refs[table] = refs

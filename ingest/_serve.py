@@ -6,6 +6,7 @@ SIGTERM / SIGINT: stop accepting, store everything spooled, exit 0.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -46,6 +47,8 @@ class ServeConfig:
     #: embedded store: ClickHouse refuses an insert (serve answers 503 and retries) when less
     #: than this much disk is free, instead of writing parts into a full disk
     min_free_disk_bytes: int = 16 * 1024 * 1024
+    #: embedded store: nice value of ClickHouse's background merge threads (0 = unchanged)
+    merge_nice: int = 10
 
 
 def _limit_malloc_arenas(arenas: int = 2) -> None:
@@ -61,6 +64,48 @@ def _limit_malloc_arenas(arenas: int = 2) -> None:
             libc.mallopt(-1, int(os.environ["HANDOFFS_MMAP_THRESHOLD"]))  # M_TRIM_THRESHOLD
     except (OSError, AttributeError):
         pass
+
+
+#: Thread name of ClickHouse's background merge and mutation executor (MergeTreeBackgroundExecutor).
+MERGE_THREAD: Final = "MergeMutate"
+
+
+class MergePriority:
+    """Runs the embedded ClickHouse's background merge threads at a lower CPU priority.
+
+    On a small machine, merges compete with the threads that decode and store requests
+    (measured in serve on 2 cores: ~40% of its CPU went to merges while ingest was busy).
+    At nice 10 the scheduler gives them ~10% of a busy core and all of an idle one, so
+    bursts are stored sooner and merges catch up afterwards; under sustained overload parts
+    pile up until ClickHouse slows inserts itself (parts_to_delay_insert), which serve
+    passes on as backpressure. Linux only (/proc/self/task); a no-op elsewhere.
+    `poll()` looks for new merge threads; a thread that is no longer one gets nice 0 back.
+    """
+
+    def __init__(self, nice: int) -> None:
+        self.nice = nice
+        self._reniced: set[int] = set()
+        self._tasks = Path("/proc/self/task")
+
+    def poll(self) -> int:
+        """Renice merge threads seen now; returns how many run at `nice`."""
+        if self.nice <= 0 or not self._tasks.is_dir():
+            return 0
+        current: set[int] = set()
+        for task in self._tasks.iterdir():
+            try:
+                if (task / "comm").read_text().strip() == MERGE_THREAD:
+                    current.add(int(task.name))
+            except (OSError, ValueError):
+                continue  # the thread ended meanwhile
+        for tid, nice in [
+            *((t, self.nice) for t in current - self._reniced),
+            *((t, 0) for t in self._reniced - current),
+        ]:
+            with contextlib.suppress(OSError):  # ended, or (back to 0) not permitted
+                os.setpriority(os.PRIO_PROCESS, tid, nice)
+        self._reniced = current
+        return len(current)
 
 
 #: Optional libraries chDB and clickhouse-connect import when installed, never needed by serve.
@@ -157,8 +202,9 @@ def run_serve(
     )
     if ready is not None:
         ready.set()
+    merges = MergePriority(cfg.merge_nice if spec.embedded else 0)
     while not stop.wait(0.5):
-        pass
+        merges.poll()
     print("serve: stopping: no new requests; storing what is spooled", file=sys.stderr, flush=True)
     otlp.shutdown()
     otlp.server_close()

@@ -36,15 +36,18 @@ __all__ = ["SQL_MIN_BYTES", "Ingestor", "StoreUnavailable"]
 
 log = logging.getLogger("handoffs.ingest")
 _KNOWN_BATCHES = 50_000  # batch ids remembered to keep a retried request off the chain
-_MAX_QUEUED_SPANS = 20_000  # decoded / staged spans held for the writer; then submit waits
-_GROUP_MAX_SPANS = 10_000  # spans per insert: 2x 5,000 (20,000 was no faster, +30-50 MB peak RSS)
+_MAX_QUEUED_SPANS = 40_000  # decoded / staged spans held for the writer; then submit waits
+_GROUP_MAX_SPANS = (
+    20_000  # spans per insert: 4x 5,000 (fewer parts: less fixed cost per write and fewer merges)
+)
 _GROUP_MAX_REQUESTS = 64
 #: Smallest protobuf body chDB decodes (ingest._fast); smaller ones go through Python, whose
 #: cost per request is lower: ClickHouse spends ~50-100 ms analysing the decoding query
 #: whatever the input size, which only pays off from a few thousand spans per query.
 #: (OTel SDK batches of 512 spans are ~180 KB; a Collector's 8192-span batches ~3 MB.)
 SQL_MIN_BYTES = 256 * 1024
-_STAGED_WAIT_S = 0.1
+_STAGED_WAIT_S = 0.05
+_STAGED_MAX_WAIT_S = 0.5  # while requests are still being decoded (stored at most this late)
 
 
 class StoreUnavailable(RuntimeError):
@@ -132,6 +135,7 @@ class Ingestor:
             "store_s": 0.0,
         }
         self._lock = threading.Lock()
+        self._staging = 0  # requests inside submit(): decoding, spooling or queueing
 
     # ------------------------------------------------------------ lifecycle
 
@@ -231,6 +235,17 @@ class Ingestor:
         expected = self._wants_sql(body, fmt)
         if expected and self.stager is not None:
             self.stager.expect()  # the stager may wait for this one rather than query without it
+        with self._lock:
+            self._staging += 1  # the writer may wait for this one (see _run)
+        try:
+            return self._submit(body, fmt, tenant=tenant, expected=expected, t0=t0)
+        finally:
+            with self._lock:
+                self._staging -= 1
+
+    def _submit(
+        self, body: bytes, fmt: str, *, tenant: str, expected: bool, t0: float
+    ) -> DecodedBatch:
         try:
             batch_id = make_token(tenant, hashlib.sha256(body).hexdigest())
             received = int(self._clock() * 1000)
@@ -278,6 +293,7 @@ class Ingestor:
             "decoder": "sql+python" if self.stager is not None else "python",
             "sql_decoded": self.stager.staged if self.stager is not None else 0,
             "sql_declined": self.stager.fallbacks if self.stager is not None else 0,
+            "sql_decode_queries": self.stager.queries if self.stager is not None else 0,
             **self.stats,
             **{k: round(v, 3) for k, v in self.timings.items()},
         }
@@ -296,20 +312,21 @@ class Ingestor:
     def _run(self) -> None:
         while True:
             got = [self._queue.get()]
+            linger_until = time.monotonic() + _STAGED_MAX_WAIT_S
             while got[-1] is not None and len(got) < _GROUP_MAX_REQUESTS:
                 if sum(x.decoded.spans for x in got if x is not None) >= _GROUP_MAX_SPANS:
                     break
                 try:
-                    # chDB-decoded requests cost a fixed ~0.1 s per write (query analysis):
-                    # wait a moment for more of them to share it
-                    staged = got[-1].stage is not None
-                    got.append(
-                        self._queue.get(timeout=_STAGED_WAIT_S)
-                        if staged
-                        else self._queue.get_nowait()
-                    )
+                    if got[-1].stage is None:
+                        got.append(self._queue.get_nowait())
+                        continue
+                    # chDB-decoded requests cost a fixed ~0.1 s per write (query analysis,
+                    # one part per table): wait a moment for more of them to share it, and
+                    # longer (to _STAGED_MAX_WAIT_S) while requests are being decoded
+                    got.append(self._queue.get(timeout=_STAGED_WAIT_S))
                 except queue.Empty:
-                    break
+                    if not self._staging or time.monotonic() >= linger_until:
+                        break
             items = [x for x in got if x is not None]
             stop = len(items) != len(got)
             try:
@@ -458,7 +475,7 @@ class Ingestor:
             results = write_staged_group(
                 self.client,
                 self.database,
-                [(x.batch_id, x.stage.table if x.stage else "", x.received_at_ms) for x in run],
+                [(x.stage, x.received_at_ms) for x in run if x.stage is not None],
                 tenant=run[0].decoded.tenant,
                 token=token,
                 prev_chain=self._chain,

@@ -20,6 +20,8 @@ from ingest.integrity import GENESIS, batch_hash, chain
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
 
+    from ingest._fast import Staged
+
 __all__ = [
     "BatchResult",
     "Member",
@@ -290,7 +292,7 @@ _BATCH_COLUMNS = (
 def write_staged_group(
     client: Client,
     database: str,
-    members: Sequence[tuple[str, str, int]],
+    members: Sequence[tuple[Staged, int]],
     *,
     tenant: str,
     token: str,
@@ -299,64 +301,70 @@ def write_staged_group(
 ) -> list[BatchResult]:
     """write_group for requests chDB decoded into staging tables (ingest._fast).
 
-    `members` are (batch_id, staging table, received_at_ms) in order. The rows, the ledger
-    row hashes and therefore the batch hashes are the ones write_group stores for the same
-    requests; the copies run inside ClickHouse (INSERT ... SELECT), with the same dedup
-    tokens. Raises what the client raises.
+    `members` are (staged request, received_at_ms) in order. The rows, the ledger row
+    hashes and the batch hashes (computed when staged) are the ones write_group stores for
+    the same requests; the copies run inside ClickHouse (INSERT ... SELECT), with the same
+    dedup tokens. Settings go in each query's own SETTINGS clause: clickhouse-connect's chdb
+    backend would wrap per-call settings in extra SET queries. Raises what the client raises.
     """
-    from ingest._fast import OTEL_FROM_STAGE
+    from ingest._fast import OTEL_FROM_STAGE, inline_settings
     from ingest._fast import sql_string as _quote
 
     if not members:
         raise ValueError("write_staged_group: no members")
     by_table: dict[str, list[str]] = {}
-    for bid, table, _ in members:
-        by_table.setdefault(table, []).append(bid)
+    for st, _ in members:
+        by_table.setdefault(st.table, []).append(st.batch_id)
     union = " UNION ALL ".join(
         f"SELECT * FROM {table} WHERE IngestBatch IN ({', '.join(_quote(b) for b in bids)})"
         for table, bids in by_table.items()
     )
     cols = ", ".join(OTEL_FROM_STAGE)
 
-    def settings(table: str) -> dict[str, str]:
-        return {"insert_deduplication_token": f"{token}:{table}", "max_threads": "1"}
+    def settings(table: str) -> str:
+        return inline_settings(
+            {"insert_deduplication_token": f"{token}:{table}", "max_threads": "1"}
+        )
 
     client.command(
-        f"INSERT INTO {database}.otel_traces ({cols}) SELECT {cols} FROM ({union})",
-        settings=settings("otel_traces"),
+        f"INSERT INTO {database}.otel_traces ({cols}) SETTINGS {settings('otel_traces')} "
+        f"SELECT {cols} FROM ({union})"
     )
     client.command(
         f"INSERT INTO {database}.transition_ledger ({', '.join(_LEDGER_COLUMNS)}) "
+        f"SETTINGS {settings('transition_ledger')} "
         "SELECT Tenant, handoff_id, SpanId, TraceId, row_hash, IngestBatch, ingested_at "
-        f"FROM ({union}) WHERE is_handoff",
-        settings=settings("transition_ledger"),
+        f"FROM ({union}) WHERE is_handoff"
     )
-    agg = {
-        r[0]: r[1:]
-        for r in client.query(
-            "SELECT IngestBatch, count(), countIf(is_handoff), lower(hex(SHA256("
-            "arrayStringConcat(arraySort(groupArrayIf(row_hash, is_handoff)))))) "
-            f"FROM ({union}) GROUP BY IngestBatch"
-        ).result_rows
-    }
-    batch_rows: list[list[Any]] = []
+    values: list[str] = []
     results: list[BatchResult] = []
     link = prev_chain
-    for bid, _table, at in members:
-        spans, transitions, bh = agg[bid]
-        ch = chain(link, bh)
-        batch_rows.append([bid, tenant, at, spans, transitions, 0, bh, link, ch, source])
-        results.append(BatchResult(bid, spans, spans, transitions, 0, bh, ch))
+    for st, at in members:
+        ch = chain(link, st.batch_hash)
+        values.append(
+            "("
+            + ", ".join(
+                [
+                    _quote(st.batch_id),
+                    _quote(tenant),
+                    f"fromUnixTimestamp64Milli({int(at)}, 'UTC')",
+                    str(int(st.spans)),
+                    str(int(st.transitions)),
+                    "0",
+                    _quote(st.batch_hash),
+                    _quote(link),
+                    _quote(ch),
+                    _quote(source),
+                ]
+            )
+            + ")"
+        )
+        results.append(
+            BatchResult(st.batch_id, st.spans, st.spans, st.transitions, 0, st.batch_hash, ch)
+        )
         link = ch
-    _insert(
-        client,
-        database,
-        "ingest_batches",
-        batch_rows,
-        _BATCH_COLUMNS,
-        settings={
-            "insert_deduplication_token": f"{token}:ingest_batches",
-            "input_format_native_allow_types_conversion": "1",
-        },
+    client.command(
+        f"INSERT INTO {database}.ingest_batches ({', '.join(_BATCH_COLUMNS)}) "
+        f"SETTINGS {settings('ingest_batches')} VALUES {', '.join(values)}"
     )
     return results

@@ -178,7 +178,7 @@ def _store_both(client, dbs, stager, bodies: list[bytes], prefix: str = "batch")
         (res,) = write_staged_group(
             client,
             sql_db,
-            [(bid, staged.table, at)],
+            [(staged, at)],
             tenant=TENANT,
             token=bid,
             prev_chain=chain[sql_db],

@@ -7,6 +7,28 @@ def test_schema_applies_idempotently(chdb_client, fresh_db):
     assert {"otel_traces", "handoff_transitions", "transition_ledger", "ingest_batches"} <= tables
 
 
+def test_ingest_tables_write_compact_parts(chdb_client, fresh_db):
+    # sql/006: parts below 128 MiB are compact (one file; a wide part of handoff_transitions
+    # held ~180 MB of compression buffers while merging)
+    for table in ("otel_traces", "handoff_transitions"):
+        engine = chdb_client.query(
+            "SELECT engine_full FROM system.tables WHERE database = {d:String} AND name = {t:String}",
+            parameters={"d": fresh_db, "t": table},
+        ).result_rows[0][0]
+        assert "min_bytes_for_wide_part = 134217728" in engine, (table, engine)
+    chdb_client.command(
+        f"INSERT INTO {fresh_db}.otel_traces (Timestamp, TraceId, SpanId, SpanName, SpanAttributes) "
+        "VALUES (now64(9), 't', 's', 'handoff.create', map('handoff.handoff_id', 'h-compact', "
+        "'handoff.task_id', 't', 'handoff.event', 'create', 'handoff.to_state', 'created'))"
+    )
+    kinds = chdb_client.query(
+        "SELECT table, part_type FROM system.parts WHERE database = {d:String} AND active "
+        "AND table IN ('otel_traces', 'handoff_transitions') ORDER BY table",
+        parameters={"d": fresh_db},
+    ).result_rows
+    assert kinds == [("handoff_transitions", "Compact"), ("otel_traces", "Compact")]
+
+
 def test_every_statement_parses(chdb_client):
     for _name, stmt in schema_statements("db_x"):
         chdb_client.query("SELECT formatQuery({q:String})", parameters={"q": stmt})
@@ -19,7 +41,12 @@ def test_every_cluster_statement_parses(chdb_client):
         formatted = chdb_client.query("SELECT formatQuery({q:String})", parameters={"q": stmt})
         text = formatted.result_rows[0][0]
         assert "ON CLUSTER handoffs_cluster" in text, name
-        assert "Replicated" in text or "Distributed(" in text or "MATERIALIZED VIEW" in text, name
+        assert (
+            "Replicated" in text
+            or "Distributed(" in text
+            or "MATERIALIZED VIEW" in text
+            or ("ALTER TABLE" in text and "_local ON CLUSTER" in text)
+        ), name
 
 
 def test_cluster_files_are_generated_from_the_single_node_schema():

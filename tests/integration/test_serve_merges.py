@@ -1,0 +1,84 @@
+"""serve runs the embedded ClickHouse's background merge threads at a lower CPU priority
+(ingest._serve.MergePriority): stored spans first under full load, merges catch up after."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ingest._serve import MERGE_THREAD
+from ingest.testing import start_serve
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="Linux /proc only")
+
+
+def _nice_of(pid: int, comm: str) -> list[int]:
+    out = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            if (task / "comm").read_text().strip() == comm:
+                out.append(int((task / "stat").read_text().rsplit(")", 1)[1].split()[16]))
+        except OSError:
+            continue
+    return out
+
+
+def _wait_nice(pid: int, want: int) -> list[int]:
+    deadline = time.monotonic() + 20
+    nices = _nice_of(pid, MERGE_THREAD)
+    while time.monotonic() < deadline and not (nices and set(nices) == {want}):
+        time.sleep(0.2)
+        nices = _nice_of(pid, MERGE_THREAD)
+    return nices
+
+
+def test_merge_threads_run_at_nice_10_by_default(tmp_path: Path) -> None:
+    serve = start_serve(tmp_path)
+    try:
+        assert _wait_nice(serve.process.pid, 10) != []
+        assert set(_wait_nice(serve.process.pid, 10)) == {10}
+        # the threads that decode and store requests keep serve's own priority
+        assert set(_nice_of(serve.process.pid, "python")) == {0}
+    finally:
+        assert serve.stop() == 0
+
+
+def test_merge_nice_option_and_zero_turns_it_off(tmp_path: Path) -> None:
+    serve = start_serve(tmp_path, extra_args=("--merge-nice", "0"))
+    try:
+        time.sleep(1.5)  # three polls of the main loop
+        nices = _nice_of(serve.process.pid, MERGE_THREAD)
+        assert nices and set(nices) == {0}
+    finally:
+        serve.stop()
+    (tmp_path / "b").mkdir()
+    serve = start_serve(tmp_path / "b", env={"HANDOFFS_MERGE_NICE": "15"})
+    try:
+        assert set(_wait_nice(serve.process.pid, 15)) == {15}
+    finally:
+        serve.stop()
+
+
+@pytest.mark.parametrize("value", ["20", "-1"])
+def test_merge_nice_out_of_range_is_a_usage_error(tmp_path: Path, value: str) -> None:
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "handoffs",
+            "serve",
+            "--store",
+            f"chdb://{tmp_path}/s",
+            "--merge-nice",
+            value,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2
+    assert f"--merge-nice must be 0 to 19, got {value}" in r.stderr
