@@ -472,10 +472,13 @@ class Ingestor:
     def _write_once(self, run: list[_Item], token: str) -> None:
         t0 = time.perf_counter()
         if run[0].stage is not None:
+            members = [(x.stage, x.received_at_ms) for x in run if x.stage is not None]
+            if len(members) != len(run):  # _write_items unstages mixed runs; never drop one
+                raise RuntimeError("a staged write group holds a request that is not staged")
             results = write_staged_group(
                 self.client,
                 self.database,
-                [(x.stage, x.received_at_ms) for x in run if x.stage is not None],
+                members,
                 tenant=run[0].decoded.tenant,
                 token=token,
                 prev_chain=self._chain,
