@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 from urllib.parse import parse_qs, urlsplit
 
 import clickhouse_connect
@@ -102,6 +102,13 @@ def parse_store(store: str | None = None, *, database: str | None = None) -> Sto
     )
 
 
+#: Server settings of the embedded engine (chDB connection-string options; the first
+#: connection in a process starts the engine with them). At most two background merges at a
+#: time (chDB's pool has 2 threads and by default queues 2 merges per thread): each merge holds
+#: its parts' read and compression buffers, four at once held 250-300 MB in serve.
+ENGINE_OPTIONS: Final = {"background_merges_mutations_concurrency_ratio": "1"}
+
+
 def connect(
     spec: StoreSpec, *, database: str | None = None, settings_: dict | None = None
 ) -> Client:
@@ -115,7 +122,11 @@ def connect(
         if spec.embedded:
             Path(spec.path or ".").mkdir(parents=True, exist_ok=True)
             client = clickhouse_connect.get_client(
-                interface="chdb", path=spec.path, database=db, settings=settings_
+                interface="chdb",
+                path=spec.path,
+                database=db,
+                settings=settings_,
+                chdb_options=dict(ENGINE_OPTIONS),
             )
         else:
             client = clickhouse_connect.get_client(

@@ -362,6 +362,9 @@ def read_settings() -> dict[str, str]:
         "max_block_size": "1",
         "max_threads": "1",
         "output_format_json_escape_forward_slashes": "0",
+        # plan-level optimizations find nothing to do in this projection-only query but
+        # cost ~13 ms of its fixed ~60 ms (measured on an empty and a 2x5,000-span input)
+        "query_plan_enable_optimizations": "0",
     }
 
 

@@ -83,3 +83,21 @@ def test_merge_nice_out_of_range_is_a_usage_error(tmp_path: Path, value: str) ->
     )
     assert r.returncode == 2
     assert f"--merge-nice must be 0 to 19, got {value}" in r.stderr
+
+
+def test_embedded_engine_runs_at_most_two_merges_at_once(tmp_path: Path) -> None:
+    # handoffs.store.ENGINE_OPTIONS: 2 merge threads, 1 merge each (chDB's default queues 2 per
+    # thread; four merges at once held 250-300 MB in serve)
+    serve = start_serve(tmp_path)
+    try:
+        client = serve.client()
+        rows = client.query(
+            "SELECT name, value FROM system.server_settings WHERE name IN "
+            "('background_pool_size', 'background_merges_mutations_concurrency_ratio') ORDER BY name"
+        ).result_rows
+        client.close()
+        settings = dict(rows)
+        assert settings["background_merges_mutations_concurrency_ratio"] == "1"
+        assert int(settings["background_pool_size"]) >= 1
+    finally:
+        serve.stop()
