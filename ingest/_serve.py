@@ -163,6 +163,7 @@ def run_serve(
         spool,
         stager=stager,
         sql_min_bytes=0 if cfg.decoder == "sql" else SQL_MIN_BYTES,
+        purge_memory=spec.embedded,
     )
     replayed = ingestor.start()
     if replayed:

@@ -12,6 +12,7 @@ backoff; while it fails, submit refuses new work (503) instead of accepting it b
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -97,8 +98,11 @@ class Ingestor:
         max_refusals: int = _MAX_REFUSALS,
         stager: Stager | None = None,
         sql_min_bytes: int = SQL_MIN_BYTES,
+        purge_memory: bool = False,
     ) -> None:
         self.client = client
+        #: embedded store: hand the engine's freed pages back to the OS after each write
+        self.purge_memory = purge_memory
         self.stager = stager
         self.sql_min_bytes = sql_min_bytes
         self.database = database
@@ -494,6 +498,12 @@ class Ingestor:
                 source=self.source,
             )
         self.timings["store_s"] += time.perf_counter() - t0
+        if self.purge_memory:
+            # jemalloc keeps freed pages for seconds; after a write they are mostly the
+            # write's blocks. Measured in serve: peak RSS 573-612 MB instead of 621-660 for
+            # 200,000 spans, throughput unchanged within the noise (docs/operators.md).
+            with contextlib.suppress(Exception):
+                self.client.command("SYSTEM JEMALLOC PURGE")
         for res in results:
             self._known[res.ingest_batch] = res.chain_hash
             self._chain = res.chain_hash
