@@ -326,8 +326,13 @@ class Ingestor:
                         continue
                     # chDB-decoded requests cost a fixed ~0.1 s per write (query analysis,
                     # one part per table): wait a moment for more of them to share it, and
-                    # longer (to _STAGED_MAX_WAIT_S) while requests are being decoded
-                    got.append(self._queue.get(timeout=_STAGED_WAIT_S))
+                    # longer (to _STAGED_MAX_WAIT_S) while requests are being decoded;
+                    # not at all when none is on its way
+                    got.append(
+                        self._queue.get(timeout=_STAGED_WAIT_S)
+                        if self._staging
+                        else self._queue.get_nowait()
+                    )
                 except queue.Empty:
                     if not self._staging or time.monotonic() >= linger_until:
                         break
