@@ -38,9 +38,8 @@ __all__ = ["SQL_MIN_BYTES", "Ingestor", "StoreUnavailable"]
 log = logging.getLogger("handoffs.ingest")
 _KNOWN_BATCHES = 50_000  # batch ids remembered to keep a retried request off the chain
 _MAX_QUEUED_SPANS = 40_000  # decoded / staged spans held for the writer; then submit waits
-_GROUP_MAX_SPANS = (
-    20_000  # spans per insert: 4x 5,000 (fewer parts: less fixed cost per write and fewer merges)
-)
+# spans per insert: 4x 5,000 (fewer parts: less fixed cost per write and fewer merges)
+_GROUP_MAX_SPANS = 20_000
 _GROUP_MAX_REQUESTS = 64
 #: Smallest protobuf body chDB decodes (ingest._fast); smaller ones go through Python, whose
 #: cost per request is lower: ClickHouse spends ~50-100 ms analysing the decoding query

@@ -64,25 +64,27 @@ def test_merge_nice_option_and_zero_turns_it_off(tmp_path: Path) -> None:
         serve.stop()
 
 
-@pytest.mark.parametrize("value", ["20", "-1"])
-def test_merge_nice_out_of_range_is_a_usage_error(tmp_path: Path, value: str) -> None:
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["--merge-nice", "20"], {}, "--merge-nice must be 0 to 19, got 20"),
+        (["--merge-nice", "-1"], {}, "--merge-nice must be 0 to 19, got -1"),
+        ([], {"HANDOFFS_MERGE_NICE": "abc"}, "HANDOFFS_MERGE_NICE must be an integer, got 'abc'"),
+    ],
+)
+def test_bad_merge_nice_is_a_usage_error(tmp_path: Path, args, env, message) -> None:
+    import os
+
     r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "handoffs",
-            "serve",
-            "--store",
-            f"chdb://{tmp_path}/s",
-            "--merge-nice",
-            value,
-        ],
+        [sys.executable, "-m", "handoffs", "serve", "--store", f"chdb://{tmp_path}/s", *args],
         capture_output=True,
         text=True,
         timeout=60,
+        env={**os.environ, **env},
     )
     assert r.returncode == 2
-    assert f"--merge-nice must be 0 to 19, got {value}" in r.stderr
+    assert r.stderr.strip() == f"handoffs serve: {message}"
+    assert not (tmp_path / "s").exists()  # refused before touching the store
 
 
 def test_embedded_engine_runs_at_most_two_merges_at_once(tmp_path: Path) -> None:
