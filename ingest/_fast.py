@@ -26,7 +26,6 @@ import contextlib
 import itertools
 import queue
 import threading
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from json.encoder import encode_basestring  # type: ignore[attr-defined]
@@ -352,6 +351,17 @@ FROM (
 """
 
 
+#: Ingest queries skip ClickHouse's LLVM JIT. It compiles an expression the third time it
+#: sees it, per distinct expression (the writes' batch-id constants make new ones): in serve
+#: 16 compilations cost ~0.38 s of ~3.5 s of query CPU per 100,000 spans, for string work
+#: that compiled code does not speed up (measured with system.events, bench/ingest_throughput).
+NO_JIT: Final = {
+    "compile_expressions": "0",
+    "compile_aggregate_expressions": "0",
+    "compile_sort_description": "0",
+}
+
+
 def read_settings() -> dict[str, str]:
     """Settings of the decoding query. One request per input block (max_block_size 1: the
     Protobuf reader's rows are whole requests) keeps a query's memory to one request's
@@ -365,6 +375,7 @@ def read_settings() -> dict[str, str]:
         # plan-level optimizations find nothing to do in this projection-only query but
         # cost ~13 ms of its fixed ~60 ms (measured on an empty and a 2x5,000-span input)
         "query_plan_enable_optimizations": "0",
+        **NO_JIT,
     }
 
 
@@ -377,7 +388,6 @@ STAGE_DATABASE: Final = "_handoffs_stage"  # Memory engine: nothing in it outliv
 
 
 _STAGE_THREADS: Final = 2  # one per core: a thread's query runs on one core
-_LINGER_S: Final = 0.05  # how long a decoding batch waits for more requests
 _GROUP_BYTES: Final = 24 << 20  # request bytes decoded by one query (~70,000 spans)
 
 
@@ -408,11 +418,12 @@ class _Pending:
 class Stager:
     """Decodes protobuf requests with chDB (see module doc) into Memory staging tables.
 
-    ClickHouse spends ~50 ms analysing the decoding query whatever its input size, so a
-    thread decodes every request that arrived while it was busy (and for 50 ms more) in one
-    query (group commit, like the spool's fsync): request threads wait for their answer.
-    Two threads: one collects while the other's query runs; the writer runs alongside. `connect` opens a new clickhouse-connect client on the
-    same embedded store; `tmp_dir` holds each query's input file while chDB reads it.
+    ClickHouse spends ~35 ms parsing, analysing and planning the decoding query whatever its
+    input size, so a free thread decodes every request queued at that moment in one query
+    (group commit, like the spool's fsync); request threads wait for their answer. Two
+    threads, one per core; the writer runs alongside. `connect` opens a new
+    clickhouse-connect client on the same embedded store; `tmp_dir` holds each query's input
+    file while chDB reads it.
     """
 
     def __init__(self, connect: Callable[[], Client], tmp_dir: Path) -> None:
@@ -424,8 +435,6 @@ class Stager:
         self._refs: dict[str, int] = {}
         self._n = itertools.count()
         self._threads: list[threading.Thread] = []
-        self._collect = threading.Lock()
-        self._arriving = 0  # requests between submit() and stage(): worth lingering for
         self._drop_client: Client | None = None
         self.fallbacks = 0  # requests this path declined (went through ingest._decode)
         self.staged = 0  # requests it decoded
@@ -448,15 +457,6 @@ class Stager:
             self._threads.append(t)
             t.start()
 
-    def expect(self) -> None:
-        """A request for this path is on its way (its stage() call follows, or arrived())."""
-        with self._lock:
-            self._arriving += 1
-
-    def arrived(self) -> None:
-        with self._lock:
-            self._arriving -= 1
-
     def stage(
         self,
         body: bytes,
@@ -464,19 +464,13 @@ class Stager:
         batch_id: str,
         received_at_ms: int,
         tenant: str,
-        expected: bool = False,
     ) -> Staged | None:
         """Decode `body` into a staging table; None when the request must go the Python way
-        (a span to reject or flag, a value type this path does not encode, bad framing).
-        `expected`: the caller announced it with expect()."""
+        (a span to reject or flag, a value type this path does not encode, bad framing)."""
         if not self._threads:
-            if expected:
-                self.arrived()
             return None
         p = _Pending(body, batch_id, received_at_ms, tenant)
         self._queue.put(p)
-        if expected:
-            self.arrived()
         p.done.wait()
         with self._lock:
             if p.result is None:
@@ -487,31 +481,26 @@ class Stager:
 
     def _run(self, client: Client) -> None:
         while True:
-            # One thread at a time collects a batch, lingering briefly for requests that are
-            # on their way (each query costs ~50 ms whatever its size); the other thread's
-            # query runs meanwhile.
-            with self._collect:
-                first = self._queue.get()
-                if first is None:
-                    return
-                batch = [first]
-                size = len(first.body)
-                deadline = time.monotonic() + _LINGER_S
-                while size < _GROUP_BYTES:
-                    left = deadline - time.monotonic()
-                    try:
-                        nxt = self._queue.get(timeout=max(0.0, min(0.005, left)))
-                    except queue.Empty:
-                        if left <= 0 or self._arriving <= 0:  # nobody else on the way
-                            break
-                        continue
-                    if nxt is None:
-                        self._queue.put(
-                            None
-                        )  # a stop for this thread or the other: after this batch
-                        break
-                    batch.append(nxt)
-                    size += len(nxt.body)
+            # Group commit without waiting: a free thread takes the next request and every
+            # one queued behind it (requests queue while both threads' queries run). It never
+            # lingers for more: with a thread idle that leaves a core idle, and the senders
+            # of the requests it holds wait (measured: lingering 50 ms for the second of two
+            # senders' requests put both into one query on one core, serve used ~1 core).
+            first = self._queue.get()
+            if first is None:
+                return
+            batch = [first]
+            size = len(first.body)
+            while size < _GROUP_BYTES:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    self._queue.put(None)  # a stop for this thread or the other: after this batch
+                    break
+                batch.append(nxt)
+                size += len(nxt.body)
             by_tenant: dict[str, list[_Pending]] = {}
             for p in batch:
                 by_tenant.setdefault(p.tenant, []).append(p)
@@ -550,7 +539,8 @@ class Stager:
                 rows = c.query(
                     f"SELECT IngestBatch, count(), min(ok), sum(is_handoff), "
                     "lower(hex(SHA256(arrayStringConcat(arraySort("
-                    f"groupArrayIf(row_hash, is_handoff)))))) FROM {table} GROUP BY IngestBatch"
+                    f"groupArrayIf(row_hash, is_handoff)))))) FROM {table} GROUP BY IngestBatch "
+                    f"SETTINGS {inline_settings(NO_JIT)}"
                 ).result_rows
             except Exception:
                 rows = []

@@ -210,8 +210,6 @@ class Ingestor:
         batch_id: str,
         received: int,
         seq: int = -1,
-        *,
-        expected: bool = False,
     ) -> _Item:
         """Decode one request: chDB stages it when it can (ingest._fast), else ingest._decode.
 
@@ -220,7 +218,7 @@ class Ingestor:
         """
         if self.stager is not None and self._wants_sql(body, fmt):
             staged = self.stager.stage(
-                body, batch_id=batch_id, received_at_ms=received, tenant=tenant, expected=expected
+                body, batch_id=batch_id, received_at_ms=received, tenant=tenant
             )
             if staged is not None:
                 decoded = DecodedBatch(tenant=tenant, spans=staged.spans)
@@ -235,28 +233,18 @@ class Ingestor:
         Empty requests are acknowledged without touching the spool.
         """
         t0 = time.perf_counter()
-        expected = self._wants_sql(body, fmt)
-        if expected and self.stager is not None:
-            self.stager.expect()  # the stager may wait for this one rather than query without it
         with self._lock:
             self._staging += 1  # the writer may wait for this one (see _run)
         try:
-            return self._submit(body, fmt, tenant=tenant, expected=expected, t0=t0)
+            return self._submit(body, fmt, tenant=tenant, t0=t0)
         finally:
             with self._lock:
                 self._staging -= 1
 
-    def _submit(
-        self, body: bytes, fmt: str, *, tenant: str, expected: bool, t0: float
-    ) -> DecodedBatch:
-        try:
-            batch_id = make_token(tenant, hashlib.sha256(body).hexdigest())
-            received = int(self._clock() * 1000)
-        except BaseException:
-            if expected and self.stager is not None:
-                self.stager.arrived()
-            raise
-        item = self._prepare(body, fmt, tenant, batch_id, received, expected=expected)
+    def _submit(self, body: bytes, fmt: str, *, tenant: str, t0: float) -> DecodedBatch:
+        batch_id = make_token(tenant, hashlib.sha256(body).hexdigest())
+        received = int(self._clock() * 1000)
+        item = self._prepare(body, fmt, tenant, batch_id, received)
         decoded = item.decoded
         t1 = time.perf_counter()
         with self._lock:

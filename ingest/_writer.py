@@ -307,7 +307,7 @@ def write_staged_group(
     dedup tokens. Settings go in each query's own SETTINGS clause: clickhouse-connect's chdb
     backend would wrap per-call settings in extra SET queries. Raises what the client raises.
     """
-    from ingest._fast import OTEL_FROM_STAGE, inline_settings
+    from ingest._fast import NO_JIT, OTEL_FROM_STAGE, inline_settings
     from ingest._fast import sql_string as _quote
 
     if not members:
@@ -323,7 +323,7 @@ def write_staged_group(
 
     def settings(table: str) -> str:
         return inline_settings(
-            {"insert_deduplication_token": f"{token}:{table}", "max_threads": "1"}
+            {"insert_deduplication_token": f"{token}:{table}", "max_threads": "1", **NO_JIT}
         )
 
     client.command(
