@@ -55,6 +55,13 @@ class _HttpError(Exception):
         self.message = message
 
 
+def _int_or_zero(text: str | None) -> int:
+    try:
+        return int(text or 0)
+    except ValueError:
+        return 0
+
+
 def _gunzip(data: bytes, limit: int) -> bytes:
     d = zlib.decompressobj(16 + zlib.MAX_WBITS)
     try:
@@ -129,8 +136,9 @@ class _Handler(BaseHTTPRequestHandler):
                     f"unsupported Content-Type {ctype or '(none)'!r}; "
                     "use application/x-protobuf or application/json",
                 )
-            body = self._body()
-            decoded = self.ingestor.submit(body, fmt, tenant=tenant)
+            with self.ingestor.receiving(fmt, _int_or_zero(self.headers.get("Content-Length"))):
+                body = self._body()
+                decoded = self.ingestor.submit(body, fmt, tenant=tenant)
         except _HttpError as exc:
             self._error(exc.status, exc.message, fmt)
             return

@@ -20,7 +20,7 @@ import queue
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -225,6 +225,18 @@ class Ingestor:
                 return _Item(seq, batch_id, received, decoded, body, fmt, staged)
         decoded = decode_request(body, fmt, tenant=tenant)
         return _Item(seq, batch_id, received, decoded, body, fmt)
+
+    @contextlib.contextmanager
+    def receiving(self, fmt: str, nbytes: int) -> Iterator[None]:
+        """Around reading and submitting one request (the HTTP handler, from its headers): a
+        protobuf body large enough for the chDB decoder is announced to it, so a decoding
+        group about to start waits briefly for this request instead of leaving it for the
+        next query (see ingest._fast.Stager)."""
+        if self.stager is not None and fmt == PROTOBUF and nbytes >= self.sql_min_bytes:
+            with self.stager.incoming():
+                yield
+        else:
+            yield
 
     def submit(self, body: bytes, fmt: str, *, tenant: str) -> DecodedBatch:
         """Decode, validate and durably spool one request; return the decoded batch.

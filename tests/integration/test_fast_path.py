@@ -9,7 +9,9 @@ awkward strings included; requests the SQL path must not take are declined (None
 
 from __future__ import annotations
 
+import contextlib
 import random
+import threading
 from pathlib import Path
 
 import pytest
@@ -160,16 +162,23 @@ def _store_both(
     bodies: list[bytes],
     prefix: str = "batch",
     tenants: list[str] | None = None,
+    pre_staged: list | None = None,
 ) -> list[bool]:
-    """Store each body both ways (as TENANT, or tenants[i]); returns which ones the SQL path took."""
+    """Store each body both ways (as TENANT, or tenants[i]); returns which ones the SQL path
+    took. `pre_staged`: the stager's results for the bodies, staged by the caller (batch ids
+    f"{prefix}-{i}", received at _at(i))."""
     sql_db, py_db = dbs
     taken = []
     chain = {sql_db: GENESIS, py_db: GENESIS}
     for i, body in enumerate(bodies):
         tenant = tenants[i] if tenants else TENANT
         bid = f"{prefix}-{i}"
-        at = 1_764_000_000_000 + i
-        staged = stager.stage(body, batch_id=bid, received_at_ms=at, tenant=tenant)
+        at = _at(i)
+        staged = (
+            pre_staged[i]
+            if pre_staged is not None
+            else stager.stage(body, batch_id=bid, received_at_ms=at, tenant=tenant)
+        )
         taken.append(staged is not None)
         decoded = decode_protobuf(body, tenant=tenant)
         (py,) = write_group(
@@ -201,6 +210,57 @@ def _store_both(
         )
         assert res.chain_hash == py.chain_hash
     return taken
+
+
+def _at(i: int) -> int:
+    return 1_764_000_000_000 + i
+
+
+def _stage_together(stager: Stager, bodies: list[bytes], prefix: str) -> list:
+    """Stage the bodies from one thread each, all announced as incoming first, so the first
+    group waits (stager.linger_s) until every one is inside stage(): one query decodes them."""
+    out: list = [None] * len(bodies)
+
+    def one(i: int) -> None:
+        out[i] = stager.stage(
+            bodies[i], batch_id=f"{prefix}-{i}", received_at_ms=_at(i), tenant=TENANT
+        )
+
+    with contextlib.ExitStack() as announced:
+        for _ in bodies:
+            announced.enter_context(stager.incoming())
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(bodies))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    return out
+
+
+@pytest.mark.parametrize("dir_name", ["stage-grouped", "st{a,b}*?"])
+def test_requests_decoded_together_store_what_python_stores(
+    chdb_client, two_dbs, chdb_path, tmp_path, dir_name
+):
+    """Requests that arrive together are decoded by one query, one input file per request
+    read in parallel (two threads); a stage directory whose name ClickHouse would read as a
+    glob puts its files elsewhere (file() would fail on it). Either way every request is
+    stored as the Python decoder stores it."""
+    spec = StoreSpec(kind="chdb", path=str(chdb_path), database="default")
+    stager = Stager(lambda: connect(spec, database=""), tmp_path / dir_name, linger_s=30.0)
+    stager.setup()
+    try:
+        rng = random.Random(23)
+        bodies = [build(rng, n).SerializeToString() for n in (2, 5, 1, 7)]
+        staged = _stage_together(stager, bodies, "grp")
+        assert stager.queries == 1, f"{stager.queries} decoding queries for 4 requests"
+        assert len({s.table for s in staged}) == 1  # one staging table, shared
+        taken = _store_both(chdb_client, two_dbs, stager, bodies, prefix="grp", pre_staged=staged)
+        assert taken == [True] * 4
+        _assert_same(chdb_client, two_dbs, prefix="grp")
+        assert not list(stager.tmp_dir.glob("*.pb"))  # input files removed
+        assert ("{" in dir_name) == (stager.tmp_dir != tmp_path / dir_name)
+    finally:
+        stager.close()
 
 
 def _tables(client, db: str, prefix: str) -> dict[str, list[tuple]]:
