@@ -488,6 +488,10 @@ class Stager:
             with self._lock:
                 self._incoming -= 1
 
+    def receiving(self) -> bool:
+        """A request announced by incoming() is being received or decoded."""
+        return self._incoming > 0
+
     def _on_the_way(self) -> int:
         return self._incoming - self._inside
 
@@ -632,6 +636,10 @@ class Stager:
             c = self._connect_once()
             for t in gone:
                 c.command(f"DROP TABLE IF EXISTS {t}")
+
+    def new_client(self) -> Client:
+        """Another connection to the same store (the caller closes it)."""
+        return self._connect()
 
     def _connect_once(self) -> Client:
         # DROPs run on the caller's thread (the writer): a client of their own, opened once

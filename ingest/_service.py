@@ -26,7 +26,16 @@ from typing import TYPE_CHECKING, Any
 
 from ingest._decode import PROTOBUF, DecodedBatch, decode_request
 from ingest._spool import Spool
-from ingest._writer import Member, last_chain_hash, make_token, write_group, write_staged_group
+from ingest._writer import (
+    BatchResult,
+    Member,
+    last_chain_hash,
+    make_token,
+    write_group,
+    write_staged_chain,
+    write_staged_data,
+    write_staged_group,
+)
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
@@ -40,6 +49,8 @@ _KNOWN_BATCHES = 50_000  # batch ids remembered to keep a retried request off th
 _MAX_QUEUED_SPANS = 40_000  # decoded / staged spans held for the writer; then submit waits
 # spans per insert: 4x 5,000 (fewer parts: less fixed cost per write and fewer merges)
 _GROUP_MAX_SPANS = 20_000
+_PAIR_MIN_SPANS = 8_000  # a last group smaller than this is written whole (see _halves)
+_PAIR_QUIET_S = 0.03  # ... and one is "last" when no request starts arriving for this long
 _GROUP_MAX_REQUESTS = 64
 #: Smallest protobuf body chDB decodes (ingest._fast); smaller ones go through Python, whose
 #: cost per request is lower: ClickHouse spends ~50-100 ms analysing the decoding query
@@ -129,6 +140,8 @@ class Ingestor:
             "store_errors": 0,
             "parked_batches": 0,
             "writes": 0,
+            "pair_writes": 0,  # last groups written as two halves at once (_write_pair)
+            "pair_fallbacks": 0,  # ... that failed and were written the usual way
         }
         #: cumulative wall seconds per stage (threads overlap): for operators and benchmarks
         self.timings: dict[str, float] = {
@@ -139,6 +152,7 @@ class Ingestor:
         }
         self._lock = threading.Lock()
         self._staging = 0  # requests inside submit(): decoding, spooling or queueing
+        self._client_b: Client | None = None  # _write_pair's second connection
 
     # ------------------------------------------------------------ lifecycle
 
@@ -186,6 +200,10 @@ class Ingestor:
         self._thread.join(timeout)
         drained = not self._thread.is_alive()
         self._stopping.set()
+        if drained and self._client_b is not None:
+            with contextlib.suppress(Exception):
+                self._client_b.close()
+            self._client_b = None
         return drained
 
     def _load_chain(self) -> None:
@@ -393,13 +411,20 @@ class Ingestor:
                 continue
             if len({x.stage is None for x in run}) > 1:  # a replayed group of both kinds
                 run[:] = [self._unstage(x) for x in run]
-            if len(run) == 1:
-                token = run[0].batch_id
-            else:
-                token = make_token("group", *(x.batch_id for x in run))
-                if log_group:
-                    self.spool.log_group([x.seq for x in run])
-            self._write(run, token, retry=True)
+            parts = self._halves(run) if log_group and not regroup else [run]
+            planned = []
+            for part in parts:
+                if len(part) == 1:
+                    token = part[0].batch_id
+                else:
+                    token = make_token("group", *(x.batch_id for x in part))
+                    if log_group:
+                        self.spool.log_group([x.seq for x in part])
+                planned.append((part, token))
+            if len(planned) == 2 and self._write_pair(planned[0], planned[1]):
+                continue
+            for part, token in planned:
+                self._write(part, token, retry=True)
         for it in later:
             with self._lock:
                 self.stats["duplicate_batches"] += 1
@@ -418,6 +443,106 @@ class Ingestor:
         self.stager.release([item.stage])
         decoded = decode_request(item.body, item.fmt, tenant=item.decoded.tenant)
         return replace(item, decoded=decoded, stage=None)
+
+    def _halves(self, run: list[_Item]) -> list[list[_Item]]:
+        """The last chDB-decoded group before the writer goes idle (no request inside
+        submit(), nothing else queued, none arriving for _PAIR_QUIET_S), large enough: two
+        groups, written at once by _write_pair. Their data go in on two cores that would
+        otherwise idle: the time until the last acknowledged requests are stored halves.
+        Otherwise the run as it is (while requests flow, the cores are busy decoding)."""
+        if (
+            self.stager is None
+            or len(run) < 2
+            or any(x.stage is None for x in run)
+            or self._staging
+            or not self._queue.empty()
+            or sum(x.decoded.spans for x in run) < _PAIR_MIN_SPANS
+            or not self._quiet(_PAIR_QUIET_S)
+        ):
+            return [run]
+        total, acc, half = sum(x.decoded.spans for x in run), 0, len(run) - 1
+        for i, x in enumerate(run[:-1], 1):  # the first half: at least half of the spans
+            acc += x.decoded.spans
+            if acc * 2 >= total:
+                half = i
+                break
+        return [run[:half], run[half:]]
+
+    def _quiet(self, seconds: float) -> bool:
+        """True when no request starts arriving for `seconds` (polls)."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if self._staging or (self.stager is not None and self.stager.receiving()):
+                return False
+            time.sleep(0.002)
+        return not self._staging
+
+    def _write_pair(self, a: tuple[list[_Item], str], b: tuple[list[_Item], str]) -> bool:
+        """Write two staged groups' data at once (b's on a second connection), then their
+        chain rows in order. False when any step failed before a's chain rows were written:
+        the caller then writes both the usual way (their tokens make the data that did get
+        in count once). Each group's spool records are committed after its chain rows."""
+        (run_a, token_a), (run_b, token_b) = a, b
+        members_a = [(x.stage, x.received_at_ms) for x in run_a if x.stage is not None]
+        members_b = [(x.stage, x.received_at_ms) for x in run_b if x.stage is not None]
+        t0 = time.perf_counter()
+        try:
+            other = self._second_client()
+        except Exception as exc:  # no second connection: write them one after the other
+            log.warning("second store connection failed, writing in turn: %s", exc)
+            return False
+        failed: list[BaseException] = []
+
+        def data_b() -> None:
+            try:
+                write_staged_data(other, self.database, members_b, token=token_b)
+            except BaseException as exc:
+                failed.append(exc)
+
+        t = threading.Thread(target=data_b, name="ingest-writer-b", daemon=True)
+        t.start()
+        try:
+            write_staged_data(self.client, self.database, members_a, token=token_a)
+        except Exception as exc:
+            failed.append(exc)
+        t.join()
+        if failed:
+            log.warning("parallel write failed, writing in turn: %s", failed[0])
+            with self._lock:
+                self.stats["pair_fallbacks"] += 1
+            return False
+        tenant_a, tenant_b = run_a[0].decoded.tenant, run_b[0].decoded.tenant
+        try:
+            res_a = write_staged_chain(
+                self.client, self.database, members_a, tenant=tenant_a, token=token_a,
+                prev_chain=self._chain, source=self.source,
+            )  # fmt: skip
+        except Exception as exc:
+            log.warning("chain rows failed, writing in turn: %s", exc)
+            with self._lock:
+                self.stats["pair_fallbacks"] += 1
+            return False
+        self._stored(run_a, res_a)
+        try:
+            res_b = write_staged_chain(
+                self.client, self.database, members_b, tenant=tenant_b, token=token_b,
+                prev_chain=self._chain, source=self.source,
+            )  # fmt: skip
+        except Exception as exc:
+            log.warning("chain rows failed, writing the second group again: %s", exc)
+            self._write(run_b, token_b, retry=True)
+            return True
+        self.timings["store_s"] += time.perf_counter() - t0
+        self._stored(run_b, res_b)
+        with self._lock:
+            self.stats["pair_writes"] += 1
+        return True
+
+    def _second_client(self) -> Client:
+        if self._client_b is None:
+            assert self.stager is not None
+            self._client_b = self.stager.new_client()
+        return self._client_b
 
     def _write(self, run: list[_Item], token: str, *, retry: bool) -> None:
         delay = 0.05
@@ -502,6 +627,10 @@ class Ingestor:
                 source=self.source,
             )
         self.timings["store_s"] += time.perf_counter() - t0
+        self._stored(run, results)
+
+    def _stored(self, run: list[_Item], results: list[BatchResult]) -> None:
+        """Bookkeeping after a group's data and chain rows are in the store."""
         if self.purge_memory:
             # jemalloc keeps freed pages for seconds; after a write they are mostly the
             # write's blocks. Measured in serve: peak RSS 573-612 MB instead of 621-660 for

@@ -29,6 +29,8 @@ __all__ = [
     "make_token",
     "write_batch",
     "write_group",
+    "write_staged_chain",
+    "write_staged_data",
     "write_staged_group",
 ]
 
@@ -306,12 +308,34 @@ def write_staged_group(
     the same requests; the copies run inside ClickHouse (INSERT ... SELECT), with the same
     dedup tokens. Settings go in each query's own SETTINGS clause: clickhouse-connect's chdb
     backend would wrap per-call settings in extra SET queries. Raises what the client raises.
+    Two steps: write_staged_data, then write_staged_chain (which must follow the previous
+    group's chain rows).
     """
-    from ingest._fast import NO_JIT, OTEL_FROM_STAGE, inline_settings
+    write_staged_data(client, database, members, token=token)
+    return write_staged_chain(
+        client, database, members, tenant=tenant, token=token, prev_chain=prev_chain, source=source
+    )
+
+
+def _staged_settings(token: str, table: str) -> str:
+    from ingest._fast import NO_JIT, inline_settings
+
+    return inline_settings(
+        {"insert_deduplication_token": f"{token}:{table}", "max_threads": "1", **NO_JIT}
+    )
+
+
+def write_staged_data(
+    client: Client, database: str, members: Sequence[tuple[Staged, int]], *, token: str
+) -> None:
+    """The spans and ledger rows of a staged group (otel_traces, whose materialized views
+    fill the handoff tables, and transition_ledger). Idempotent under `token`; independent
+    of other groups, so two groups' data may be written at once (see write_staged_chain)."""
+    from ingest._fast import OTEL_FROM_STAGE
     from ingest._fast import sql_string as _quote
 
     if not members:
-        raise ValueError("write_staged_group: no members")
+        raise ValueError("write_staged_data: no members")
     by_table: dict[str, list[str]] = {}
     for st, _ in members:
         by_table.setdefault(st.table, []).append(st.batch_id)
@@ -320,22 +344,34 @@ def write_staged_group(
         for table, bids in by_table.items()
     )
     cols = ", ".join(OTEL_FROM_STAGE)
-
-    def settings(table: str) -> str:
-        return inline_settings(
-            {"insert_deduplication_token": f"{token}:{table}", "max_threads": "1", **NO_JIT}
-        )
-
     client.command(
-        f"INSERT INTO {database}.otel_traces ({cols}) SETTINGS {settings('otel_traces')} "
-        f"SELECT {cols} FROM ({union})"
+        f"INSERT INTO {database}.otel_traces ({cols}) "
+        f"SETTINGS {_staged_settings(token, 'otel_traces')} SELECT {cols} FROM ({union})"
     )
     client.command(
         f"INSERT INTO {database}.transition_ledger ({', '.join(_LEDGER_COLUMNS)}) "
-        f"SETTINGS {settings('transition_ledger')} "
+        f"SETTINGS {_staged_settings(token, 'transition_ledger')} "
         "SELECT Tenant, handoff_id, SpanId, TraceId, row_hash, IngestBatch, ingested_at "
         f"FROM ({union}) WHERE is_handoff"
     )
+
+
+def write_staged_chain(
+    client: Client,
+    database: str,
+    members: Sequence[tuple[Staged, int]],
+    *,
+    tenant: str,
+    token: str,
+    prev_chain: str,
+    source: str,
+) -> list[BatchResult]:
+    """The ingest_batches rows of a staged group, linked from `prev_chain`. Write them only
+    after the group's data (write_staged_data) and the previous group's chain rows: a chain
+    row without its data, or ahead of its predecessor, would break verification after a
+    crash."""
+    from ingest._fast import sql_string as _quote
+
     values: list[str] = []
     results: list[BatchResult] = []
     link = prev_chain
@@ -365,6 +401,6 @@ def write_staged_group(
         link = ch
     client.command(
         f"INSERT INTO {database}.ingest_batches ({', '.join(_BATCH_COLUMNS)}) "
-        f"SETTINGS {settings('ingest_batches')} VALUES {', '.join(values)}"
+        f"SETTINGS {_staged_settings(token, 'ingest_batches')} VALUES {', '.join(values)}"
     )
     return results

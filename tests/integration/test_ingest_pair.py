@@ -1,0 +1,118 @@
+"""The last large chDB-decoded group before the writer goes idle is written as two groups at
+once, on two connections (ingest._service.Ingestor._write_pair): every span stored once and
+the hash chain intact; when a half fails, both are written the usual way, still once."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import ingest._service as service
+from handoffs.store import StoreSpec, connect
+from ingest._decode import PROTOBUF
+from ingest._fast import Stager
+from ingest._service import Ingestor
+from ingest._spool import Spool
+from ingest._verify import verify_chain
+from ingest.testing import request_protobuf, span_json, transition
+
+_PER_REQUEST = 2_500  # 4 requests: 10,000 spans, above _PAIR_MIN_SPANS
+
+
+def _body(k: int) -> bytes:
+    now = time.time_ns()
+    spans = [
+        span_json(
+            trace_id=f"{k + 1:08x}{i + 1:024x}",
+            span_id=f"{k + 1:08x}{i + 1:08x}",
+            attributes=transition(f"h-pair-{k}-{i}", "create", "", "created"),
+            start_ns=now + i,
+        )
+        for i in range(_PER_REQUEST)
+    ]
+    return request_protobuf(spans)
+
+
+@pytest.fixture(scope="module")
+def bodies() -> list[bytes]:
+    return [_body(k) for k in range(4)]
+
+
+@pytest.fixture
+def ingestor(chdb_client, chdb_path: Path, tmp_path: Path, fresh_db: str):
+    spec = StoreSpec(kind="chdb", path=str(chdb_path), database="default")
+    stager = Stager(lambda: connect(spec, database=""), tmp_path / "stage")
+    ing = Ingestor(
+        chdb_client,
+        fresh_db,
+        Spool(tmp_path / "spool", max_bytes=1 << 30),
+        stager=stager,
+        sql_min_bytes=1,
+    )
+    ing.start()
+    yield ing
+    ing.stop()
+    stager.close()
+
+
+def _submit_together(ing: Ingestor, bodies: list[bytes]) -> None:
+    """All at once: the writer lingers while they are inside submit() and takes them as one
+    group; nothing follows, so that group is the last before it goes idle."""
+    barrier = threading.Barrier(len(bodies))
+    errors: list[BaseException] = []
+
+    def one(body: bytes) -> None:
+        barrier.wait()
+        try:
+            ing.submit(body, PROTOBUF, tenant="default")
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(b,)) for b in bodies]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert ing.wait_idle(60)
+
+
+def _assert_stored_once(client, db: str, batches: int) -> None:
+    total = batches * _PER_REQUEST
+    spans = client.query(f"SELECT count(), uniqExact(SpanId) FROM {db}.otel_traces").result_rows
+    ledger = client.query(f"SELECT count() FROM {db}.transition_ledger").result_rows
+    assert spans == [(total, total)] and ledger == [(total,)]
+    report = verify_chain(client, db)
+    assert report.ok and report.batches == batches and len(report.heads) == 1, report
+
+
+def test_last_group_is_written_as_two_halves_at_once(chdb_client, fresh_db, ingestor, bodies):
+    _submit_together(ingestor, bodies)
+    assert ingestor.stager is not None and ingestor.stager.staged == 4  # decoded by chDB
+    assert (ingestor.stats["pair_writes"], ingestor.stats["pair_fallbacks"]) == (1, 0)
+    assert ingestor.stats["writes"] == 2  # the two halves, each its own group and token
+    _assert_stored_once(chdb_client, fresh_db, 4)
+
+
+def test_a_failed_half_is_written_again_the_usual_way(
+    chdb_client, fresh_db, ingestor, bodies, monkeypatch
+):
+    real = service.write_staged_data
+    failed: list[int] = []
+
+    def second_connection_fails_once(client, *args, **kwargs):
+        if client is not ingestor.client and not failed:
+            failed.append(1)
+            # the half's data goes in, then the connection drops before the answer arrives
+            real(client, *args, **kwargs)
+            raise ConnectionError("connection reset by peer")
+        return real(client, *args, **kwargs)
+
+    monkeypatch.setattr(service, "write_staged_data", second_connection_fails_once)
+    _submit_together(ingestor, bodies)
+    assert failed == [1]
+    assert (ingestor.stats["pair_writes"], ingestor.stats["pair_fallbacks"]) == (0, 1)
+    _assert_stored_once(chdb_client, fresh_db, 4)
