@@ -50,6 +50,7 @@ _MAX_QUEUED_SPANS = 40_000  # decoded / staged spans held for the writer; then s
 # spans per insert: 4x 5,000 (fewer parts: less fixed cost per write and fewer merges)
 _GROUP_MAX_SPANS = 20_000
 _PAIR_MIN_SPANS = 8_000  # a last group smaller than this is written whole (see _halves)
+_PURGE_EVERY_S = 5.0  # see Ingestor._maybe_purge
 _PAIR_QUIET_S = 0.03  # ... and one is "last" when no request starts arriving for this long
 _GROUP_MAX_REQUESTS = 64
 #: Smallest protobuf body chDB decodes (ingest._fast); smaller ones go through Python, whose
@@ -153,6 +154,7 @@ class Ingestor:
         self._lock = threading.Lock()
         self._staging = 0  # requests inside submit(): decoding, spooling or queueing
         self._client_b: Client | None = None  # _write_pair's second connection
+        self._purged_at = time.monotonic()  # see _maybe_purge
 
     # ------------------------------------------------------------ lifecycle
 
@@ -358,6 +360,7 @@ class Ingestor:
             try:
                 if items:
                     self._write_items(items)
+                    self._maybe_purge()
             except Exception as exc:  # only when stopping: the records stay spooled for replay
                 log.error("writer stopped, %d request(s) kept in the spool: %s", len(items), exc)
                 stop = True
@@ -443,6 +446,24 @@ class Ingestor:
         self.stager.release([item.stage])
         decoded = decode_request(item.body, item.fmt, tenant=item.decoded.tenant)
         return replace(item, decoded=decoded, stage=None)
+
+    def _maybe_purge(self) -> None:
+        """Hand the engine's freed pages back to the OS (SYSTEM JEMALLOC PURGE) when no
+        request is on its way, at most every _PURGE_EVERY_S. jemalloc keeps freed pages for
+        seconds; after writes they are mostly the writes' blocks. Not after every write:
+        the next write faults the pages back in (measured: purging after each write cost
+        ~18% of serve's CPU per span, bench/ingest_throughput.py, 2 senders)."""
+        now = time.monotonic()
+        if (
+            not self.purge_memory
+            or now - self._purged_at < _PURGE_EVERY_S
+            or self._staging
+            or not self._queue.empty()
+        ):
+            return
+        self._purged_at = now
+        with contextlib.suppress(Exception):
+            self.client.command("SYSTEM JEMALLOC PURGE")
 
     def _halves(self, run: list[_Item]) -> list[list[_Item]]:
         """The last chDB-decoded group before the writer goes idle (no request inside
@@ -631,12 +652,6 @@ class Ingestor:
 
     def _stored(self, run: list[_Item], results: list[BatchResult]) -> None:
         """Bookkeeping after a group's data and chain rows are in the store."""
-        if self.purge_memory:
-            # jemalloc keeps freed pages for seconds; after a write they are mostly the
-            # write's blocks. Measured in serve: peak RSS 573-612 MB instead of 621-660 for
-            # 200,000 spans, throughput unchanged within the noise (docs/operators.md).
-            with contextlib.suppress(Exception):
-                self.client.command("SYSTEM JEMALLOC PURGE")
         for res in results:
             self._known[res.ingest_batch] = res.chain_hash
             self._chain = res.chain_hash

@@ -116,3 +116,44 @@ def test_a_failed_half_is_written_again_the_usual_way(
     assert failed == [1]
     assert (ingestor.stats["pair_writes"], ingestor.stats["pair_fallbacks"]) == (0, 1)
     _assert_stored_once(chdb_client, fresh_db, 4)
+
+
+def _purges(client) -> int:
+    rows = client.query(
+        "SELECT value FROM system.events WHERE event = 'MemoryAllocatorPurge'"
+    ).result_rows
+    return int(rows[0][0]) if rows else 0
+
+
+def test_freed_memory_is_purged_when_quiet_at_most_every_interval(
+    chdb_client, fresh_db, tmp_path, bodies, monkeypatch
+):
+    """SYSTEM JEMALLOC PURGE after a write only when no request is on its way and the last
+    purge is _PURGE_EVERY_S old: not after every write, whose next write would fault the
+    pages back in."""
+    ing = Ingestor(
+        chdb_client, fresh_db, Spool(tmp_path / "spool", max_bytes=1 << 30), purge_memory=True
+    )
+    ing._purged_at -= service._PURGE_EVERY_S  # as if the last purge was long ago
+    ing.start()
+    try:
+        before = _purges(chdb_client)
+        ing.submit(bodies[0], PROTOBUF, tenant="default")
+        assert ing.wait_idle(60)
+        after_first = _purges(chdb_client)
+        assert after_first >= before + 1  # quiet, and none for a while: purged
+        purged_at = ing._purged_at
+        ing.submit(bodies[1], PROTOBUF, tenant="default")
+        assert ing.wait_idle(60)
+        assert ing.stats["writes"] == 2
+        assert ing._purged_at == purged_at  # the second write came within the interval
+    finally:
+        ing.stop()
+    monkeypatch.setattr(service, "_PURGE_EVERY_S", 0.0)
+    ing._purged_at = 0.0
+    ing._staging = 1  # a request on its way: the writer does not purge
+    ing._maybe_purge()
+    assert ing._purged_at == 0.0
+    ing._staging = 0
+    ing._maybe_purge()
+    assert ing._purged_at > 0.0
