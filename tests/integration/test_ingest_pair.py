@@ -1,6 +1,7 @@
 """The last large chDB-decoded group before the writer goes idle is written as two groups at
 once, on two connections (ingest._service.Ingestor._write_pair): every span stored once and
-the hash chain intact; when a half fails, both are written the usual way, still once."""
+the hash chain intact; when a half fails, both are written the usual way, still once. And
+the writer's memory purge: only when quiet, at most every _PURGE_EVERY_S."""
 
 from __future__ import annotations
 
