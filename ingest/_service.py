@@ -16,6 +16,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
 import queue
 import threading
 import time
@@ -51,6 +52,20 @@ _MAX_QUEUED_SPANS = 40_000  # decoded / staged spans held for the writer; then s
 _GROUP_MAX_SPANS = 20_000
 _PAIR_MIN_SPANS = 8_000  # a last group smaller than this is written whole (see _halves)
 _PURGE_EVERY_S = 5.0  # see Ingestor._maybe_purge
+_PURGE_MIN_GAP_S = 0.5
+_PURGE_ABOVE_BYTES = 440 << 20
+
+
+def _rss_bytes() -> int:
+    """This process's resident set (Linux /proc; 0 elsewhere)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _PAIR_QUIET_S = 0.03  # ... and one is "last" when no request starts arriving for this long
 _GROUP_MAX_REQUESTS = 64
 #: Smallest protobuf body chDB decodes (ingest._fast); smaller ones go through Python, whose
@@ -448,17 +463,19 @@ class Ingestor:
         return replace(item, decoded=decoded, stage=None)
 
     def _maybe_purge(self) -> None:
-        """Hand the engine's freed pages back to the OS (SYSTEM JEMALLOC PURGE) when no
-        request is on its way, at most every _PURGE_EVERY_S. jemalloc keeps freed pages for
-        seconds; after writes they are mostly the writes' blocks. Not after every write:
-        the next write faults the pages back in (measured: purging after each write cost
-        ~18% of serve's CPU per span, bench/ingest_throughput.py, 2 senders)."""
+        """Hand the engine's freed pages back to the OS (SYSTEM JEMALLOC PURGE) after a write
+        when no request is on its way and the last purge is _PURGE_EVERY_S old, or, under
+        load, when serve's RSS passed _PURGE_ABOVE_BYTES (at most every _PURGE_MIN_GAP_S).
+        jemalloc keeps freed pages for seconds; after writes they are mostly the writes'
+        blocks. Not after every write: the next write faults the pages back in (measured:
+        purging after each write cost ~18% of serve's CPU per span, 2 senders)."""
+        if not self.purge_memory:
+            return
         now = time.monotonic()
-        if (
-            not self.purge_memory
-            or now - self._purged_at < _PURGE_EVERY_S
-            or self._staging
-            or not self._queue.empty()
+        since = now - self._purged_at
+        quiet = not self._staging and self._queue.empty()
+        if not (since >= _PURGE_EVERY_S and quiet) and not (
+            since >= _PURGE_MIN_GAP_S and _rss_bytes() >= _PURGE_ABOVE_BYTES
         ):
             return
         self._purged_at = now

@@ -1,7 +1,8 @@
 """The last large chDB-decoded group before the writer goes idle is written as two groups at
 once, on two connections (ingest._service.Ingestor._write_pair): every span stored once and
 the hash chain intact; when a half fails, both are written the usual way, still once. And
-the writer's memory purge: only when quiet, at most every _PURGE_EVERY_S."""
+the writer's memory purge: when quiet at most every _PURGE_EVERY_S, under load only above
+_PURGE_ABOVE_BYTES of RSS."""
 
 from __future__ import annotations
 
@@ -151,10 +152,18 @@ def test_freed_memory_is_purged_when_quiet_at_most_every_interval(
     finally:
         ing.stop()
     monkeypatch.setattr(service, "_PURGE_EVERY_S", 0.0)
+    monkeypatch.setattr(service, "_PURGE_ABOVE_BYTES", 1 << 60)
     ing._purged_at = 0.0
     ing._staging = 1  # a request on its way: the writer does not purge
     ing._maybe_purge()
     assert ing._purged_at == 0.0
-    ing._staging = 0
+    # ... unless serve's RSS passed _PURGE_ABOVE_BYTES
+    monkeypatch.setattr(service, "_PURGE_ABOVE_BYTES", 1 << 20)
+    assert service._rss_bytes() > 1 << 20
     ing._maybe_purge()
+    assert ing._purged_at > 0.0
+    ing._purged_at = 0.0
+    ing._staging = 0
+    monkeypatch.setattr(service, "_PURGE_ABOVE_BYTES", 1 << 60)
+    ing._maybe_purge()  # quiet: purged
     assert ing._purged_at > 0.0
