@@ -133,6 +133,7 @@ def test_freed_memory_is_purged_when_quiet_at_most_every_interval(
     """SYSTEM JEMALLOC PURGE after a write only when no request is on its way and the last
     purge is _PURGE_EVERY_S old: not after every write, whose next write would fault the
     pages back in."""
+    monkeypatch.setattr(service, "_PURGE_ABOVE_BYTES", 1 << 60)  # not this process's RSS
     ing = Ingestor(
         chdb_client, fresh_db, Spool(tmp_path / "spool", max_bytes=1 << 30), purge_memory=True
     )
@@ -152,7 +153,6 @@ def test_freed_memory_is_purged_when_quiet_at_most_every_interval(
     finally:
         ing.stop()
     monkeypatch.setattr(service, "_PURGE_EVERY_S", 0.0)
-    monkeypatch.setattr(service, "_PURGE_ABOVE_BYTES", 1 << 60)
     ing._purged_at = 0.0
     ing._staging = 1  # a request on its way: the writer does not purge
     ing._maybe_purge()
