@@ -353,14 +353,18 @@ FROM (
 """
 
 
-#: Ingest queries skip ClickHouse's LLVM JIT. It compiles an expression the third time it
-#: sees it, per distinct expression (the writes' batch-id constants make new ones): in serve
-#: 16 compilations cost ~0.38 s of ~3.5 s of query CPU per 100,000 spans, for string work
-#: that compiled code does not speed up (measured with system.events, bench/ingest_throughput).
-NO_JIT: Final = {
+#: Settings of every ingest query (decoding, summary, writes; the materialized views run
+#: with their insert's). No LLVM JIT: ClickHouse compiles an expression the third time it sees
+#: it, per distinct expression (the writes' batch-id constants make new ones): in serve 16
+#: compilations cost ~0.38 s of ~3.5 s of query CPU per 100,000 spans, for string work that
+#: compiled code does not speed up. No AND-chain comparison inference: an analyser pass that
+#: finds nothing to do here and cost ~11 ms of the decoding query's ~33 ms of analysis
+#: (measured with system.events, bench/ingest_throughput.py; chDB 26.9).
+LEAN: Final = {
     "compile_expressions": "0",
     "compile_aggregate_expressions": "0",
     "compile_sort_description": "0",
+    "optimize_and_compare_chain": "0",
 }
 
 
@@ -377,7 +381,7 @@ def read_settings() -> dict[str, str]:
         # plan-level optimizations find nothing to do in this projection-only query but
         # cost ~13 ms of its fixed ~60 ms (measured on an empty and a 2x5,000-span input)
         "query_plan_enable_optimizations": "0",
-        **NO_JIT,
+        **LEAN,
     }
 
 
@@ -601,7 +605,7 @@ class Stager:
                     f"SELECT IngestBatch, count(), min(ok), sum(is_handoff), "
                     "lower(hex(SHA256(arrayStringConcat(arraySort("
                     f"groupArrayIf(row_hash, is_handoff)))))) FROM {table} GROUP BY IngestBatch "
-                    f"SETTINGS {inline_settings(NO_JIT)}"
+                    f"SETTINGS {inline_settings(LEAN)}"
                 ).result_rows
             except Exception:
                 rows = []

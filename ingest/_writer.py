@@ -318,10 +318,10 @@ def write_staged_group(
 
 
 def _staged_settings(token: str, table: str) -> str:
-    from ingest._fast import NO_JIT, inline_settings
+    from ingest._fast import LEAN, inline_settings
 
     return inline_settings(
-        {"insert_deduplication_token": f"{token}:{table}", "max_threads": "1", **NO_JIT}
+        {"insert_deduplication_token": f"{token}:{table}", "max_threads": "1", **LEAN}
     )
 
 
