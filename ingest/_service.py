@@ -483,17 +483,17 @@ class Ingestor:
             self.client.command("SYSTEM JEMALLOC PURGE")
 
     def _halves(self, run: list[_Item]) -> list[list[_Item]]:
-        """The last chDB-decoded group before the writer goes idle (no request inside
-        submit(), nothing else queued, none arriving for _PAIR_QUIET_S), large enough: two
-        groups, written at once by _write_pair. Their data go in on two cores that would
-        otherwise idle: the time until the last acknowledged requests are stored halves.
-        Otherwise the run as it is (while requests flow, the cores are busy decoding)."""
+        """A chDB-decoded group written while no request arrives (none inside submit(),
+        none arriving for _PAIR_QUIET_S), large enough: two groups, written at once by
+        _write_pair. Their data go in on two cores that would otherwise idle: the time until
+        the last acknowledged requests are stored halves (groups still queued after this one
+        are split too). Otherwise the run as it is (while requests flow, the cores are busy
+        decoding them)."""
         if (
             self.stager is None
             or len(run) < 2
             or any(x.stage is None for x in run)
             or self._staging
-            or not self._queue.empty()
             or sum(x.decoded.spans for x in run) < _PAIR_MIN_SPANS
             or not self._quiet(_PAIR_QUIET_S)
         ):
