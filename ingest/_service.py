@@ -56,6 +56,11 @@ _PURGE_MIN_GAP_S = 0.5
 _PURGE_ABOVE_BYTES = 440 << 20
 
 
+def _members(run: list[_Item]) -> list[tuple[Staged, int]]:
+    """(staged request, received_at_ms) of a run's chDB-decoded requests, in order."""
+    return [(x.stage, x.received_at_ms) for x in run if x.stage is not None]
+
+
 def _rss_bytes() -> int:
     """This process's resident set (Linux /proc; 0 elsewhere)."""
     try:
@@ -521,8 +526,6 @@ class Ingestor:
         the caller then writes both the usual way (their tokens make the data that did get
         in count once). Each group's spool records are committed after its chain rows."""
         (run_a, token_a), (run_b, token_b) = a, b
-        members_a = [(x.stage, x.received_at_ms) for x in run_a if x.stage is not None]
-        members_b = [(x.stage, x.received_at_ms) for x in run_b if x.stage is not None]
         t0 = time.perf_counter()
         try:
             other = self._second_client()
@@ -531,41 +534,29 @@ class Ingestor:
             return False
         failed: list[BaseException] = []
 
-        def data_b() -> None:
+        def data(client: Client, run: list[_Item], token: str) -> None:
             try:
-                write_staged_data(other, self.database, members_b, token=token_b)
+                write_staged_data(client, self.database, _members(run), token=token)
             except BaseException as exc:
                 failed.append(exc)
 
-        t = threading.Thread(target=data_b, name="ingest-writer-b", daemon=True)
+        t = threading.Thread(
+            target=data, args=(other, run_b, token_b), name="ingest-writer-b", daemon=True
+        )
         t.start()
-        try:
-            write_staged_data(self.client, self.database, members_a, token=token_a)
-        except Exception as exc:
-            failed.append(exc)
+        data(self.client, run_a, token_a)
         t.join()
-        if failed:
-            log.warning("parallel write failed, writing in turn: %s", failed[0])
-            with self._lock:
-                self.stats["pair_fallbacks"] += 1
-            return False
-        tenant_a, tenant_b = run_a[0].decoded.tenant, run_b[0].decoded.tenant
         try:
-            res_a = write_staged_chain(
-                self.client, self.database, members_a, tenant=tenant_a, token=token_a,
-                prev_chain=self._chain, source=self.source,
-            )  # fmt: skip
+            if failed:
+                raise failed[0]
+            self._stored(run_a, self._chain_rows(run_a, token_a))
         except Exception as exc:
-            log.warning("chain rows failed, writing in turn: %s", exc)
+            log.warning("parallel write failed, writing in turn: %s", exc)
             with self._lock:
                 self.stats["pair_fallbacks"] += 1
             return False
-        self._stored(run_a, res_a)
         try:
-            res_b = write_staged_chain(
-                self.client, self.database, members_b, tenant=tenant_b, token=token_b,
-                prev_chain=self._chain, source=self.source,
-            )  # fmt: skip
+            res_b = self._chain_rows(run_b, token_b)
         except Exception as exc:
             log.warning("chain rows failed, writing the second group again: %s", exc)
             self._write(run_b, token_b, retry=True)
@@ -575,6 +566,13 @@ class Ingestor:
         with self._lock:
             self.stats["pair_writes"] += 1
         return True
+
+    def _chain_rows(self, run: list[_Item], token: str) -> list[BatchResult]:
+        """The ingest_batches rows of a staged run whose data are stored, from the chain head."""
+        return write_staged_chain(
+            self.client, self.database, _members(run), tenant=run[0].decoded.tenant,
+            token=token, prev_chain=self._chain, source=self.source,
+        )  # fmt: skip
 
     def _second_client(self) -> Client:
         if self._client_b is None:
@@ -643,7 +641,7 @@ class Ingestor:
     def _write_once(self, run: list[_Item], token: str) -> None:
         t0 = time.perf_counter()
         if run[0].stage is not None:
-            members = [(x.stage, x.received_at_ms) for x in run if x.stage is not None]
+            members = _members(run)
             if len(members) != len(run):  # _write_items unstages mixed runs; never drop one
                 raise RuntimeError("a staged write group holds a request that is not staged")
             results = write_staged_group(
