@@ -111,6 +111,49 @@ def test_truncated_protobuf_is_400(serve):
     assert "not a valid OTLP ExportTraceServiceRequest protobuf" in _status(r).message
 
 
+def _raw_post(serve, head: bytes, body: bytes) -> tuple[int, bytes]:
+    """A hand-made HTTP/1.1 POST (what requests would never send); returns status, body."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", serve.otlp_port), timeout=30) as s:
+        s.sendall(
+            b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
+            b"Authorization: Bearer tok-acme\r\nConnection: close\r\n" + head + b"\r\n" + body
+        )
+        s.shutdown(socket.SHUT_WR)  # the body ends here, whatever Content-Length said
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    status = int(data.split(b" ", 2)[1])
+    return status, data.split(b"\r\n\r\n", 1)[1]
+
+
+def test_bad_content_length_is_4xx_and_nothing_is_lost(serve, ch):
+    """Content-Length is read twice (the handler announces a large protobuf body to the chDB
+    decoder from its headers): missing, not a number or longer than the body each get a clear
+    4xx, and the next request is stored as usual."""
+    body = request_protobuf([_span(transition("h-cl", "create", "", "created"))])
+    status, out = _raw_post(serve, b"", body)
+    assert status == 411 and "Content-Length is required" in _status_of(out)
+    status, out = _raw_post(serve, b"Content-Length: abc\r\n", body)
+    assert status == 400 and "bad Content-Length 'abc'" in _status_of(out)
+    status, out = _raw_post(serve, f"Content-Length: {len(body) + 500}\r\n".encode(), body)
+    assert status == 400 and f"body truncated: got {len(body)} of {len(body) + 500}" in _status_of(
+        out
+    )
+    spans = [_span(transition("h-cl-ok", "create", "", "created")) for _ in range(3)]
+    r = _post(serve, request_protobuf(spans), {**PB, **ACME})
+    assert r.status_code == 200 and not ExportTraceServiceResponse.FromString(r.content).HasField(
+        "partial_success"
+    )
+    ACKED.extend(s["spanId"] for s in spans)
+    assert serve.health()["status"] == "ok"
+
+
+def _status_of(body: bytes) -> str:
+    return status_pb2.Status.FromString(body).message
+
+
 def test_wrong_json_shape_is_400_naming_the_path(serve):
     r = _post(serve, json.dumps({"resourceSpans": [{"scopeSpans": {"spans": []}}]}), {**JS, **ACME})
     assert r.status_code == 400
