@@ -427,7 +427,7 @@ class _Pending:
 class Stager:
     """Decodes protobuf requests with chDB (see module doc) into Memory staging tables.
 
-    ClickHouse spends ~35 ms parsing, analysing and planning the decoding query whatever its
+    ClickHouse spends ~45 ms parsing, analysing and planning the decoding query whatever its
     input size, so a free thread decodes every request queued at that moment in one query
     (group commit, like the spool's fsync); request threads wait for their answer. Two
     threads, one per core; the writer runs alongside. `connect` opens a new
