@@ -263,6 +263,55 @@ def test_requests_decoded_together_store_what_python_stores(
         stager.close()
 
 
+def test_closed_loop_senders_fall_into_step_and_share_a_query(chdb_path, tmp_path):
+    """After a round in which two senders' requests shared a query, a request that finds no
+    other waits (up to linger_s) for its partner even before the partner is announced, and
+    the two share one query again. A lone sender's requests never wait: linger_s is 30 s
+    here, each of its requests is decoded at once."""
+    import time
+
+    spec = StoreSpec(kind="chdb", path=str(chdb_path), database="default")
+    stager = Stager(lambda: connect(spec, database=""), tmp_path / "stage-step", linger_s=30.0)
+    stager.setup()
+    try:
+        rng = random.Random(31)
+        lone = [build(rng, 3).SerializeToString() for _ in range(2)]
+        t0 = time.monotonic()
+        for i, body in enumerate(lone):
+            staged = stager.stage(body, batch_id=f"lone-{i}", received_at_ms=_at(i), tenant=TENANT)
+            assert staged is not None
+            stager.release([staged])
+        assert time.monotonic() - t0 < 20, "a lone sender's request waited for a partner"
+        assert stager.queries == 2
+
+        pair = _stage_together(stager, [build(rng, 4).SerializeToString() for _ in range(2)], "p")
+        assert stager.queries == 3 and pair[0].table == pair[1].table
+        stager.release(pair)
+
+        bodies = [build(rng, n).SerializeToString() for n in (5, 2)]
+        out: list = [None, None]
+
+        def one(i: int) -> None:
+            out[i] = stager.stage(
+                bodies[i], batch_id=f"step-{i}", received_at_ms=_at(i), tenant=TENANT
+            )
+
+        first = threading.Thread(target=one, args=(0,))
+        first.start()
+        time.sleep(0.5)  # the partner arrives later, unannounced
+        second = threading.Thread(target=one, args=(1,))
+        second.start()
+        first.join(60)
+        second.join(60)
+        assert out[0] is not None and out[1] is not None
+        assert stager.queries == 4, "the two requests were decoded by separate queries"
+        assert out[0].table == out[1].table
+        assert [o.spans for o in out] == [decode_protobuf(b, tenant=TENANT).spans for b in bodies]
+        stager.release(out)
+    finally:
+        stager.close()
+
+
 def _tables(client, db: str, prefix: str) -> dict[str, list[tuple]]:
     q = {
         "otel_traces": "SELECT * EXCEPT (InsertedAt) FROM {db}.otel_traces "
