@@ -163,6 +163,8 @@ class Ingestor:
             "writes": 0,
             "pair_writes": 0,  # last groups written as two halves at once (_write_pair)
             "pair_fallbacks": 0,  # ... that failed and were written the usual way
+            # requests stored alongside a write that was running when they arrived
+            "overlapped_writes": 0,
         }
         #: cumulative wall seconds per stage (threads overlap): for operators and benchmarks
         self.timings: dict[str, float] = {
@@ -174,6 +176,7 @@ class Ingestor:
         self._lock = threading.Lock()
         self._staging = 0  # requests inside submit(): decoding, spooling or queueing
         self._client_b: Client | None = None  # _write_pair's second connection
+        self._taken: list[_Item] = []  # requests _write_overlapping took off the queue
         self._purged_at = time.monotonic()  # see _maybe_purge
 
     # ------------------------------------------------------------ lifecycle
@@ -385,6 +388,11 @@ class Ingestor:
                 log.error("writer stopped, %d request(s) kept in the spool: %s", len(items), exc)
                 stop = True
             finally:
+                # requests a write took from the queue meanwhile (_write_overlapping) are
+                # done (stored, or kept in the spool when stopping) with this round's
+                got += self._taken
+                items += self._taken
+                self._taken = []
                 with self._room:
                     self._queued_spans -= sum(x.decoded.spans for x in items)
                     self._room.notify_all()
@@ -445,6 +453,9 @@ class Ingestor:
                         self.spool.log_group([x.seq for x in part])
                 planned.append((part, token))
             if len(planned) == 2 and self._write_pair(planned[0], planned[1]):
+                continue
+            if len(planned) == 1 and log_group and not regroup and run is runs[-1]:
+                self._write_overlapping(*planned[0])
                 continue
             for part, token in planned:
                 self._write(part, token, retry=True)
@@ -519,6 +530,103 @@ class Ingestor:
                 return False
             time.sleep(0.002)
         return not self._staging
+
+    def _write_overlapping(self, run: list[_Item], token: str) -> None:
+        """Write a chDB-decoded group; should requests arrive meanwhile and then none for
+        _PAIR_QUIET_S (the end of a burst), take them off the queue (self._taken) and write
+        their data at once on the second connection, chain rows after this group's (as
+        _write_pair). Before, they waited for this write to end: the last acknowledged
+        requests were stored one whole write later. A step that fails: that group is
+        written the usual way (its token makes the data that did get in count once)."""
+        if self.stager is None or any(x.stage is None for x in run):
+            self._write(run, token, retry=True)
+            return
+        done = threading.Event()
+        failed: dict[str, BaseException] = {}
+
+        def data(key: str, client: Client, part: list[_Item], tok: str) -> None:
+            try:
+                write_staged_data(client, self.database, _members(part), token=tok)
+            except BaseException as exc:
+                failed[key] = exc
+
+        def data_a() -> None:
+            try:
+                data("a", self.client, run, token)
+            finally:
+                done.set()
+
+        t0 = time.perf_counter()
+        t = threading.Thread(target=data_a, name="ingest-writer-a", daemon=True)
+        t.start()
+        more = self._followers(done, run)
+        parts = [(run, token, "a")]
+        if more:
+            self._taken += more
+            token_b = (
+                more[0].batch_id
+                if len(more) == 1
+                else make_token("group", *(x.batch_id for x in more))
+            )
+            if len(more) > 1:
+                self.spool.log_group([x.seq for x in more])
+            with self._lock:
+                self.stats["overlapped_writes"] += 1
+            try:
+                client_b = self._second_client()
+            except Exception as exc:
+                failed["b"] = exc
+            else:
+                data("b", client_b, more, token_b)
+            parts.append((more, token_b, "b"))
+        t.join()
+        for part, tok, key in parts:
+            try:
+                if key in failed:
+                    raise failed[key]
+                res = self._chain_rows(part, tok)
+            except Exception as exc:
+                log.warning("write of %d request(s) failed, writing again: %s", len(part), exc)
+                self._write(part, tok, retry=True)
+                continue
+            self._stored(part, res)
+        self.timings["store_s"] += time.perf_counter() - t0
+
+    def _followers(self, done: threading.Event, run: list[_Item]) -> list[_Item]:
+        """While `done` is unset: once no request is on its way for _PAIR_QUIET_S, the
+        chDB-decoded requests at the head of the queue (run's tenant, not already stored,
+        up to _GROUP_MAX_SPANS), taken off the queue; [] if none before `done`."""
+        tenant = run[0].decoded.tenant
+        ids = {x.batch_id for x in run}
+        quiet_since: float | None = None
+        while not done.wait(0.005):
+            if self._staging or (self.stager is not None and self.stager.receiving()):
+                quiet_since = None
+                continue
+            now = time.monotonic()
+            if quiet_since is None:
+                quiet_since = now
+            if now - quiet_since < _PAIR_QUIET_S:
+                continue
+            n, spans = 0, 0
+            with self._queue.mutex:  # this thread is the only consumer: the head stays
+                for it in self._queue.queue:
+                    if (
+                        it is None
+                        or it.stage is None
+                        or it.decoded.tenant != tenant
+                        or it.batch_id in self._known
+                        or it.batch_id in ids
+                        or spans + it.decoded.spans > _GROUP_MAX_SPANS
+                    ):
+                        break
+                    ids.add(it.batch_id)
+                    spans += it.decoded.spans
+                    n += 1
+            if n:
+                taken = [self._queue.get_nowait() for _ in range(n)]
+                return sorted((x for x in taken if x is not None), key=lambda x: x.seq)
+        return []
 
     def _write_pair(self, a: tuple[list[_Item], str], b: tuple[list[_Item], str]) -> bool:
         """Write two staged groups' data at once (b's on a second connection), then their

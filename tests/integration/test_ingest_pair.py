@@ -120,6 +120,61 @@ def test_a_failed_half_is_written_again_the_usual_way(
     _assert_stored_once(chdb_client, fresh_db, 4)
 
 
+def _overlapped(ingestor: Ingestor, bodies: list[bytes], monkeypatch, *, b_fails: bool) -> None:
+    """One request whose write is held until two more requests arrived and, nothing else
+    arriving, were taken off the queue and written alongside it on the second connection."""
+    real = service.write_staged_data
+    gate, entered = threading.Event(), threading.Event()
+    failed: list[int] = []
+
+    def held(client, *args, **kwargs):
+        if client is ingestor.client and not gate.is_set():
+            entered.set()
+            assert gate.wait(60), "the followers were never taken"
+        elif client is not ingestor.client and b_fails and not failed:
+            failed.append(1)
+            real(client, *args, **kwargs)  # in, then the answer is lost
+            raise ConnectionError("connection reset by peer")
+        return real(client, *args, **kwargs)
+
+    monkeypatch.setattr(service, "write_staged_data", held)
+    ingestor.submit(bodies[0], PROTOBUF, tenant="default")
+    assert entered.wait(30)
+    for body in bodies[1:3]:  # while the first one's write is held
+        ingestor.submit(body, PROTOBUF, tenant="default")
+    deadline = time.monotonic() + 30
+    while ingestor.stats["overlapped_writes"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if not b_fails:  # the followers' data are in; their chain rows wait for the held group's
+        time.sleep(0.2)
+        assert ingestor.stats["batches"] == 0, "a chain row went in before its predecessor's"
+    gate.set()
+    assert ingestor.wait_idle(60)
+    assert failed == ([1] if b_fails else [])
+
+
+def test_requests_arriving_during_a_write_are_written_alongside_it(
+    chdb_client, fresh_db, ingestor, bodies, monkeypatch
+):
+    """The end of a burst: requests acknowledged while the writer is busy with a group are
+    not left for the next write; their data go in at once on the second connection, the
+    chain rows after the running group's, in order: each stored once, the chain intact."""
+    _overlapped(ingestor, bodies, monkeypatch, b_fails=False)
+    assert ingestor.stats["overlapped_writes"] == 1
+    assert ingestor.stats["writes"] == 2  # the held group, then the two followers as one
+    _assert_stored_once(chdb_client, fresh_db, 3)
+    assert ingestor.spool.backlog_bytes == 0
+
+
+def test_a_failed_overlapped_write_is_written_again_the_usual_way(
+    chdb_client, fresh_db, ingestor, bodies, monkeypatch
+):
+    _overlapped(ingestor, bodies, monkeypatch, b_fails=True)
+    assert ingestor.stats["overlapped_writes"] == 1
+    _assert_stored_once(chdb_client, fresh_db, 3)
+    assert ingestor.spool.backlog_bytes == 0
+
+
 def _purges(client) -> int:
     rows = client.query(
         "SELECT value FROM system.events WHERE event = 'MemoryAllocatorPurge'"
