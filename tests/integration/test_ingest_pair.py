@@ -175,6 +175,18 @@ def test_a_failed_overlapped_write_is_written_again_the_usual_way(
     assert ingestor.spool.backlog_bytes == 0
 
 
+def test_the_writer_waits_for_a_request_still_being_received(ingestor, bodies):
+    """A staged request is not written alone while another one's headers have arrived (the
+    HTTP handler announces it): the two share one write (up to _STAGED_MAX_WAIT_S later)."""
+    assert ingestor.stager is not None
+    with ingestor.stager.incoming():  # as the HTTP handler does before reading a body
+        ingestor.submit(bodies[0], PROTOBUF, tenant="default")
+        time.sleep(0.1)
+        ingestor.submit(bodies[1], PROTOBUF, tenant="default")
+    assert ingestor.wait_idle(60)
+    assert ingestor.stats["writes"] == 1 and ingestor.stats["batches"] == 2
+
+
 def _purges(client) -> int:
     rows = client.query(
         "SELECT value FROM system.events WHERE event = 'MemoryAllocatorPurge'"
