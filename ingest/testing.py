@@ -64,15 +64,16 @@ class ServeHandle:
             host="127.0.0.1", port=self.query_port, database=self.database, **kwargs
         )
 
-    def wait_stored(self, timeout: float = 60.0) -> dict:
-        """Poll /health until nothing is queued; returns the last health document."""
+    def wait_stored(self, timeout: float = 60.0, poll_s: float = 0.05) -> dict:
+        """Poll /health every `poll_s` until nothing is queued; returns the last health
+        document."""
         deadline = time.monotonic() + timeout
         h = self.health()
         while time.monotonic() < deadline:
             h = self.health()
             if h["queued"] == 0 and h["spool_backlog_bytes"] == 0:
                 return h
-            time.sleep(0.05)
+            time.sleep(poll_s)
         raise TimeoutError(f"serve still has work queued after {timeout}s: {h}")
 
     def stop(self, timeout: float = 120.0) -> int:
