@@ -541,23 +541,16 @@ class Ingestor:
         _PAIR_QUIET_S (the end of a burst), take them off the queue (self._taken) and write
         their data at once on the second connection, chain rows after this group's (as
         _write_pair). Before, they waited for this write to end: the last acknowledged
-        requests were stored one whole write later. A step that fails: that group is
-        written the usual way (its token makes the data that did get in count once)."""
+        requests were stored one whole write later."""
         if self.stager is None or any(x.stage is None for x in run):
             self._write(run, token, retry=True)
             return
         done = threading.Event()
-        failed: dict[str, BaseException] = {}
-
-        def data(key: str, client: Client, part: list[_Item], tok: str) -> None:
-            try:
-                write_staged_data(client, self.database, _members(part), token=tok)
-            except BaseException as exc:
-                failed[key] = exc
+        errors: dict[str, BaseException | None] = {}
 
         def data_a() -> None:
             try:
-                data("a", self.client, run, token)
+                errors["a"] = self._staged_data(self.client, run, token)
             finally:
                 done.set()
 
@@ -565,36 +558,23 @@ class Ingestor:
         t = threading.Thread(target=data_a, name="ingest-writer-a", daemon=True)
         t.start()
         more = self._followers(done, run)
-        parts = [(run, token, "a")]
+        parts: list[tuple[list[_Item], str, BaseException | None]] = []
         if more:
             self._taken += more
-            token_b = (
-                more[0].batch_id
-                if len(more) == 1
-                else make_token("group", *(x.batch_id for x in more))
-            )
-            if len(more) > 1:
+            if len(more) == 1:
+                token_b = more[0].batch_id
+            else:
+                token_b = make_token("group", *(x.batch_id for x in more))
                 self.spool.log_group([x.seq for x in more])
             with self._lock:
                 self.stats["overlapped_writes"] += 1
             try:
-                client_b = self._second_client()
-            except Exception as exc:
-                failed["b"] = exc
-            else:
-                data("b", client_b, more, token_b)
-            parts.append((more, token_b, "b"))
+                error_b = self._staged_data(self._second_client(), more, token_b)
+            except Exception as exc:  # no second connection: written the usual way
+                error_b = exc
+            parts.append((more, token_b, error_b))
         t.join()
-        for part, tok, key in parts:
-            try:
-                if key in failed:
-                    raise failed[key]
-                res = self._chain_rows(part, tok)
-            except Exception as exc:
-                log.warning("write of %d request(s) failed, writing again: %s", len(part), exc)
-                self._write(part, tok, retry=True)
-                continue
-            self._stored(part, res)
+        self._chain_in_order([(run, token, errors.get("a")), *parts])
         self.timings["store_s"] += time.perf_counter() - t0
 
     def _followers(self, done: threading.Event, run: list[_Item]) -> list[_Item]:
@@ -635,50 +615,59 @@ class Ingestor:
 
     def _write_pair(self, a: tuple[list[_Item], str], b: tuple[list[_Item], str]) -> bool:
         """Write two staged groups' data at once (b's on a second connection), then their
-        chain rows in order. False when any step failed before a's chain rows were written:
-        the caller then writes both the usual way (their tokens make the data that did get
-        in count once). Each group's spool records are committed after its chain rows."""
+        chain rows in order (_chain_in_order). False, writing nothing, when there is no
+        second connection: the caller writes them one after the other."""
         (run_a, token_a), (run_b, token_b) = a, b
         t0 = time.perf_counter()
         try:
             other = self._second_client()
-        except Exception as exc:  # no second connection: write them one after the other
+        except Exception as exc:
             log.warning("second store connection failed, writing in turn: %s", exc)
             return False
-        failed: list[BaseException] = []
+        errors: dict[str, BaseException | None] = {}
 
-        def data(client: Client, run: list[_Item], token: str) -> None:
-            try:
-                write_staged_data(client, self.database, _members(run), token=token)
-            except BaseException as exc:
-                failed.append(exc)
+        def data_b() -> None:
+            errors["b"] = self._staged_data(other, run_b, token_b)
 
-        t = threading.Thread(
-            target=data, args=(other, run_b, token_b), name="ingest-writer-b", daemon=True
-        )
+        t = threading.Thread(target=data_b, name="ingest-writer-b", daemon=True)
         t.start()
-        data(self.client, run_a, token_a)
+        errors["a"] = self._staged_data(self.client, run_a, token_a)
         t.join()
-        try:
-            if failed:
-                raise failed[0]
-            self._stored(run_a, self._chain_rows(run_a, token_a))
-        except Exception as exc:
-            log.warning("parallel write failed, writing in turn: %s", exc)
-            with self._lock:
-                self.stats["pair_fallbacks"] += 1
-            return False
-        try:
-            res_b = self._chain_rows(run_b, token_b)
-        except Exception as exc:
-            log.warning("chain rows failed, writing the second group again: %s", exc)
-            self._write(run_b, token_b, retry=True)
-            return True
+        ok = self._chain_in_order(
+            [(run_a, token_a, errors.get("a")), (run_b, token_b, errors.get("b"))]
+        )
         self.timings["store_s"] += time.perf_counter() - t0
-        self._stored(run_b, res_b)
         with self._lock:
-            self.stats["pair_writes"] += 1
+            self.stats["pair_writes" if ok else "pair_fallbacks"] += 1
         return True
+
+    def _staged_data(self, client: Client, run: list[_Item], token: str) -> BaseException | None:
+        """write_staged_data of a run on `client`; the exception instead of raising it."""
+        try:
+            write_staged_data(client, self.database, _members(run), token=token)
+        except BaseException as exc:
+            return exc
+        return None
+
+    def _chain_in_order(self, parts: list[tuple[list[_Item], str, BaseException | None]]) -> bool:
+        """After data written at once on two connections: each run's chain rows, in order. A
+        run whose data write failed (the exception given) or whose chain rows fail is written
+        again the usual way (_write: retries; its token makes the data that did get in count
+        once), before the next run's chain rows. True when nothing had to be written again.
+        Each run's spool records are committed after its chain rows."""
+        clean = True
+        for run, token, error in parts:
+            try:
+                if error is not None:
+                    raise error
+                res = self._chain_rows(run, token)
+            except Exception as exc:
+                log.warning("write of %d request(s) failed, writing again: %s", len(run), exc)
+                clean = False
+                self._write(run, token, retry=True)
+                continue
+            self._stored(run, res)
+        return clean
 
     def _chain_rows(self, run: list[_Item], token: str) -> list[BatchResult]:
         """The ingest_batches rows of a staged run whose data are stored, from the chain head."""
