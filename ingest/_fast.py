@@ -1,4 +1,4 @@
-"""The SQL ingest path: ClickHouse itself decodes OTLP/protobuf requests. Pure SQL builders.
+"""The SQL ingest path: ClickHouse itself decodes OTLP/protobuf requests (SQL builders, the stager).
 
 Python decoding costs ~40 µs of GIL-bound CPU per span (attribute loops, the row hash),
 which caps serve far below the OTel Collector's own rate. On this path chDB parses the
@@ -12,18 +12,26 @@ The path is taken only for requests it provably stores exactly as the Python dec
 array of strings (the wire types), no duplicate keys, no events or links, every handoff
 transition complete, legal and claiming no other tenant. Anything else — a span to reject,
 a transition to flag, a double, a map, bytes, a span event — goes through ingest._decode,
-which gives the exact messages and flags. tests/unit/test_fast_path.py checks both paths
+which gives the exact messages and flags. tests/integration/test_fast_path.py checks both paths
 store identical rows, ledger hashes and batch hashes.
 
-Rows of several requests go through one length-delimited `Protobuf` file: each record is
-the request body with two extra fields appended (15001 ingest_batch, 15002 received_at_ms;
-protobuf merges concatenated fields, and the real OTLP messages do not use these numbers).
+Each of two stager threads keeps one decoding query running (Stager, _Stream): it reads
+length-delimited records from a FIFO, each record the request body with extra fields
+appended (15001 ingest_batch, 15002 received_at_ms, 15003 tenant, 15004 its JSON form;
+protobuf merges concatenated fields, and the real OTLP messages do not use these numbers),
+and streams each request's rows back as a Native block, which the thread stages into a
+Memory table for the writer.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import functools
+import hashlib
 import itertools
+import logging
+import os
 import queue
 import shutil
 import tempfile
@@ -54,6 +62,7 @@ __all__ = [
     "stage_select",
 ]
 
+_log = logging.getLogger(__name__)
 PROTO: Final = Path(__file__).resolve().with_name("otlp_ingest.proto")
 _MAX_NS: Final = 2**63
 _MAX_ATTRIBUTES: Final = 1024  # == ingest._decode.MAX_ATTRIBUTES (a test pins them together)
@@ -70,7 +79,7 @@ _VALUE: Final = (
 _ATTRS: Final = f"Array(Tuple(key String, value {_VALUE}))"
 #: the columns ClickHouse reads from each record (names match the .proto fields)
 STRUCTURE: Final = (
-    "ingest_batch String, received_at_ms UInt64, "
+    "ingest_batch String, received_at_ms UInt64, tenant String, tenant_json String, "
     "resource_spans Array(Tuple("
     f"resource Tuple(attributes {_ATTRS}), "
     "scope_spans Array(Tuple("
@@ -115,14 +124,24 @@ def sql_string(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def frame(body: bytes, batch_id: str, received_at_ms: int) -> bytes:
-    """One length-delimited record: the request plus its batch id and receive time."""
-    bid = batch_id.encode()
-    extra = (_varint((15001 << 3) | 2) + _varint(len(bid)) + bid + _varint(15002 << 3)) + _varint(
-        received_at_ms
+def frame_parts(body: bytes, batch_id: str, received_at_ms: int, tenant: str = "") -> list[bytes]:
+    """One length-delimited record in pieces (for os.writev, no copy of the body): its length,
+    the request, then its batch id, receive time and tenant as extra fields."""
+    extra = b"".join(
+        _varint((num << 3) | 2) + _varint(len(v)) + v
+        for num, v in (
+            (15001, batch_id.encode()),
+            (15003, tenant.encode()),
+            (15004, encode_basestring(tenant).encode()),
+        )
     )
-    msg = body + extra
-    return _varint(len(msg)) + msg
+    extra += _varint(15002 << 3) + _varint(received_at_ms)
+    return [_varint(len(body) + len(extra)), body, extra]
+
+
+def frame(body: bytes, batch_id: str, received_at_ms: int, tenant: str = "") -> bytes:
+    """One length-delimited record: the request plus its batch id, receive time and tenant."""
+    return b"".join(frame_parts(body, batch_id, received_at_ms, tenant))
 
 
 def _varint(n: int) -> bytes:
@@ -186,8 +205,9 @@ def _arr(names: Iterable[str]) -> str:
     return "[" + ", ".join(sql_string(n) for n in names) + "]"
 
 
-def stage_select(path: str, tenant: str) -> str:
-    """SELECT of the STAGE_COLUMNS of every span in the Protobuf file at `path`.
+def stage_select(path: str) -> str:
+    """SELECT of the STAGE_COLUMNS of every span in the Protobuf file at `path` (each
+    record's tenant and its JSON form come with the record, see frame()).
 
     `ok` is 1 for a span the fast path stores exactly as ingest._decode would; a request
     goes this way only when every span is ok. The row hash is integrity.span_row_hash's
@@ -224,8 +244,8 @@ def stage_select(path: str, tenant: str) -> str:
         ", ',\"handoff_id\":', toJSONString(a_handoff)"
         ", ',\"span_id\":\"', span_hex"
         ", '\",\"task_id\":', toJSONString(a_task)"
-        ", ',\"tenant\":', " + sql_string(encode_basestring(tenant))
-        + ", ',\"time_ns\":', toString(start)"
+        ", ',\"tenant\":', tenant_json"
+        ", ',\"time_ns\":', toString(start)"
         ", ',\"to_state\":', toJSONString(a_to)"
         ", ',\"trace_id\":\"', trace_hex, '\"}')"
     )  # fmt: skip
@@ -269,7 +289,7 @@ def stage_select(path: str, tenant: str) -> str:
                     # nothing, so both paths store the same attributes
                     f"(a_from, a_event, a_to) IN {_legal_set()} "
                     "OR (sender_flagged AND a_reason != '')",
-                    f"a_tenant IN ('', {sql_string(tenant)})",
+                    "a_tenant = '' OR a_tenant = tenant",
                 ]
             )
             + ", 1)",
@@ -296,7 +316,7 @@ SELECT
     if(code BETWEEN 0 AND 2, arrayElement(['Unset', 'Ok', 'Error'], code + 1), 'Unset')
         AS StatusCode,
     status_message AS StatusMessage,
-    {sql_string(tenant)} AS Tenant,
+    tenant AS Tenant,
     ingest_batch AS IngestBatch,
     fromUnixTimestamp64Milli(toInt64(received_at_ms), 'UTC') AS ingested_at,
     a_handoff AS handoff_id,
@@ -319,7 +339,7 @@ FROM (
         {lookup_cols}
     FROM (
         SELECT
-            ingest_batch, received_at_ms,
+            ingest_batch, received_at_ms, tenant, tenant_json,
             sp.trace_id AS tid, sp.span_id AS sid, sp.parent_span_id AS pid,
             sp.trace_state AS trace_state, sp.name AS span_name, sp.kind AS kind,
             sp.start_time_unix_nano AS start, sp.end_time_unix_nano AS end_ns,
@@ -341,7 +361,8 @@ FROM (
             rattrs.value.bool_value AS rbools,
             rattrs.value.array_value.values AS rarrs
         FROM (
-            SELECT ingest_batch, received_at_ms, rs.resource.attributes AS rattrs,
+            SELECT ingest_batch, received_at_ms, tenant, tenant_json,
+                rs.resource.attributes AS rattrs,
                 ss.scope AS scope, ss.spans AS spans
             FROM file({sql_string(path)}, 'Protobuf', {sql_string(STRUCTURE)})
             ARRAY JOIN resource_spans AS rs
@@ -393,25 +414,49 @@ def inline_settings(settings: dict[str, str]) -> str:
 STAGE_DATABASE: Final = "_handoffs_stage"  # Memory engine: nothing in it outlives serve
 
 
-_STAGE_THREADS: Final = 2  # two queries can overlap (one analysing while the other reads)
-_QUERY_THREADS: Final = 2  # a query reads up to this many of its requests' files at once
+_STAGE_THREADS: Final = 2  # decoding streams, one per core; the writer runs alongside
 _GLOB_CHARS: Final = frozenset("*?{}")
-_LINGER_S: Final = 0.03  # how long a group waits for a request still being received
-_PARTNER_SLACK_S: Final = 0.02  # answer, spool fsync, next request's arrival (see _partner_until)
-_PARTNER_MAX_WAIT_S: Final = 0.1  # about half a 5,000-span request's decoding time
-_GROUP_BYTES: Final = 24 << 20  # request bytes decoded by one query (~70,000 spans)
+_STAGE_REQUESTS: Final = 2  # requests a stream stages into one table before a new one
+_MAX_START_FAILURES: Final = 3
+_DECODE_TIMEOUT_S: Final = 120.0  # a request's answer from its stream (~10 µs per span)
+#: batch id of the one-span record written after each request: its block marks the end of
+#: the request's blocks (a request of no spans has none)
+_MARKER_ID: Final = "\x00end"
+_MARKER: Final = frame(
+    # ExportTraceServiceRequest{resource_spans{scope_spans{spans{trace_id, span_id, start}}}}
+    functools.reduce(
+        lambda inner, tag: tag + _varint(len(inner)) + inner,
+        (b"\x12", b"\x12", b"\x0a"),  # ScopeSpans.spans, ResourceSpans.scope_spans, Request
+        b"\x0a\x10" + b"\x01" * 16 + b"\x12\x08" + b"\x01" * 8 + b"\x39" + b"\x01" * 8,
+    ),
+    _MARKER_ID,
+    0,
+)
+#: the stream's column order: what the stager reads from each block comes first
+_STREAM_COLUMNS: Final = ("IngestBatch", "ok", "is_handoff", "row_hash") + tuple(
+    c for c, _ in STAGE_COLUMNS if c not in ("IngestBatch", "ok", "is_handoff", "row_hash")
+)
+
+
+def stream_select(path: str) -> str:
+    """The long-lived decoding query of a stream reading framed requests from `path`."""
+    settings = read_settings() | {"storage_file_read_method": "read", "max_threads": "2"}
+    return (
+        f"SELECT {', '.join(_STREAM_COLUMNS)} FROM ({stage_select(path)}) "
+        f"SETTINGS {inline_settings(settings)}"
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class Staged:
-    """A request chDB decoded into a staging table (shared with the other requests that
-    arrived while the previous query ran), waiting for the writer."""
+    """A request chDB decoded into a staging table (shared with other requests the same
+    stream decoded), waiting for the writer."""
 
     table: str  # STAGE_DATABASE.<name>
     batch_id: str
     spans: int
     transitions: int
-    batch_hash: str  # integrity.batch_hash of its ledger row hashes, computed by chDB
+    batch_hash: str  # integrity.batch_hash of its ledger row hashes
 
 
 class _Pending:
@@ -426,68 +471,235 @@ class _Pending:
         self.result: Staged | None = None
 
 
+class StreamBroken(Exception):
+    """A decoding stream's query ended or did not answer (the request goes the Python way
+    and the stager starts a new stream). `started`: whether the query had begun reading."""
+
+    def __init__(self, message: str, *, started: bool = True) -> None:
+        super().__init__(message)
+        self.started = started
+
+
+def _uvarint(b: bytes, pos: int) -> tuple[int, int]:
+    n = shift = 0
+    while True:
+        x = b[pos]
+        pos += 1
+        n |= (x & 0x7F) << shift
+        if x < 0x80:
+            return n, pos
+        shift += 7
+
+
+def _column(b: bytes, pos: int, name: str, type_: str) -> int:
+    """Position of a Native column's data after its name and type (checked)."""
+    for want in (name, type_):
+        n, pos = _uvarint(b, pos)
+        if b[pos : pos + n] != want.encode():
+            raise ValueError(f"Native block: {want!r} expected, got {b[pos : pos + n]!r}")
+        pos += n
+    return pos
+
+
+def _block_batch(block: bytes) -> tuple[str, int]:
+    """(batch id of the first row, rows) of a stream's Native block."""
+    _, pos = _uvarint(block, 0)
+    rows, pos = _uvarint(block, pos)
+    if not rows:
+        return "", 0
+    pos = _column(block, pos, "IngestBatch", "String")
+    n, pos = _uvarint(block, pos)
+    return block[pos : pos + n].decode(), rows
+
+
+def summarize(blocks: Iterable[bytes], batch_id: str) -> tuple[int, int, int, str]:
+    """(spans, ok, transitions, batch hash) of one request's Native blocks, as the writer's
+    chain needs them: ok is 0 when any span is not ok; the batch hash is
+    integrity.batch_hash of the transitions' row hashes (SHA-256 of them sorted, joined)."""
+    spans, ok, transitions, hashes = 0, 1, 0, []
+    bid = batch_id.encode()
+    cell = _varint(len(bid)) + bid
+    for b in blocks:
+        _, pos = _uvarint(b, 0)
+        rows, pos = _uvarint(b, pos)
+        if not rows:
+            continue
+        pos = _column(b, pos, "IngestBatch", "String")
+        end = pos + rows * len(cell)
+        if b[pos:end] != cell * rows:
+            raise ValueError("Native block: rows of another request")
+        pos = _column(b, end, "ok", "UInt8")
+        ok = min(ok, min(b[pos : pos + rows]))
+        pos = _column(b, pos + rows, "is_handoff", "UInt8")
+        flags = b[pos : pos + rows]
+        transitions += rows - flags.count(0)
+        pos = _column(b, pos + rows, "row_hash", "String")
+        for i in range(rows):
+            n, pos = _uvarint(b, pos)
+            if flags[i]:
+                hashes.append(b[pos : pos + n])
+            pos += n
+        spans += rows
+    hashes.sort()
+    return spans, ok, transitions, hashlib.sha256(b"".join(hashes)).hexdigest()
+
+
+class _Stream:
+    """One long-lived decoding query (stream_select): framed requests go into a FIFO, each
+    comes back as Native blocks of its staged rows. A thread of its own pulls the blocks."""
+
+    def __init__(self, client: Client, path: Path) -> None:
+        self.client = client
+        self.path = path
+        path.unlink(missing_ok=True)
+        os.mkfifo(path)
+        self._out: queue.SimpleQueue[bytes | BaseException | None] = queue.SimpleQueue()
+        self._fd = -1
+        self._reader = threading.Thread(
+            target=self._read, args=(stream_select(str(path)),), name="ingest-stream", daemon=True
+        )
+        self._reader.start()
+
+    def _read(self, query: str) -> None:
+        try:
+            stream = self.client.raw_stream(query, fmt="Native")
+            # clickhouse-connect's chdb backend (pinned in pyproject.toml): the engine's
+            # result chunks, one per block; raw_stream's read() joins them
+            chunks = stream._sr  # type: ignore[attr-defined]
+            try:
+                for chunk in chunks:
+                    data = chunk.bytes()
+                    if data:
+                        self._out.put(data)
+            finally:
+                stream.close()
+            self._out.put(None)
+        except BaseException as e:  # noqa: BLE001 - handed to the waiting request
+            self._out.put(e)
+
+    def _open(self, deadline: float) -> None:
+        # chDB opens the FIFO for reading once the query runs; until then a non-blocking
+        # open for writing fails (ENXIO). Blocking would hang if the query failed first.
+        while True:
+            try:
+                fd = os.open(self.path, os.O_WRONLY | os.O_NONBLOCK)
+                break
+            except OSError as e:
+                if e.errno != errno.ENXIO or time.monotonic() > deadline:
+                    raise StreamBroken(f"decoding stream did not start: {e}", started=False) from e
+                if not self._reader.is_alive() or not self._out.empty():
+                    err = self._out.get() if not self._out.empty() else None
+                    raise StreamBroken(
+                        f"decoding stream ended before it read: {err}", started=False
+                    ) from e
+                time.sleep(0.001)
+        os.set_blocking(fd, True)
+        self._fd = fd
+
+    def decode(self, record: list[bytes], timeout: float = _DECODE_TIMEOUT_S) -> list[bytes]:
+        """The Native blocks of one framed request (frame_parts; none for a request of no
+        spans)."""
+        deadline = time.monotonic() + timeout
+        if self._fd < 0:
+            self._open(deadline)
+        views = [memoryview(b) for b in (*record, _MARKER) if b]
+        try:
+            while views:
+                n = os.writev(self._fd, views)
+                while views and n >= len(views[0]):
+                    n -= len(views.pop(0))
+                if n:
+                    views[0] = views[0][n:]
+        except OSError as e:  # EPIPE: the query ended (bad input) and closed the FIFO
+            raise StreamBroken(str(e)) from e
+        blocks: list[bytes] = []
+        while True:
+            try:
+                item = self._out.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise StreamBroken(f"no answer from the decoding stream in {timeout:.0f} s")
+            if item is None or isinstance(item, BaseException):
+                raise StreamBroken(str(item or "decoding stream ended")) from (
+                    item if isinstance(item, BaseException) else None
+                )
+            if _block_batch(item)[0] == _MARKER_ID:
+                return blocks
+            blocks.append(item)
+
+    def close(self) -> None:
+        """End the query (EOF on its FIFO) and wait for it."""
+        if self._fd < 0:
+            with contextlib.suppress(StreamBroken):
+                self._open(time.monotonic() + 5)
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        self._reader.join(30)
+        self.path.unlink(missing_ok=True)
+
+
 class Stager:
     """Decodes protobuf requests with chDB (see module doc) into Memory staging tables.
 
-    ClickHouse spends ~45 ms parsing, analysing and planning the decoding query whatever its
-    input size, so a free thread decodes every request queued at that moment in one query
-    (group commit, like the spool's fsync); request threads wait for their answer. Two
-    threads, one per core; the writer runs alongside. `connect` opens a new
-    clickhouse-connect client on the same embedded store; `tmp_dir` holds each query's input
-    file while chDB reads it.
+    Each of two threads (one per core; the writer runs alongside) keeps one decoding query
+    running for the life of serve (_Stream): ClickHouse spends ~50 ms parsing, analysing and
+    planning that query, paid once instead of for every request or group of requests (before
+    session 6: 11 such queries per 100,000 spans, and closed-loop senders waited for each
+    other to share one). A request is framed into the thread's FIFO as soon as the thread
+    is free; its rows come back as Native blocks, the thread reads the ack's figures (ok,
+    span and transition counts, batch hash) from them and stages them with an INSERT ...
+    FORMAT Native into the stream's current Memory table. A request whose query fails
+    (malformed protobuf) goes the Python way; the thread starts a new stream. `connect`
+    opens a new clickhouse-connect client on the same embedded store; `tmp_dir` holds the
+    FIFOs and each block file while chDB reads it.
     """
 
-    def __init__(
-        self, connect: Callable[[], Client], tmp_dir: Path, *, linger_s: float = _LINGER_S
-    ) -> None:
+    def __init__(self, connect: Callable[[], Client], tmp_dir: Path) -> None:
         self._connect = connect
         self.tmp_dir = tmp_dir
-        self.linger_s = linger_s
         self._own_dir: Path | None = None  # see setup()
         self._clients: list[Client] = []
         self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self._refs: dict[str, int] = {}
+        self._refs: dict[str, int] = {}  # staging table -> requests the writer still needs
+        self._open: set[str] = set()  # staging tables a stream still stages into
         self._n = itertools.count()
         self._threads: list[threading.Thread] = []
-        self._collect = threading.Lock()
         self._incoming = 0  # requests being received (see incoming())
-        self._inside = 0  # ... of which inside stage()
         self._drop_client: Client | None = None
         self.fallbacks = 0  # requests this path declined (went through ingest._decode)
         self.staged = 0  # requests it decoded
-        self.queries = 0
-        self._running: dict[int, float] = {}  # decoding thread -> when its query began
-        self._last_size = 1  # requests in the last group collected (see _partner_until)
-        self._last_run_s = 0.0  # how long the last group took to decode
+        self.queries = 0  # decoding streams started (one per thread unless a request broke one)
+        self._start_failures = 0  # streams whose query failed before reading (see _run)
+        self.disabled = False  # after _MAX_START_FAILURES of those: every request goes Python
+        #: called with the thread's client before each decode (serve: Ingestor._purge_if_big)
+        self.before_decode: Callable[[Client], None] | None = None
 
     def setup(self) -> None:
-        """(Re)create the staging database, empty; start the decoding thread."""
+        """(Re)create the staging database, empty; start the decoding threads."""
         if _GLOB_CHARS.intersection(str(self.tmp_dir)) and self._own_dir is None:
             # ClickHouse's file() reads * ? { } in a path as a glob, even in a directory name:
             # such a directory would make every decoding query fail (and every request go
-            # the Python way); the input files go to a private temporary directory instead
+            # the Python way); the FIFOs go to a private temporary directory instead
             self._own_dir = Path(tempfile.mkdtemp(prefix="handoffs-stage-"))
             self.tmp_dir = self._own_dir
         self.tmp_dir.mkdir(parents=True, exist_ok=True)
-        for f in self.tmp_dir.glob("*.pb"):
-            f.unlink(missing_ok=True)
+        for pattern in ("*.pb", "*.fifo", "*.native"):
+            for f in self.tmp_dir.glob(pattern):
+                f.unlink(missing_ok=True)
         admin = self._connect_once()
         admin.command(f"DROP DATABASE IF EXISTS {STAGE_DATABASE}")
         admin.command(f"CREATE DATABASE {STAGE_DATABASE} ENGINE = Memory")
         while len(self._threads) < _STAGE_THREADS:
-            client = self._connect()
-            self._clients.append(client)
-            t = threading.Thread(
-                target=self._run, args=(client,), name="ingest-stager", daemon=True
-            )
+            slot = len(self._threads)
+            t = threading.Thread(target=self._run, args=(slot,), name="ingest-stager", daemon=True)
             self._threads.append(t)
             t.start()
 
     @contextlib.contextmanager
     def incoming(self) -> Iterator[None]:
-        """Around receiving, spooling and staging a request that will likely come this way:
-        a group waits briefly for it while it is not yet inside stage()."""
+        """Around receiving, spooling and staging a request that will likely come this way
+        (the writer waits for such requests before a write, see Ingestor._on_the_way)."""
         with self._lock:
             self._incoming += 1
         try:
@@ -499,9 +711,6 @@ class Stager:
     def receiving(self) -> bool:
         """A request announced by incoming() is being received or decoded."""
         return self._incoming > 0
-
-    def _on_the_way(self) -> int:
-        return self._incoming - self._inside
 
     def stage(
         self,
@@ -515,15 +724,13 @@ class Stager:
         (a span to reject or flag, a value type this path does not encode, bad framing)."""
         if not self._threads:
             return None
-        p = _Pending(body, batch_id, received_at_ms, tenant)
-        with self._lock:
-            self._inside += 1
-        try:
-            self._queue.put(p)
-            p.done.wait()
-        finally:
+        if self.disabled:
             with self._lock:
-                self._inside -= 1
+                self.fallbacks += 1
+            return None
+        p = _Pending(body, batch_id, received_at_ms, tenant)
+        self._queue.put(p)
+        p.done.wait()
         with self._lock:
             if p.result is None:
                 self.fallbacks += 1
@@ -531,152 +738,114 @@ class Stager:
                 self.staged += 1
         return p.result
 
-    def _run(self, client: Client) -> None:
-        while True:
-            # Group commit: a free thread takes the next request, every one queued behind it,
-            # and waits up to linger_s for requests still being received (incoming()), or for
-            # a partner (_partner_until). One query then decodes them all, reading up to
-            # _QUERY_THREADS request files at once on as many cores: per request pair ~135 ms
-            # CPU and ~100 ms wall, against ~230 ms CPU for two one-request queries side by
-            # side (the ~55 ms of parsing, analysis and planning is paid once). Without
-            # either reason it never waits. One thread collects at a time (the other's query
-            # runs meanwhile), so a request this group waits for is not taken by the other.
-            with self._collect:
-                first = self._queue.get()
-                if first is None:
-                    return
-                batch = [first]
-                size = len(first.body)
-                now = time.monotonic()
-                deadline = now + self.linger_s
-                partner = self._partner_until(now)
-                while size < _GROUP_BYTES:
-                    try:
-                        nxt = self._queue.get_nowait()
-                    except queue.Empty:
-                        until = deadline if self._on_the_way() > 0 else 0.0
-                        if len(batch) < 2:
-                            until = max(until, partner)
-                        left = until - time.monotonic()
-                        if left <= 0:
-                            break
-                        try:
-                            nxt = self._queue.get(timeout=min(0.002, left))
-                        except queue.Empty:
-                            continue
-                    if nxt is None:  # a stop for this thread or the other: after this batch
-                        self._queue.put(None)
-                        break
-                    batch.append(nxt)
-                    size += len(nxt.body)
-                self._last_size = len(batch)
-                started = time.monotonic()
-                with self._lock:
-                    self._running[threading.get_ident()] = started
-            try:
-                by_tenant: dict[str, list[_Pending]] = {}
-                for p in batch:
-                    by_tenant.setdefault(p.tenant, []).append(p)
-                for tenant, ps in by_tenant.items():
-                    # on failure the Python decoder takes them (and says what is wrong)
-                    with contextlib.suppress(Exception):
-                        self._stage_group(client, tenant, ps)
-            finally:
-                with self._lock:
-                    self._running.pop(threading.get_ident(), None)
-                self._last_run_s = time.monotonic() - started
-            for p in batch:
-                p.done.set()
-
-    def _partner_until(self, now: float) -> float:
-        """Until when a group of one request waits for a second one not yet announced.
-
-        Closed-loop senders (an exporter waits for each answer before it sends again) can
-        share each decoding query: after a round in which they did (the last group held two
-        or more), a request waits up to linger_s for its partner. Otherwise, while the other
-        thread decodes a request, its sender's next one is due when that query ends (judged
-        by the last query's duration) plus _PARTNER_SLACK_S; a request waits for it if that
-        is at most _PARTNER_MAX_WAIT_S away, so two senders fall into step within a round
-        or two. (Waiting whenever the other thread was busy kept both senders waiting in
-        turn, out of step, in ~1 of 6 runs.) A single sender never waits: nothing else is
-        decoding and its groups are of one. Measured on 2 cores (bench/ingest_throughput.py,
-        2 senders): 11 decoding queries for 20 requests instead of 14-21; serve CPU -8 to
-        -12%. Returns 0.0 for no wait."""
-        if self._last_size >= 2:
-            return now + self.linger_s
+    def _start(self, slot: int) -> _Stream:
+        client = self._connect()
         with self._lock:
-            since = min(self._running.values(), default=None)
-        if since is None:
-            return 0.0
-        due = max(since + self._last_run_s, now) + _PARTNER_SLACK_S  # overdue: ends soon
-        return due if due - now <= _PARTNER_MAX_WAIT_S else 0.0
-
-    def _stage_group(self, c: Client, tenant: str, ps: list[_Pending]) -> None:
-        name = f"g{next(self._n)}"
-        table = f"{STAGE_DATABASE}.{name}"
-        seen: set[str] = set()
-        unique = []
-        for p in ps:  # the same request twice at once: the second copy goes the Python way
-            if p.batch_id not in seen:
-                seen.add(p.batch_id)
-                unique.append(p)
-        # one file per request, read _QUERY_THREADS at a time (the files of a glob are read
-        # by parallel sources, one file by one)
-        files = [self.tmp_dir / f"{name}-{i}.pb" for i in range(len(unique))]
-        for path, p in zip(files, unique, strict=True):
-            path.write_bytes(frame(p.body, p.batch_id, p.received_at_ms))
-        pattern = (
-            str(files[0])
-            if len(files) == 1
-            else str(self.tmp_dir / f"{name}-{{0..{len(files) - 1}}}.pb")
-        )
-        settings = read_settings() | {"max_threads": str(min(_QUERY_THREADS, len(files)))}
-        try:
-            c.command(f"CREATE TABLE {table} ({_STAGE_DDL}) ENGINE = Memory")
+            self._clients.append(client)
             self.queries += 1
-            try:
-                # settings inline: clickhouse-connect's chdb backend applies per-call
-                # settings as SET queries around the call (~6 ms for two)
-                c.command(
-                    f"INSERT INTO {table} SETTINGS {inline_settings(settings)} "
-                    f"{stage_select(pattern, tenant)}"
-                )
-                # the batch hash as write_group computes it: SHA-256 of the sorted
-                # ledger row hashes (hex), concatenated
-                rows = c.query(
-                    f"SELECT IngestBatch, count(), min(ok), sum(is_handoff), "
-                    "lower(hex(SHA256(arrayStringConcat(arraySort("
-                    f"groupArrayIf(row_hash, is_handoff)))))) FROM {table} GROUP BY IngestBatch "
-                    f"SETTINGS {inline_settings(LEAN)}"
-                ).result_rows
-            except Exception:
-                rows = []
-        finally:
-            for path in files:
-                path.unlink(missing_ok=True)
-        found = {r[0]: r[1:] for r in rows}
-        refs = 0
-        for p in unique:
-            spans, ok, transitions, bh = found.get(p.batch_id, (0, 0, 0, ""))
-            if spans and ok:
-                p.result = Staged(table, p.batch_id, int(spans), int(transitions), bh)
-                refs += 1
+        return _Stream(client, self.tmp_dir / f"s{slot}-{next(self._n)}.fifo")
+
+    def _run(self, slot: int) -> None:
+        cmd = self._connect()
         with self._lock:
-            self._refs[table] = refs
-        if not refs:
-            c.command(f"DROP TABLE IF EXISTS {table}")
+            self._clients.append(cmd)
+        stream: _Stream | None = self._start(slot)
+        table, used = "", _STAGE_REQUESTS
+        try:
+            while True:
+                p = self._queue.get()
+                if p is None:
+                    return
+                if stream is None:  # disabled: declined (it was queued before)
+                    p.done.set()
+                    continue
+                if self.before_decode is not None:
+                    with contextlib.suppress(Exception):
+                        self.before_decode(cmd)
+                try:
+                    blocks = stream.decode(
+                        frame_parts(p.body, p.batch_id, p.received_at_ms, p.tenant)
+                    )
+                except StreamBroken as e:
+                    # the Python decoder takes this request (and says what is wrong)
+                    self._retire_stream(stream)
+                    stream = None
+                    if not e.started:  # the query itself fails, not a request
+                        self._start_failures += 1
+                        if self._start_failures >= _MAX_START_FAILURES and not self.disabled:
+                            self.disabled = True
+                            _log.warning("chDB decoding disabled (Python decodes): %s", e)
+                    if not self.disabled:
+                        stream = self._start(slot)
+                    p.done.set()
+                    continue
+                try:
+                    spans, ok, transitions, bh = summarize(blocks, p.batch_id)
+                    if spans and ok:
+                        if used >= _STAGE_REQUESTS:
+                            self._close_table(table)
+                            table, used = self._new_table(cmd), 0
+                        used += 1
+                        self._insert(cmd, table, blocks)
+                        with self._lock:
+                            self._refs[table] += 1
+                        p.result = Staged(table, p.batch_id, spans, transitions, bh)
+                except Exception:  # noqa: BLE001 - the Python decoder takes it
+                    p.result = None
+                p.done.set()
+        finally:
+            self._close_table(table)
+            if stream is not None:
+                stream.close()
+
+    def _retire_stream(self, stream: _Stream) -> None:
+        threading.Thread(target=stream.close, name="ingest-stream-end", daemon=True).start()
+
+    def _new_table(self, c: Client) -> str:
+        table = f"{STAGE_DATABASE}.g{next(self._n)}"
+        c.command(f"CREATE TABLE {table} ({_STAGE_DDL}) ENGINE = Memory")
+        with self._lock:
+            self._refs[table] = 0
+            self._open.add(table)
+        return table
+
+    def _close_table(self, table: str) -> None:
+        """A stream stages no more into `table`: it goes once the writer has all of it."""
+        if not table:
+            return
+        with self._lock:
+            self._open.discard(table)
+            gone = self._refs.get(table, 0) <= 0
+            if gone:
+                self._refs.pop(table, None)
+        if gone:
+            self._connect_once().command(f"DROP TABLE IF EXISTS {table}")
+
+    def _insert(self, c: Client, table: str, blocks: list[bytes]) -> None:
+        path = self.tmp_dir / f"{table.rsplit('.', 1)[1]}-{next(self._n)}.native"
+        with open(path, "wb") as f:
+            f.writelines(blocks)
+        try:
+            c.command(
+                f"INSERT INTO {table} ({', '.join(_STREAM_COLUMNS)}) "
+                f"FROM INFILE {sql_string(str(path))} SETTINGS {inline_settings(LEAN)} "
+                "FORMAT Native"
+            )
+        finally:
+            path.unlink(missing_ok=True)
 
     def release(self, staged: Iterable[Staged]) -> None:
-        """The writer is done with these requests; a staging table goes when all of its are."""
+        """The writer is done with these requests; a staging table goes when all of its are
+        and its stream has moved on to another."""
         gone = []
         with self._lock:
             for s in staged:
                 left = self._refs.get(s.table, 0) - 1
-                if left <= 0:
+                if left <= 0 and s.table not in self._open:
                     self._refs.pop(s.table, None)
                     gone.append(s.table)
-                else:
-                    self._refs[s.table] = left
+                elif s.table in self._refs:
+                    self._refs[s.table] = max(left, 0)
         if gone:
             c = self._connect_once()
             for t in gone:

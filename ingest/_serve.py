@@ -51,18 +51,22 @@ class ServeConfig:
     merge_nice: int = 10
 
 
-def _limit_malloc_arenas(arenas: int = 2) -> None:
+def _limit_malloc_arenas(arenas: int = 2, mmap_threshold: int = 1 << 20) -> None:
     """glibc gives each request thread its own malloc arena; freed request memory then stays
-    resident per arena. Two arenas keep peak RSS close to what is live. Best effort (Linux)."""
+    resident per arena. Two arenas keep peak RSS close to what is live. A fixed mmap
+    threshold (1 MiB; `HANDOFFS_MMAP_THRESHOLD` overrides) gives request-sized buffers
+    (bodies, framed records, decoded blocks: megabytes) back to the OS when freed; glibc's
+    default threshold rises to the largest buffer freed, after which such buffers stay in
+    the arenas. Best effort (Linux)."""
     try:
         import ctypes
 
         libc = ctypes.CDLL("libc.so.6")
         libc.mallopt(-8, arenas)  # M_ARENA_MAX
-        if os.environ.get("HANDOFFS_MMAP_THRESHOLD"):
-            libc.mallopt(-3, int(os.environ["HANDOFFS_MMAP_THRESHOLD"]))  # M_MMAP_THRESHOLD
-            libc.mallopt(-1, int(os.environ["HANDOFFS_MMAP_THRESHOLD"]))  # M_TRIM_THRESHOLD
-    except (OSError, AttributeError):
+        threshold = int(os.environ.get("HANDOFFS_MMAP_THRESHOLD") or mmap_threshold)
+        libc.mallopt(-3, threshold)  # M_MMAP_THRESHOLD (setting it stops the dynamic rise)
+        libc.mallopt(-1, threshold)  # M_TRIM_THRESHOLD
+    except (OSError, AttributeError, ValueError):
         pass
 
 

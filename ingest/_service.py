@@ -52,8 +52,8 @@ _MAX_QUEUED_SPANS = 40_000  # decoded / staged spans held for the writer; then s
 _GROUP_MAX_SPANS = 20_000
 _PAIR_MIN_SPANS = 8_000  # a last group smaller than this is written whole (see _halves)
 _PURGE_EVERY_S = 5.0  # see Ingestor._maybe_purge
-_PURGE_MIN_GAP_S = 0.5
-_PURGE_ABOVE_BYTES = 440 << 20
+_PURGE_MIN_GAP_S = 0.25
+_PURGE_ABOVE_BYTES = 400 << 20
 
 
 def _members(run: list[_Item]) -> list[tuple[Staged, int]]:
@@ -74,8 +74,9 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _PAIR_QUIET_S = 0.03  # ... and one is "last" when no request starts arriving for this long
 _GROUP_MAX_REQUESTS = 64
 #: Smallest protobuf body chDB decodes (ingest._fast); smaller ones go through Python, whose
-#: cost per request is lower: ClickHouse spends ~50-100 ms analysing the decoding query
-#: whatever the input size, which only pays off from a few thousand spans per query.
+#: cost per request is lower: chDB's decoding queries run for the life of serve, but each
+#: request still costs a few ms of fixed work (its block staged with an INSERT, the ack's
+#: figures read from it), which pays off only from several hundred spans.
 #: (OTel SDK batches of 512 spans are ~180 KB; a Collector's 8192-span batches ~3 MB.)
 SQL_MIN_BYTES = 256 * 1024
 _STAGED_WAIT_S = 0.05
@@ -178,6 +179,9 @@ class Ingestor:
         self._client_b: Client | None = None  # _write_pair's second connection
         self._taken: list[_Item] = []  # requests _write_overlapping took off the queue
         self._purged_at = time.monotonic()  # see _maybe_purge
+        self._purge_lock = threading.Lock()
+        if stager is not None:
+            stager.before_decode = self._purge_if_big
 
     # ------------------------------------------------------------ lifecycle
 
@@ -272,9 +276,8 @@ class Ingestor:
     @contextlib.contextmanager
     def receiving(self, fmt: str, nbytes: int) -> Iterator[None]:
         """Around reading and submitting one request (the HTTP handler, from its headers): a
-        protobuf body large enough for the chDB decoder is announced to it, so a decoding
-        group about to start waits briefly for this request instead of leaving it for the
-        next query (see ingest._fast.Stager)."""
+        protobuf body large enough for the chDB decoder is announced to it, so the writer
+        waits briefly for this request before a write (see _on_the_way)."""
         if self.stager is not None and fmt == PROTOBUF and nbytes >= self.sql_min_bytes:
             with self.stager.incoming():
                 yield
@@ -489,15 +492,32 @@ class Ingestor:
         if not self.purge_memory:
             return
         now = time.monotonic()
-        since = now - self._purged_at
         quiet = not self._staging and self._queue.empty()
-        if not (since >= _PURGE_EVERY_S and quiet) and not (
-            since >= _PURGE_MIN_GAP_S and _rss_bytes() >= _PURGE_ABOVE_BYTES
-        ):
-            return
-        self._purged_at = now
+        with self._purge_lock:
+            since = now - self._purged_at
+            if not (since >= _PURGE_EVERY_S and quiet) and not (
+                since >= _PURGE_MIN_GAP_S and _rss_bytes() >= _PURGE_ABOVE_BYTES
+            ):
+                return
+            self._purged_at = now
         with contextlib.suppress(Exception):
             self.client.command("SYSTEM JEMALLOC PURGE")
+
+    def _purge_if_big(self, client: Client) -> None:
+        """Before a request is decoded (on the decoding thread, with its client): under load,
+        once serve's RSS passed _PURGE_ABOVE_BYTES, hand jemalloc's freed pages back first
+        (at most every _PURGE_MIN_GAP_S, shared with _maybe_purge). A decode and a write
+        at once are serve's memory peak; the writes' freed pages would otherwise wait for
+        the writer's next purge."""
+        if not self.purge_memory:
+            return
+        now = time.monotonic()
+        with self._purge_lock:
+            if now - self._purged_at < _PURGE_MIN_GAP_S or _rss_bytes() < _PURGE_ABOVE_BYTES:
+                return
+            self._purged_at = now
+        with contextlib.suppress(Exception):
+            client.command("SYSTEM JEMALLOC PURGE")
 
     def _halves(self, run: list[_Item]) -> list[list[_Item]]:
         """A chDB-decoded group written while no request arrives (none inside submit(),

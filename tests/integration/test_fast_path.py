@@ -9,7 +9,6 @@ awkward strings included; requests the SQL path must not take are declined (None
 
 from __future__ import annotations
 
-import contextlib
 import random
 import threading
 from pathlib import Path
@@ -216,98 +215,88 @@ def _at(i: int) -> int:
     return 1_764_000_000_000 + i
 
 
-def _stage_together(stager: Stager, bodies: list[bytes], prefix: str) -> list:
-    """Stage the bodies from one thread each, all announced as incoming first, so the first
-    group waits (stager.linger_s) until every one is inside stage(): one query decodes them."""
+def _stage_at_once(stager: Stager, bodies: list[bytes], prefix: str, tenants: list[str]) -> list:
+    """Stage the bodies from one thread each, all at once."""
     out: list = [None] * len(bodies)
 
     def one(i: int) -> None:
         out[i] = stager.stage(
-            bodies[i], batch_id=f"{prefix}-{i}", received_at_ms=_at(i), tenant=TENANT
+            bodies[i], batch_id=f"{prefix}-{i}", received_at_ms=_at(i), tenant=tenants[i]
         )
 
-    with contextlib.ExitStack() as announced:
-        for _ in bodies:
-            announced.enter_context(stager.incoming())
-        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(bodies))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(bodies))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
     return out
 
 
-@pytest.mark.parametrize("dir_name", ["stage-grouped", "st{a,b}*?"])
-def test_requests_decoded_together_store_what_python_stores(
+@pytest.mark.parametrize("dir_name", ["stage-streams", "st{a,b}*?"])
+def test_requests_decoded_at_once_by_two_streams_store_what_python_stores(
     chdb_client, two_dbs, chdb_path, tmp_path, dir_name
 ):
-    """Requests that arrive together are decoded by one query, one input file per request
-    read in parallel (two threads); a stage directory whose name ClickHouse would read as a
-    glob puts its files elsewhere (file() would fail on it). Either way every request is
-    stored as the Python decoder stores it."""
+    """Requests arriving at once are decoded by the two long-lived decoding
+    queries (one per stager thread: `queries` stays 2 however many requests come), each
+    request's rows staged and stored as the Python decoder stores them. A stage directory
+    whose name ClickHouse would read as a glob puts its FIFOs elsewhere (file() would fail
+    on it). Nothing is left in the directory after close()."""
     spec = StoreSpec(kind="chdb", path=str(chdb_path), database="default")
-    stager = Stager(lambda: connect(spec, database=""), tmp_path / dir_name, linger_s=30.0)
+    stager = Stager(lambda: connect(spec, database=""), tmp_path / dir_name)
     stager.setup()
     try:
         rng = random.Random(23)
-        bodies = [build(rng, n).SerializeToString() for n in (2, 5, 1, 7)]
-        staged = _stage_together(stager, bodies, "grp")
-        assert stager.queries == 1, f"{stager.queries} decoding queries for 4 requests"
-        assert len({s.table for s in staged}) == 1  # one staging table, shared
-        taken = _store_both(chdb_client, two_dbs, stager, bodies, prefix="grp", pre_staged=staged)
-        assert taken == [True] * 4
+        bodies = [build(rng, n).SerializeToString() for n in (2, 5, 1, 7, 3, 4)]
+        tenants = [TENANT] * 6  # (build() claims TENANT in handoff.tenant)
+        staged = _stage_at_once(stager, bodies, "grp", tenants)
+        assert all(s is not None for s in staged)
+        more = [build(rng, 2).SerializeToString() for _ in range(3)]
+        for i, body in enumerate(more):  # one after another: the same two queries
+            s = stager.stage(body, batch_id=f"one-{i}", received_at_ms=_at(i), tenant=TENANT)
+            assert s is not None
+            stager.release([s])
+        assert stager.queries == 2, f"{stager.queries} decoding queries, 2 expected"
+        taken = _store_both(
+            chdb_client, two_dbs, stager, bodies, prefix="grp", tenants=tenants, pre_staged=staged
+        )
+        assert taken == [True] * 6
         _assert_same(chdb_client, two_dbs, prefix="grp")
-        assert not list(stager.tmp_dir.glob("*.pb"))  # input files removed
+        assert not list(stager.tmp_dir.glob("*.native"))  # block files removed
         assert ("{" in dir_name) == (stager.tmp_dir != tmp_path / dir_name)
     finally:
         stager.close()
+    assert not [f for f in (tmp_path / dir_name).glob("*") if f.suffix in (".fifo", ".native")]
 
 
-def test_closed_loop_senders_fall_into_step_and_share_a_query(chdb_path, tmp_path):
-    """After a round in which two senders' requests shared a query, a request that finds no
-    other waits (up to linger_s) for its partner even before the partner is announced, and
-    the two share one query again. A lone sender's requests never wait: linger_s is 30 s
-    here, each of its requests is decoded at once."""
-    import time
-
+def test_a_request_that_ends_its_stream_goes_the_python_way(chdb_path, tmp_path):
+    """Malformed protobuf ends the decoding query reading it: that request goes the Python
+    way (which says what is wrong), the thread starts a new stream, and the next requests
+    are decoded again. A request of no spans (no rows, no block) is declined at once, not
+    waited for."""
     spec = StoreSpec(kind="chdb", path=str(chdb_path), database="default")
-    stager = Stager(lambda: connect(spec, database=""), tmp_path / "stage-step", linger_s=30.0)
+    stager = Stager(lambda: connect(spec, database=""), tmp_path / "stage-broken")
     stager.setup()
     try:
-        rng = random.Random(31)
-        lone = [build(rng, 3).SerializeToString() for _ in range(2)]
-        t0 = time.monotonic()
-        for i, body in enumerate(lone):
-            staged = stager.stage(body, batch_id=f"lone-{i}", received_at_ms=_at(i), tenant=TENANT)
-            assert staged is not None
-            stager.release([staged])
-        assert time.monotonic() - t0 < 20, "a lone sender's request waited for a partner"
-        assert stager.queries == 2
-
-        pair = _stage_together(stager, [build(rng, 4).SerializeToString() for _ in range(2)], "p")
-        assert stager.queries == 3 and pair[0].table == pair[1].table
-        stager.release(pair)
-
-        bodies = [build(rng, n).SerializeToString() for n in (5, 2)]
-        out: list = [None, None]
-
-        def one(i: int) -> None:
-            out[i] = stager.stage(
-                bodies[i], batch_id=f"step-{i}", received_at_ms=_at(i), tenant=TENANT
+        rng = random.Random(41)
+        good = build(rng, 3).SerializeToString()
+        assert stager.stage(good, batch_id="g0", received_at_ms=1, tenant=TENANT) is not None
+        broken = stager.queries
+        assert stager.stage(good[:-5], batch_id="t0", received_at_ms=1, tenant=TENANT) is None
+        assert stager.queries == broken + 1, "no new stream after a malformed request"
+        no_spans = ExportTraceServiceRequest()
+        no_spans.resource_spans.add().scope_spans.add()
+        for i in range(4):  # whichever thread takes them
+            staged = stager.stage(
+                build(rng, 2).SerializeToString(),
+                batch_id=f"g{i + 1}",
+                received_at_ms=1,
+                tenant=TENANT,
             )
-
-        first = threading.Thread(target=one, args=(0,))
-        first.start()
-        time.sleep(0.5)  # the partner arrives later, unannounced
-        second = threading.Thread(target=one, args=(1,))
-        second.start()
-        first.join(60)
-        second.join(60)
-        assert out[0] is not None and out[1] is not None
-        assert stager.queries == 4, "the two requests were decoded by separate queries"
-        assert out[0].table == out[1].table
-        assert [o.spans for o in out] == [decode_protobuf(b, tenant=TENANT).spans for b in bodies]
-        stager.release(out)
+            assert staged is not None and staged.spans > 0
+            stager.release([staged])
+            empty = no_spans.SerializeToString()
+            assert stager.stage(empty, batch_id=f"e{i}", received_at_ms=1, tenant=TENANT) is None
+        assert stager.fallbacks == 5
     finally:
         stager.close()
 
@@ -503,3 +492,23 @@ def test_simulator_traffic_is_stored_the_same_both_ways(chdb_client, two_dbs, st
     assert sum(taken) >= len(taken) // 2, f"SQL path took {sum(taken)} of {len(taken)}"
     print(f"SQL path took {sum(taken)} of {len(taken)} simulator requests")
     _assert_same(chdb_client, two_dbs, prefix="sim")
+
+
+def test_a_decoding_query_that_cannot_start_turns_the_sql_path_off(chdb_path, tmp_path, monkeypatch):
+    """A decoding query that fails before it reads (here: not valid SQL; in life a schema
+    file or a library that does not fit) is retried a few times, then every request goes
+    the Python way at once instead of waiting or starting queries for ever."""
+    import ingest._fast as fast
+
+    monkeypatch.setattr(fast, "stream_select", lambda path: "SELECT FROM nowhere at all")
+    spec = StoreSpec(kind="chdb", path=str(chdb_path), database="default")
+    stager = Stager(lambda: connect(spec, database=""), tmp_path / "stage-off")
+    stager.setup()
+    try:
+        body = build(random.Random(3), 1).SerializeToString()
+        for i in range(6):
+            assert stager.stage(body, batch_id=f"o{i}", received_at_ms=1, tenant=TENANT) is None
+        assert stager.disabled
+        assert stager.fallbacks == 6
+    finally:
+        stager.close()
