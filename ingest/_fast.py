@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from json.encoder import encode_basestring  # type: ignore[attr-defined]
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from collector import contract, semconv
 from ingest._validate import EXPECTED_TAG
@@ -433,9 +433,8 @@ _MARKER: Final = frame(
     0,
 )
 #: the stream's column order: what the stager reads from each block comes first
-_STREAM_COLUMNS: Final = ("IngestBatch", "ok", "is_handoff", "row_hash") + tuple(
-    c for c, _ in STAGE_COLUMNS if c not in ("IngestBatch", "ok", "is_handoff", "row_hash")
-)
+_STREAM_FIRST: Final = ("IngestBatch", "ok", "is_handoff", "row_hash")
+_STREAM_COLUMNS: Final = (*_STREAM_FIRST, *(c for c, _ in STAGE_COLUMNS if c not in _STREAM_FIRST))
 
 
 def stream_select(path: str) -> str:
@@ -480,7 +479,7 @@ class StreamBroken(Exception):
         self.started = started
 
 
-def _uvarint(b: bytes, pos: int) -> tuple[int, int]:
+def _uvarint(b: bytes | memoryview, pos: int) -> tuple[int, int]:
     n = shift = 0
     while True:
         x = b[pos]
@@ -491,7 +490,7 @@ def _uvarint(b: bytes, pos: int) -> tuple[int, int]:
         shift += 7
 
 
-def _column(b: bytes, pos: int, name: str, type_: str) -> int:
+def _column(b: bytes | memoryview, pos: int, name: str, type_: str) -> int:
     """Position of a Native column's data after its name and type (checked)."""
     for want in (name, type_):
         n, pos = _uvarint(b, pos)
@@ -501,7 +500,7 @@ def _column(b: bytes, pos: int, name: str, type_: str) -> int:
     return pos
 
 
-def _block_batch(block: bytes) -> tuple[str, int]:
+def _block_batch(block: bytes | memoryview) -> tuple[str, int]:
     """(batch id of the first row, rows) of a stream's Native block."""
     _, pos = _uvarint(block, 0)
     rows, pos = _uvarint(block, pos)
@@ -509,10 +508,10 @@ def _block_batch(block: bytes) -> tuple[str, int]:
         return "", 0
     pos = _column(block, pos, "IngestBatch", "String")
     n, pos = _uvarint(block, pos)
-    return block[pos : pos + n].decode(), rows
+    return bytes(block[pos : pos + n]).decode(), rows
 
 
-def summarize(blocks: Iterable[bytes], batch_id: str) -> tuple[int, int, int, str]:
+def summarize(blocks: Iterable[bytes | memoryview], batch_id: str) -> tuple[int, int, int, str]:
     """(spans, ok, transitions, batch hash) of one request's Native blocks, as the writer's
     chain needs them: ok is 0 when any span is not ok; the batch hash is
     integrity.batch_hash of the transitions' row hashes (SHA-256 of them sorted, joined)."""
@@ -531,17 +530,28 @@ def summarize(blocks: Iterable[bytes], batch_id: str) -> tuple[int, int, int, st
         pos = _column(b, end, "ok", "UInt8")
         ok = min(ok, min(b[pos : pos + rows]))
         pos = _column(b, pos + rows, "is_handoff", "UInt8")
-        flags = b[pos : pos + rows]
+        flags = bytes(b[pos : pos + rows])
         transitions += rows - flags.count(0)
         pos = _column(b, pos + rows, "row_hash", "String")
         for i in range(rows):
             n, pos = _uvarint(b, pos)
             if flags[i]:
-                hashes.append(b[pos : pos + n])
+                hashes.append(bytes(b[pos : pos + n]))
             pos += n
         spans += rows
     hashes.sort()
     return spans, ok, transitions, hashlib.sha256(b"".join(hashes)).hexdigest()
+
+
+class _Chunk:
+    """One Native block a decoding stream returned, read in place (no copy into Python):
+    `view` is valid only while this object lives, so it is kept with its block."""
+
+    __slots__ = ("_result", "view")
+
+    def __init__(self, result: Any) -> None:
+        self._result = result  # chDB's result chunk: owns the memory behind `view`
+        self.view = memoryview(result.get_memview().view())
 
 
 class _Stream:
@@ -553,7 +563,7 @@ class _Stream:
         self.path = path
         path.unlink(missing_ok=True)
         os.mkfifo(path)
-        self._out: queue.SimpleQueue[bytes | BaseException | None] = queue.SimpleQueue()
+        self._out: queue.SimpleQueue[_Chunk | BaseException | None] = queue.SimpleQueue()
         self._fd = -1
         self._reader = threading.Thread(
             target=self._read, args=(stream_select(str(path)),), name="ingest-stream", daemon=True
@@ -562,19 +572,21 @@ class _Stream:
 
     def _read(self, query: str) -> None:
         try:
-            stream = self.client.raw_stream(query, fmt="Native")
+            stream: Any = self.client.raw_stream(query, fmt="Native")
             # clickhouse-connect's chdb backend (pinned in pyproject.toml): the engine's
-            # result chunks, one per block; raw_stream's read() joins them
-            chunks = stream._sr  # type: ignore[attr-defined]
+            # result chunks, one per block; raw_stream's read() joins them. Without it
+            # (another version) the stream fails to start and the Python decoder takes over.
+            chunks = stream._sr
             try:
                 for chunk in chunks:
-                    data = chunk.bytes()
-                    if data:
-                        self._out.put(data)
+                    if chunk.size():
+                        self._out.put(_Chunk(chunk))
+                    # not kept alive while the query waits for the next request (megabytes)
+                    del chunk
             finally:
                 stream.close()
             self._out.put(None)
-        except BaseException as e:  # noqa: BLE001 - handed to the waiting request
+        except BaseException as e:
             self._out.put(e)
 
     def _open(self, deadline: float) -> None:
@@ -596,7 +608,7 @@ class _Stream:
         os.set_blocking(fd, True)
         self._fd = fd
 
-    def decode(self, record: list[bytes], timeout: float = _DECODE_TIMEOUT_S) -> list[bytes]:
+    def decode(self, record: list[bytes], timeout: float = _DECODE_TIMEOUT_S) -> list[_Chunk]:
         """The Native blocks of one framed request (frame_parts; none for a request of no
         spans)."""
         deadline = time.monotonic() + timeout
@@ -612,17 +624,19 @@ class _Stream:
                     views[0] = views[0][n:]
         except OSError as e:  # EPIPE: the query ended (bad input) and closed the FIFO
             raise StreamBroken(str(e)) from e
-        blocks: list[bytes] = []
+        blocks: list[_Chunk] = []
         while True:
             try:
                 item = self._out.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
-                raise StreamBroken(f"no answer from the decoding stream in {timeout:.0f} s")
+                raise StreamBroken(
+                    f"no answer from the decoding stream in {timeout:.0f} s"
+                ) from None
             if item is None or isinstance(item, BaseException):
                 raise StreamBroken(str(item or "decoding stream ended")) from (
                     item if isinstance(item, BaseException) else None
                 )
-            if _block_batch(item)[0] == _MARKER_ID:
+            if _block_batch(item.view)[0] == _MARKER_ID:
                 return blocks
             blocks.append(item)
 
@@ -751,6 +765,7 @@ class Stager:
             self._clients.append(cmd)
         stream: _Stream | None = self._start(slot)
         table, used = "", _STAGE_REQUESTS
+        batches: set[str] = set()  # the requests staged in `table`
         try:
             while True:
                 p = self._queue.get()
@@ -780,19 +795,27 @@ class Stager:
                     p.done.set()
                     continue
                 try:
-                    spans, ok, transitions, bh = summarize(blocks, p.batch_id)
+                    spans, ok, transitions, bh = summarize((b.view for b in blocks), p.batch_id)
                     if spans and ok:
-                        if used >= _STAGE_REQUESTS:
+                        if used >= _STAGE_REQUESTS or p.batch_id in batches:
+                            # a retried copy of the request staged here goes to a table
+                            # of its own: the writer selects a request's rows by batch id,
+                            # and may be reading this table while the copy comes in
                             self._close_table(table)
-                            table, used = self._new_table(cmd), 0
+                            table, used, batches = self._new_table(cmd), 0, set()
                         used += 1
+                        batches.add(p.batch_id)
                         self._insert(cmd, table, blocks)
                         with self._lock:
                             self._refs[table] += 1
                         p.result = Staged(table, p.batch_id, spans, transitions, bh)
-                except Exception:  # noqa: BLE001 - the Python decoder takes it
+                        if used >= _STAGE_REQUESTS:  # full: it goes once the writer has it
+                            self._close_table(table)
+                            table = ""
+                except Exception:
                     p.result = None
                 p.done.set()
+                del blocks, p  # megabytes, not kept while the thread waits for a request
         finally:
             self._close_table(table)
             if stream is not None:
@@ -821,10 +844,10 @@ class Stager:
         if gone:
             self._connect_once().command(f"DROP TABLE IF EXISTS {table}")
 
-    def _insert(self, c: Client, table: str, blocks: list[bytes]) -> None:
+    def _insert(self, c: Client, table: str, blocks: list[_Chunk]) -> None:
         path = self.tmp_dir / f"{table.rsplit('.', 1)[1]}-{next(self._n)}.native"
         with open(path, "wb") as f:
-            f.writelines(blocks)
+            f.writelines(b.view for b in blocks)
         try:
             c.command(
                 f"INSERT INTO {table} ({', '.join(_STREAM_COLUMNS)}) "

@@ -494,7 +494,9 @@ def test_simulator_traffic_is_stored_the_same_both_ways(chdb_client, two_dbs, st
     _assert_same(chdb_client, two_dbs, prefix="sim")
 
 
-def test_a_decoding_query_that_cannot_start_turns_the_sql_path_off(chdb_path, tmp_path, monkeypatch):
+def test_a_decoding_query_that_cannot_start_turns_the_sql_path_off(
+    chdb_path, tmp_path, monkeypatch
+):
     """A decoding query that fails before it reads (here: not valid SQL; in life a schema
     file or a library that does not fit) is retried a few times, then every request goes
     the Python way at once instead of waiting or starting queries for ever."""

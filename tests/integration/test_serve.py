@@ -257,6 +257,16 @@ def test_query_port_is_read_only(ch):
         ch.insert("otel_traces", [["x"]], column_names=["TraceId"])
 
 
+def test_embedded_engine_hands_freed_memory_back_promptly(ch):
+    # serve sets jemalloc's options for the embedded ClickHouse before chDB loads
+    # (ingest._serve.JEMALLOC_CONF): freed pages go back to the OS after 200 ms, not 5 s
+    from ingest._serve import JEMALLOC_CONF
+
+    stats = ch.command("SELECT * FROM system.jemalloc_stats FORMAT TSVRaw")
+    ms = JEMALLOC_CONF.split(":")[1]
+    assert f"opt.dirty_decay_ms: {ms} (arenas.dirty_decay_ms: {ms})" in str(stats)
+
+
 def test_ledger_and_batch_chain_match(serve, ch):
     serve.wait_stored()  # earlier tests may have left a write in flight
     tl = ch.query("SELECT count() FROM transition_ledger").result_rows[0][0]
