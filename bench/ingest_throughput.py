@@ -102,6 +102,21 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _cpu_ticks() -> list[int]:
+    """The machine's CPU time counters (/proc/stat `cpu` line: user nice system idle iowait
+    irq softirq steal ...), in clock ticks summed over all CPUs."""
+    return [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+
+
+def _machine_note(before: list[int], after: list[int]) -> str:
+    """How much of the machine the run had: idle and hypervisor-stolen shares of all CPUs'
+    time over the run. On a shared VM, steal (and neighbours' load, which shows up as the
+    same work taking more CPU time) moves this bench's figures by ~30% between runs."""
+    d = [b - a for a, b in zip(before, after, strict=True)]
+    total = sum(d[:8]) or 1
+    return f"machine during the run: {100 * d[3] / total:.0f}% idle, {100 * d[7] / total:.0f}% stolen by the hypervisor"
+
+
 def _peak_rss_mb(pid: int, field: str = "VmHWM") -> float:
     """Peak RSS (VmHWM) or another /proc status field of a process, MB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -147,6 +162,7 @@ def _e2e(bodies: list[bytes], args: argparse.Namespace, base: int, decoder: str)
                         errors.append(f"{r.status_code} {r.text[:200]}")
 
             cpu0 = _cpu_s(serve.process.pid)
+            ticks0 = _cpu_ticks()
             t0 = time.perf_counter()
             threads = [threading.Thread(target=sender) for _ in range(args.concurrency)]
             for th in threads:
@@ -158,6 +174,7 @@ def _e2e(bodies: list[bytes], args: argparse.Namespace, base: int, decoder: str)
             health = serve.wait_stored(600, poll_s=0.01)
             e2e_s = time.perf_counter() - t0
             cpu = _cpu_s(serve.process.pid) - cpu0
+            machine = _machine_note(ticks0, _cpu_ticks())
             if errors:
                 print("errors:", errors[:3])
                 return None
@@ -174,6 +191,7 @@ def _e2e(bodies: list[bytes], args: argparse.Namespace, base: int, decoder: str)
     print(
         f"serve CPU: {cpu:.2f} s -> {total / cpu:,.0f} spans per CPU-second (machine load not counted)"
     )
+    print(machine)
     print(
         f"stored transitions: {stored - _WARM_SPANS} of {total}; serve peak RSS {rss:.0f} MB (now {rss_file:.0f} MB of it file-backed: the chDB library); {health['batches']} batches"
     )

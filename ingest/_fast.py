@@ -511,6 +511,47 @@ def _block_batch(block: bytes | memoryview) -> tuple[str, int]:
     return bytes(block[pos : pos + n]).decode(), rows
 
 
+_HASH_DIGITS: Final = 64  # a row hash: SHA-256 in lowercase hex
+_HASH_CELL: Final = _HASH_DIGITS + 1  # its Native String cell: length byte 64 (b'@'), digits
+#: is_handoff flag (0/1) -> the length byte of that row's row-hash cell in an ok request
+_CELL_LENGTH_OF_FLAG: Final = bytes.maketrans(b"\x00\x01", b"\x00@")
+
+
+def _row_hashes(b: bytes | memoryview, pos: int, rows: int, flags: bytes) -> list[bytes]:
+    """The row hashes of the flagged rows, from the Native String column at `pos` holding
+    `rows` cells.
+
+    In an ok request a flagged row's hash is 64 hex digits (cell b'@' + digits) and any
+    other row's is '' (cell b'\\x00'); neither length byte is a hex digit, so the cells are
+    cut apart with bytes operations in C (~0.5 ms per 5,000 transitions, ~2 ms when other
+    spans are mixed in) instead of read row by row in Python (~5-7 ms). Their answer is
+    taken only when the column provably is that (the length bytes in row order are the
+    flags' and every hash is 64 hex digits); anything else is read row by row."""
+    n_hashes = flags.count(1)
+    column = bytes(b[pos : pos + n_hashes * _HASH_CELL + rows - n_hashes])
+    if n_hashes == rows:  # every span a transition: the cells are evenly spaced
+        hashes = [column[i + 1 : i + _HASH_CELL] for i in range(0, len(column), _HASH_CELL)]
+        lengths = column[::_HASH_CELL]
+    else:
+        pieces = column.split(b"@")
+        hashes = [p[:_HASH_DIGITS] for p in pieces[1:]]
+        lengths = pieces[0] + b"".join([b"@" + p[_HASH_DIGITS:] for p in pieces[1:]])
+    digits = b"".join(hashes)
+    if (
+        lengths == flags.translate(_CELL_LENGTH_OF_FLAG)
+        and len(digits) == _HASH_DIGITS * len(hashes)
+        and not digits.translate(None, b"0123456789abcdef")
+    ):
+        return hashes
+    hashes = []
+    for i in range(rows):
+        n, pos = _uvarint(b, pos)
+        if flags[i]:
+            hashes.append(bytes(b[pos : pos + n]))
+        pos += n
+    return hashes
+
+
 def summarize(blocks: Iterable[bytes | memoryview], batch_id: str) -> tuple[int, int, int, str]:
     """(spans, ok, transitions, batch hash) of one request's Native blocks, as the writer's
     chain needs them: ok is 0 when any span is not ok; the batch hash is
@@ -533,11 +574,7 @@ def summarize(blocks: Iterable[bytes | memoryview], batch_id: str) -> tuple[int,
         flags = bytes(b[pos : pos + rows])
         transitions += rows - flags.count(0)
         pos = _column(b, pos + rows, "row_hash", "String")
-        for i in range(rows):
-            n, pos = _uvarint(b, pos)
-            if flags[i]:
-                hashes.append(bytes(b[pos : pos + n]))
-            pos += n
+        hashes += _row_hashes(b, pos, rows, flags)
         spans += rows
     hashes.sort()
     return spans, ok, transitions, hashlib.sha256(b"".join(hashes)).hexdigest()
