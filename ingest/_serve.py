@@ -63,6 +63,15 @@ def _tune_engine_allocator() -> None:
         os.environ.setdefault("JE_MALLOC_CONF", JEMALLOC_CONF)
 
 
+def _engine_decays_promptly() -> bool:
+    """serve's own allocator options are in effect (not an operator's): freed pages go back
+    to the OS within JEMALLOC_CONF's 200 ms, in jemalloc's background threads (ClickHouse
+    enables them). Purging under load on top of that cost ~9% of serve's CPU per span (the
+    purged pages are faulted back in by the next request) for no lower peak RSS (paired
+    runs of bench/ingest_throughput.py, docs/operators.md)."""
+    return os.environ.get("JE_MALLOC_CONF") == JEMALLOC_CONF
+
+
 def _limit_malloc_arenas(arenas: int = 2, mmap_threshold: int = 1 << 20) -> None:
     """glibc gives each request thread its own malloc arena; freed request memory then stays
     resident per arena. Two arenas keep peak RSS close to what is live. A fixed mmap
@@ -181,6 +190,7 @@ def run_serve(
         stager=stager,
         sql_min_bytes=0 if cfg.decoder == "sql" else SQL_MIN_BYTES,
         purge_memory=spec.embedded,
+        purge_under_load=not _engine_decays_promptly(),
     )
     replayed = ingestor.start()
     if replayed:

@@ -131,10 +131,15 @@ class Ingestor:
         stager: Stager | None = None,
         sql_min_bytes: int = SQL_MIN_BYTES,
         purge_memory: bool = False,
+        purge_under_load: bool = True,
     ) -> None:
         self.client = client
-        #: embedded store: hand the engine's freed pages back to the OS after each write
+        #: embedded store: hand the engine's freed pages back to the OS (see _maybe_purge)
         self.purge_memory = purge_memory
+        #: ... also under load, past _PURGE_ABOVE_BYTES of RSS: not needed when the engine's
+        #: allocator hands freed pages back within a fraction of a second by itself (serve's
+        #: JE_MALLOC_CONF, ingest._serve.JEMALLOC_CONF); then these purges only cost CPU
+        self.purge_under_load = purge_under_load
         self.stager = stager
         self.sql_min_bytes = sql_min_bytes
         self.database = database
@@ -496,7 +501,9 @@ class Ingestor:
         with self._purge_lock:
             since = now - self._purged_at
             if not (since >= _PURGE_EVERY_S and quiet) and not (
-                since >= _PURGE_MIN_GAP_S and _rss_bytes() >= _PURGE_ABOVE_BYTES
+                self.purge_under_load
+                and since >= _PURGE_MIN_GAP_S
+                and _rss_bytes() >= _PURGE_ABOVE_BYTES
             ):
                 return
             self._purged_at = now
@@ -509,7 +516,7 @@ class Ingestor:
         (at most every _PURGE_MIN_GAP_S, shared with _maybe_purge). A decode and a write
         at once are serve's memory peak; the writes' freed pages would otherwise wait for
         the writer's next purge."""
-        if not self.purge_memory:
+        if not (self.purge_memory and self.purge_under_load):
             return
         now = time.monotonic()
         with self._purge_lock:

@@ -234,3 +234,41 @@ def test_freed_memory_is_purged_when_quiet_at_most_every_interval(
     monkeypatch.setattr(service, "_PURGE_ABOVE_BYTES", 1 << 60)
     ing._maybe_purge()  # quiet: purged
     assert ing._purged_at > 0.0
+
+
+def test_no_purges_under_load_when_the_engine_decays_promptly(
+    chdb_client, fresh_db, tmp_path, monkeypatch
+):
+    """purge_under_load=False (serve with its own jemalloc decay in effect): past the RSS
+    threshold with a request on its way, neither the writer nor the decoding hook purges;
+    when quiet, the writer still does."""
+    monkeypatch.setattr(service, "_PURGE_EVERY_S", 0.0)
+    monkeypatch.setattr(service, "_PURGE_ABOVE_BYTES", 1 << 20)
+    assert service._rss_bytes() > 1 << 20
+    ing = Ingestor(
+        chdb_client,
+        fresh_db,
+        Spool(tmp_path / "spool", max_bytes=1 << 30),
+        purge_memory=True,
+        purge_under_load=False,
+    )
+    ing._purged_at = 0.0
+    ing._staging = 1  # under load
+    before = _purges(chdb_client)
+    ing._maybe_purge()
+    ing._purge_if_big(chdb_client)
+    assert ing._purged_at == 0.0 and _purges(chdb_client) == before
+    ing._staging = 0  # quiet
+    ing._maybe_purge()
+    assert ing._purged_at > 0.0 and _purges(chdb_client) >= before + 1
+
+
+def test_serve_purges_under_load_only_with_an_operators_allocator_options(monkeypatch):
+    from ingest import _serve
+
+    monkeypatch.setenv("JE_MALLOC_CONF", _serve.JEMALLOC_CONF)
+    assert _serve._engine_decays_promptly()
+    monkeypatch.setenv("JE_MALLOC_CONF", "dirty_decay_ms:5000")
+    assert not _serve._engine_decays_promptly()
+    monkeypatch.delenv("JE_MALLOC_CONF")
+    assert not _serve._engine_decays_promptly()
