@@ -18,6 +18,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Final
 
 import requests
 
@@ -102,6 +103,48 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+#: serve's threads by name (Linux comm; ClickHouse names its own threads): what each group does
+_THREAD_ROLES: Final = {
+    "QueryPipelineEx": "decoding streams",
+    "ThreadPool": "chDB connections (writes, staging)",
+    "python": "Python (stager, writer, stream readers)",
+    "MergeMutate": "merges",
+}
+
+
+def _thread_cpu_s(pid: int) -> dict[int, tuple[str, float]]:
+    """tid -> (thread name, utime + stime seconds) of each of a process's threads."""
+    import os
+
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:  # the thread ended
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        f = stat.rsplit(")", 1)[1].split()
+        out[int(tid)] = (name, (int(f[11]) + int(f[12])) / tick)
+    return out
+
+
+def _cpu_split(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], total: float
+) -> str:
+    """serve's CPU over the run (`total`) by thread role; chDB runs a connection's queries
+    on a worker thread of its own. Threads gone by the end count as "ended": mostly the
+    senders' HTTP connection threads (reading bodies, spooling, framing)."""
+    split: dict[str, float] = {}
+    for tid, (name, cpu) in after.items():
+        role = _THREAD_ROLES.get(name, "other")
+        split[role] = split.get(role, 0.0) + cpu - before.get(tid, (name, 0.0))[1]
+    split["ended"] = max(0.0, total - sum(split.values()))
+    return ", ".join(
+        f"{role} {cpu:.2f} s" for role, cpu in sorted(split.items(), key=lambda x: -x[1])
+    )
+
+
 def _cpu_ticks() -> list[int]:
     """The machine's CPU time counters (/proc/stat `cpu` line: user nice system idle iowait
     irq softirq steal ...), in clock ticks summed over all CPUs."""
@@ -162,6 +205,7 @@ def _e2e(bodies: list[bytes], args: argparse.Namespace, base: int, decoder: str)
                         errors.append(f"{r.status_code} {r.text[:200]}")
 
             cpu0 = _cpu_s(serve.process.pid)
+            threads0 = _thread_cpu_s(serve.process.pid)
             ticks0 = _cpu_ticks()
             t0 = time.perf_counter()
             threads = [threading.Thread(target=sender) for _ in range(args.concurrency)]
@@ -174,6 +218,7 @@ def _e2e(bodies: list[bytes], args: argparse.Namespace, base: int, decoder: str)
             health = serve.wait_stored(600, poll_s=0.01)
             e2e_s = time.perf_counter() - t0
             cpu = _cpu_s(serve.process.pid) - cpu0
+            split = _cpu_split(threads0, _thread_cpu_s(serve.process.pid), cpu)
             machine = _machine_note(ticks0, _cpu_ticks())
             if errors:
                 print("errors:", errors[:3])
@@ -191,6 +236,7 @@ def _e2e(bodies: list[bytes], args: argparse.Namespace, base: int, decoder: str)
     print(
         f"serve CPU: {cpu:.2f} s -> {total / cpu:,.0f} spans per CPU-second (machine load not counted)"
     )
+    print(f"serve CPU by thread: {split}")
     print(machine)
     print(
         f"stored transitions: {stored - _WARM_SPANS} of {total}; serve peak RSS {rss:.0f} MB (now {rss_file:.0f} MB of it file-backed: the chDB library); {health['batches']} batches"
