@@ -203,21 +203,28 @@ class Spool:
                 )
             seq = self._next_seq
             hdr = json.dumps({**header, "seq": seq}, separators=(",", ":")).encode()
-            payload = hdr + body
-            frame = _FRAME.pack(_MAGIC, len(hdr), len(body), zlib.crc32(payload)) + payload
+            # the frame's three parts go out in one writev, the body not copied (a request
+            # is megabytes: two copies cost ~1.5 ms of CPU each, page faults included)
+            crc = zlib.crc32(body, zlib.crc32(hdr))  # == crc32(hdr + body)
+            parts = [memoryview(_FRAME.pack(_MAGIC, len(hdr), len(body), crc)), memoryview(hdr)]
+            parts.append(memoryview(body))
+            frame_len = sum(len(p) for p in parts)
             seg = self._segments[self._seg_no]
             try:
-                view = memoryview(frame)
-                while view:  # os.write may write less than asked (a nearly full disk)
-                    view = view[os.write(self._fd, view) :]
+                while parts:  # os.writev may write less than asked (a nearly full disk)
+                    n = os.writev(self._fd, parts)
+                    while parts and n >= len(parts[0]):
+                        n -= len(parts.pop(0))
+                    if n:
+                        parts[0] = parts[0][n:]
             except OSError:
                 # Leave no torn frame behind: later records must stay readable.
                 os.ftruncate(self._fd, seg[1])
                 raise
             self._next_seq += 1
             seg[0] = seq
-            seg[1] += len(frame)
-            self._pending[seq] = len(frame)
+            seg[1] += frame_len
+            self._pending[seq] = frame_len
             self._written += 1
             mine = self._written
         self._sync(mine)
