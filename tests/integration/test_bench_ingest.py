@@ -1,0 +1,42 @@
+"""bench/ingest_throughput.py still runs end to end and prints what its readers rely on (a
+small run: figures only, no speed asserted — tests must not depend on machine speed)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_bench_runs_and_prints_its_result_line() -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "ingest_throughput.py"),
+            "--requests",
+            "3",
+            "--spans",
+            "2000",
+            "--no-baseline",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.strip().splitlines()
+    assert re.fullmatch(r"RESULT spans_per_s=\d+ parse_ratio=[0-9.]+ rss_mb=\d+", lines[-1]), lines[
+        -1
+    ]
+    text = out.stdout
+    assert "stored transitions: 6000 of 6000" in text
+    # the measured requests (~700 KB) take the SQL path, as does the warm-up request
+    decoded = re.search(r"requests decoded by chDB: (\d+) in \d+ queries, declined: 0", text)
+    assert decoded and int(decoded.group(1)) >= 3, text
+    split = re.search(r"serve CPU by thread: (.*)", text)
+    assert split and "decoding streams" in split.group(1), text
+    assert re.search(r"machine during the run: \d+% idle, \d+% stolen", text), text
