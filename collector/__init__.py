@@ -1,19 +1,51 @@
-"""The handoff instrumentation shim: contract, envelope, tracer, semantic conventions, adapters."""
+"""The handoff instrumentation shim: contract, envelope, tracer, semantic conventions, adapters.
 
-from collector._redact import InputFilter
-from collector.a2a import A2A_STATES, a2a_event, a2a_events
-from collector.contract import (
-    PROTOCOL,
-    TERMINAL,
-    TRANSITIONS,
-    Event,
-    IllegalTransition,
-    State,
-    next_state,
-)
-from collector.envelope import Envelope, EnvelopeError, EvidenceRef
-from collector.recorder import InMemoryRecorder
-from collector.tracer import Handoff, HandoffTracer
+The names below load on first use (PEP 562): `handoffs serve` needs only the contract and
+the semantic conventions (collector.contract, collector.semconv), not the OpenTelemetry SDK
+that the tracer and the recorder bring in (~6 MB of serve's memory, ~60 ms of start-up).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collector._redact import InputFilter
+    from collector.a2a import A2A_STATES, a2a_event, a2a_events
+    from collector.contract import (
+        PROTOCOL,
+        TERMINAL,
+        TRANSITIONS,
+        Event,
+        IllegalTransition,
+        State,
+        next_state,
+    )
+    from collector.envelope import Envelope, EnvelopeError, EvidenceRef
+    from collector.recorder import InMemoryRecorder
+    from collector.tracer import Handoff, HandoffTracer
+
+#: exported name -> the module that defines it
+_WHERE = {
+    "InputFilter": "collector._redact",
+    "A2A_STATES": "collector.a2a",
+    "a2a_event": "collector.a2a",
+    "a2a_events": "collector.a2a",
+    "PROTOCOL": "collector.contract",
+    "TERMINAL": "collector.contract",
+    "TRANSITIONS": "collector.contract",
+    "Event": "collector.contract",
+    "IllegalTransition": "collector.contract",
+    "State": "collector.contract",
+    "next_state": "collector.contract",
+    "Envelope": "collector.envelope",
+    "EnvelopeError": "collector.envelope",
+    "EvidenceRef": "collector.envelope",
+    "InMemoryRecorder": "collector.recorder",
+    "Handoff": "collector.tracer",
+    "HandoffTracer": "collector.tracer",
+}
 
 __all__ = [
     "A2A_STATES",
@@ -34,3 +66,16 @@ __all__ = [
     "a2a_events",
     "next_state",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'collector' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # once: later lookups do not come here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])
