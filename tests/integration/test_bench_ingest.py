@@ -21,6 +21,8 @@ def test_bench_runs_and_prints_its_result_line() -> None:
             "--spans",
             "2000",
             "--no-baseline",
+            "--rounds",
+            "2",
         ],
         capture_output=True,
         text=True,
@@ -33,10 +35,16 @@ def test_bench_runs_and_prints_its_result_line() -> None:
         -1
     ]
     text = out.stdout
-    assert "stored transitions: 6000 of 6000" in text
     # the measured requests (~700 KB) take the SQL path, as does the warm-up request
     decoded = re.search(r"requests decoded by chDB: (\d+) in \d+ queries, declined: 0", text)
     assert decoded and int(decoded.group(1)) >= 3, text
     split = re.search(r"serve CPU by thread: (.*)", text)
     assert split and "decoding streams" in split.group(1), text
     assert re.search(r"machine during the run: \d+% idle, \d+% stolen", text), text
+    # two rounds: a summary of the spread, and RESULT is one round's own figures
+    summary = re.search(r"2 rounds: end to end ([\d,]+) / ([\d,]+) / ([\d,]+) spans/s", text)
+    assert summary, text
+    rates = [int(x.replace(",", "")) for x in summary.groups()]
+    assert rates[0] <= rates[1] <= rates[2]
+    assert f"spans_per_s={rates[1]} " in lines[-1]  # the median round's, rounded alike
+    assert text.count("stored transitions: 6000 of 6000") == 2
