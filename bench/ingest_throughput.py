@@ -12,6 +12,7 @@ e2e is measured from the first request sent to the moment serve reports nothing 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import sys
 import tempfile
@@ -95,12 +96,15 @@ def build_request(rng: random.Random, n_spans: int, base_ns: int) -> bytes:
 _WARM_SPANS = 1000
 
 
+def _stat_cpu_s(stat: str) -> float:
+    """utime + stime, seconds, of a /proc .../stat line (a process's or one thread's)."""
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _cpu_s(pid: int) -> float:
     """utime + stime of a process, seconds (load-independent cost)."""
-    import os
-
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return _stat_cpu_s(Path(f"/proc/{pid}/stat").read_text())
 
 
 #: issue 3's targets, for the summary of several rounds (--rounds)
@@ -118,18 +122,13 @@ _THREAD_ROLES: Final = {
 
 def _thread_cpu_s(pid: int) -> dict[int, tuple[str, float]]:
     """tid -> (thread name, utime + stime seconds) of each of a process's threads."""
-    import os
-
-    tick = os.sysconf("SC_CLK_TCK")
     out = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
             stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
         except OSError:  # the thread ended
             continue
-        name = stat[stat.index("(") + 1 : stat.rindex(")")]
-        f = stat.rsplit(")", 1)[1].split()
-        out[int(tid)] = (name, (int(f[11]) + int(f[12])) / tick)
+        out[int(tid)] = (stat[stat.index("(") + 1 : stat.rindex(")")], _stat_cpu_s(stat))
     return out
 
 

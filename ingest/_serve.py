@@ -66,9 +66,9 @@ def _tune_engine_allocator() -> None:
 def _engine_decays_promptly() -> bool:
     """serve's own allocator options are in effect (not an operator's): freed pages go back
     to the OS within JEMALLOC_CONF's 200 ms, in jemalloc's background threads (ClickHouse
-    enables them). Purging under load on top of that cost ~9% of serve's CPU per span (the
-    purged pages are faulted back in by the next request) for no lower peak RSS (paired
-    runs of bench/ingest_throughput.py, docs/operators.md)."""
+    enables them). Purging under load on top of that cost 2-9% of serve's CPU per span (the
+    purged pages are faulted back in by the next request) for a peak RSS no lower within
+    ~5 MB (paired runs of bench/ingest_throughput.py, docs/operators.md)."""
     return os.environ.get("JE_MALLOC_CONF") == JEMALLOC_CONF
 
 
