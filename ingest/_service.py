@@ -61,6 +61,17 @@ def _members(run: list[_Item]) -> list[tuple[Staged, int]]:
     return [(x.stage, x.received_at_ms) for x in run if x.stage is not None]
 
 
+def _split_in_two(run: list[_Item]) -> list[list[_Item]]:
+    """`run` as two runs in order, the first with at least half of the spans."""
+    total, acc, half = sum(x.decoded.spans for x in run), 0, len(run) - 1
+    for i, x in enumerate(run[:-1], 1):
+        acc += x.decoded.spans
+        if acc * 2 >= total:
+            half = i
+            break
+    return [run[:half], run[half:]]
+
+
 def _rss_bytes() -> int:
     """This process's resident set (Linux /proc; 0 elsewhere)."""
     try:
@@ -71,6 +82,7 @@ def _rss_bytes() -> int:
 
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_EXTRA_CLIENTS = 2  # see Ingestor._open_extra_clients
 _PAIR_QUIET_S = 0.03  # ... and one is "last" when no request starts arriving for this long
 _GROUP_MAX_REQUESTS = 64
 #: Smallest protobuf body chDB decodes (ingest._fast); smaller ones go through Python, whose
@@ -181,7 +193,10 @@ class Ingestor:
         }
         self._lock = threading.Lock()
         self._staging = 0  # requests inside submit(): decoding, spooling or queueing
-        self._client_b: Client | None = None  # _write_pair's second connection
+        #: connections for data written at once with the writer's own (_write_pair,
+        #: _write_overlapping), opened when serve starts (see _open_extra_clients)
+        self._extra: list[Client] = []
+        self._extra_lock = threading.Lock()
         self._taken: list[_Item] = []  # requests _write_overlapping took off the queue
         self._purged_at = time.monotonic()  # see _maybe_purge
         self._purge_lock = threading.Lock()
@@ -198,6 +213,9 @@ class Ingestor:
         self._load_chain()
         if self.stager is not None:
             self.stager.setup()
+            threading.Thread(
+                target=self._open_extra_clients, name="ingest-connect", daemon=True
+            ).start()
         groups = self.spool.groups()
         present = {rec.seq for rec in self.spool.uncommitted()}
         replayed = 0
@@ -234,10 +252,12 @@ class Ingestor:
         self._thread.join(timeout)
         drained = not self._thread.is_alive()
         self._stopping.set()
-        if drained and self._client_b is not None:
-            with contextlib.suppress(Exception):
-                self._client_b.close()
-            self._client_b = None
+        if drained:
+            with self._extra_lock:
+                for c in self._extra:
+                    with contextlib.suppress(Exception):
+                        c.close()
+                self._extra.clear()
         return drained
 
     def _load_chain(self) -> None:
@@ -542,13 +562,7 @@ class Ingestor:
             or not self._quiet(_PAIR_QUIET_S)
         ):
             return [run]
-        total, acc, half = sum(x.decoded.spans for x in run), 0, len(run) - 1
-        for i, x in enumerate(run[:-1], 1):  # the first half: at least half of the spans
-            acc += x.decoded.spans
-            if acc * 2 >= total:
-                half = i
-                break
-        return [run[:half], run[half:]]
+        return _split_in_two(run)
 
     def _on_the_way(self) -> bool:
         """A request is inside submit(), or (chDB-decoded) announced by its headers."""
@@ -588,21 +602,54 @@ class Ingestor:
         parts: list[tuple[list[_Item], str, BaseException | None]] = []
         if more:
             self._taken += more
-            if len(more) == 1:
-                token_b = more[0].batch_id
-            else:
-                token_b = make_token("group", *(x.batch_id for x in more))
-                self.spool.log_group([x.seq for x in more])
             with self._lock:
                 self.stats["overlapped_writes"] += 1
-            try:
-                error_b = self._staged_data(self._second_client(), more, token_b)
-            except Exception as exc:  # no second connection: written the usual way
-                error_b = exc
-            parts.append((more, token_b, error_b))
+            # the end of a burst: in two halves at once when large enough (on the two extra
+            # connections), so that both cores write once this group's data are in
+            halves = (
+                _split_in_two(more)
+                if len(more) > 1 and sum(x.decoded.spans for x in more) >= _PAIR_MIN_SPANS
+                else [more]
+            )
+            parts = self._data_at_once([(h, self._group_token(h)) for h in halves])
         t.join()
         self._chain_in_order([(run, token, errors.get("a")), *parts])
         self.timings["store_s"] += time.perf_counter() - t0
+
+    def _group_token(self, run: list[_Item]) -> str:
+        """The dedup token of a run written as one group: the batch id of a single request;
+        for several, a token of their ids, logged in the spool first (a replay regroups
+        them exactly)."""
+        if len(run) == 1:
+            return run[0].batch_id
+        self.spool.log_group([x.seq for x in run])
+        return make_token("group", *(x.batch_id for x in run))
+
+    def _data_at_once(
+        self, planned: list[tuple[list[_Item], str]]
+    ) -> list[tuple[list[_Item], str, BaseException | None]]:
+        """The data of up to two staged runs, written at once on the extra connections (the
+        second on a thread of its own); each run with its token and the exception its write
+        raised (None when stored), in order, for _chain_in_order."""
+        errors: list[BaseException | None] = [None] * len(planned)
+
+        def data(i: int) -> None:
+            run, token = planned[i]
+            try:
+                errors[i] = self._staged_data(self._extra_client(i), run, token)
+            except Exception as exc:  # no connection: the run is written the usual way
+                errors[i] = exc
+
+        threads = [
+            threading.Thread(target=data, args=(i,), name=f"ingest-writer-{'bc'[i]}", daemon=True)
+            for i in range(1, len(planned))
+        ]
+        for t in threads:
+            t.start()
+        data(0)
+        for t in threads:
+            t.join()
+        return [(run, token, errors[i]) for i, (run, token) in enumerate(planned)]
 
     def _followers(self, done: threading.Event, run: list[_Item]) -> list[_Item]:
         """While `done` is unset: once no request is on its way for _PAIR_QUIET_S, the
@@ -647,7 +694,7 @@ class Ingestor:
         (run_a, token_a), (run_b, token_b) = a, b
         t0 = time.perf_counter()
         try:
-            other = self._second_client()
+            other = self._extra_client(0)
         except Exception as exc:
             log.warning("second store connection failed, writing in turn: %s", exc)
             return False
@@ -703,11 +750,23 @@ class Ingestor:
             token=token, prev_chain=self._chain, source=self.source,
         )  # fmt: skip
 
-    def _second_client(self) -> Client:
-        if self._client_b is None:
-            assert self.stager is not None
-            self._client_b = self.stager.new_client()
-        return self._client_b
+    def _extra_client(self, i: int) -> Client:
+        """The i-th extra connection (0 or 1), opened now if it is not yet."""
+        with self._extra_lock:
+            while len(self._extra) <= i:
+                assert self.stager is not None
+                self._extra.append(self.stager.new_client())
+            return self._extra[i]
+
+    def _open_extra_clients(self) -> None:
+        """Open the extra connections ahead of need: an embedded connection takes ~40-50 ms to
+        open, which was spent at the end of a burst, between its last acknowledgement and its
+        spans being stored (a write would open it otherwise: see _extra_client)."""
+        try:
+            for i in range(_EXTRA_CLIENTS):
+                self._extra_client(i)
+        except Exception as exc:  # the write that needs one tries again, or writes in turn
+            log.warning("could not open a second store connection: %s", exc)
 
     def _write(self, run: list[_Item], token: str, *, retry: bool) -> None:
         delay = 0.05

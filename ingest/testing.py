@@ -167,11 +167,19 @@ def start_serve(
             raise RuntimeError(f"serve exited with {proc.returncode}:\n{handle.log()}")
         try:
             handle.health(timeout=2)
-            return handle
         except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
             time.sleep(0.05)
+            continue
+        # /health answers as soon as the server thread runs; serve prints its start-up
+        # line (addresses, spool, auth) just after: a caller may read it from the log
+        if "OTLP http" in handle.log():
+            return handle
+        time.sleep(0.01)
     handle.kill()
-    raise RuntimeError(f"serve did not answer /health within {timeout}s:\n{handle.log()}")
+    raise RuntimeError(
+        f"serve did not start (answer /health, print its addresses) within {timeout}s:\n"
+        f"{handle.log()}"
+    )
 
 
 # --------------------------------------------------------------------- building requests

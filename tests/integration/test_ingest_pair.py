@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -20,6 +21,9 @@ from ingest._service import Ingestor
 from ingest._spool import Spool
 from ingest._verify import verify_chain
 from ingest.testing import request_protobuf, span_json, transition
+
+if TYPE_CHECKING:
+    from clickhouse_connect.driver.client import Client
 
 _PER_REQUEST = 2_500  # 4 requests: 10,000 spans, above _PAIR_MIN_SPANS
 
@@ -40,7 +44,7 @@ def _body(k: int) -> bytes:
 
 @pytest.fixture(scope="module")
 def bodies() -> list[bytes]:
-    return [_body(k) for k in range(4)]
+    return [_body(k) for k in range(5)]
 
 
 @pytest.fixture
@@ -92,7 +96,7 @@ def _assert_stored_once(client, db: str, batches: int) -> None:
 
 
 def test_last_group_is_written_as_two_halves_at_once(chdb_client, fresh_db, ingestor, bodies):
-    _submit_together(ingestor, bodies)
+    _submit_together(ingestor, bodies[:4])
     assert ingestor.stager is not None and ingestor.stager.staged == 4  # decoded by chDB
     assert (ingestor.stats["pair_writes"], ingestor.stats["pair_fallbacks"]) == (1, 0)
     assert ingestor.stats["writes"] == 2  # the two halves, each its own group and token
@@ -114,20 +118,27 @@ def test_a_failed_half_is_written_again_the_usual_way(
         return real(client, *args, **kwargs)
 
     monkeypatch.setattr(service, "write_staged_data", second_connection_fails_once)
-    _submit_together(ingestor, bodies)
+    _submit_together(ingestor, bodies[:4])
     assert failed == [1]
     assert (ingestor.stats["pair_writes"], ingestor.stats["pair_fallbacks"]) == (0, 1)
     _assert_stored_once(chdb_client, fresh_db, 4)
 
 
-def _overlapped(ingestor: Ingestor, bodies: list[bytes], monkeypatch, *, b_fails: bool) -> None:
-    """One request whose write is held until two more requests arrived and, nothing else
-    arriving, were taken off the queue and written alongside it on the second connection."""
+def _overlapped(
+    ingestor: Ingestor, bodies: list[bytes], monkeypatch, *, b_fails: bool, followers: int = 2
+) -> list[Client]:
+    """One request whose write is held until `followers` more requests arrived and, nothing
+    else arriving, were taken off the queue and written alongside it on the extra
+    connections. Returns the connections the followers' data went in on, in order."""
     real = service.write_staged_data
     gate, entered = threading.Event(), threading.Event()
     failed: list[int] = []
 
+    used: list[Client] = []
+
     def held(client, *args, **kwargs):
+        if client is not ingestor.client:
+            used.append(client)
         if client is ingestor.client and not gate.is_set():
             entered.set()
             assert gate.wait(60), "the followers were never taken"
@@ -140,7 +151,7 @@ def _overlapped(ingestor: Ingestor, bodies: list[bytes], monkeypatch, *, b_fails
     monkeypatch.setattr(service, "write_staged_data", held)
     ingestor.submit(bodies[0], PROTOBUF, tenant="default")
     assert entered.wait(30)
-    for body in bodies[1:3]:  # while the first one's write is held
+    for body in bodies[1 : 1 + followers]:  # while the first one's write is held
         ingestor.submit(body, PROTOBUF, tenant="default")
     deadline = time.monotonic() + 30
     while ingestor.stats["overlapped_writes"] == 0 and time.monotonic() < deadline:
@@ -151,6 +162,7 @@ def _overlapped(ingestor: Ingestor, bodies: list[bytes], monkeypatch, *, b_fails
     gate.set()
     assert ingestor.wait_idle(60)
     assert failed == ([1] if b_fails else [])
+    return used
 
 
 def test_requests_arriving_during_a_write_are_written_alongside_it(
@@ -166,12 +178,28 @@ def test_requests_arriving_during_a_write_are_written_alongside_it(
     assert ingestor.spool.backlog_bytes == 0
 
 
-def test_a_failed_overlapped_write_is_written_again_the_usual_way(
+def test_many_requests_arriving_during_a_write_go_in_as_two_halves_at_once(
     chdb_client, fresh_db, ingestor, bodies, monkeypatch
 ):
-    _overlapped(ingestor, bodies, monkeypatch, b_fails=True)
+    """Followers of _PAIR_MIN_SPANS or more (here 4 x 2,500 spans) are written as two
+    groups at once, one on each extra connection, so that both cores write at the end of a
+    burst; chain rows in order, each span stored once."""
+    used = _overlapped(ingestor, bodies, monkeypatch, b_fails=False, followers=4)
+    assert len(used) == 2 and used[0] is not used[1]  # the two halves, one per connection
     assert ingestor.stats["overlapped_writes"] == 1
-    _assert_stored_once(chdb_client, fresh_db, 3)
+    assert ingestor.stats["writes"] == 3  # the held group, then each half as its own group
+    _assert_stored_once(chdb_client, fresh_db, 5)
+    assert ingestor.spool.backlog_bytes == 0
+    assert len(ingestor.spool.groups()) == 4  # both halves logged as groups of two
+
+
+@pytest.mark.parametrize("followers", [2, 4], ids=["one-group", "two-halves"])
+def test_a_failed_overlapped_write_is_written_again_the_usual_way(
+    chdb_client, fresh_db, ingestor, bodies, monkeypatch, followers
+):
+    _overlapped(ingestor, bodies, monkeypatch, b_fails=True, followers=followers)
+    assert ingestor.stats["overlapped_writes"] == 1
+    _assert_stored_once(chdb_client, fresh_db, 1 + followers)
     assert ingestor.spool.backlog_bytes == 0
 
 
