@@ -83,7 +83,7 @@ def _rss_bytes() -> int:
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _EXTRA_CLIENTS = 2  # see Ingestor._open_extra_clients
-_PAIR_QUIET_S = 0.03  # ... and one is "last" when no request starts arriving for this long
+_PAIR_QUIET_S = 0.01  # ... and one is "last" when no request starts arriving for this long
 _GROUP_MAX_REQUESTS = 64
 #: Smallest protobuf body chDB decodes (ingest._fast); smaller ones go through Python, whose
 #: cost per request is lower: chDB's decoding queries run for the life of serve, but each
