@@ -580,9 +580,9 @@ class Ingestor:
     def _write_overlapping(self, run: list[_Item], token: str) -> None:
         """Write a chDB-decoded group; should requests arrive meanwhile and then none for
         _PAIR_QUIET_S (the end of a burst), take them off the queue (self._taken) and write
-        their data at once on the second connection, chain rows after this group's (as
-        _write_pair). Before, they waited for this write to end: the last acknowledged
-        requests were stored one whole write later."""
+        their data at once on the extra connections (two halves when _PAIR_MIN_SPANS or
+        more), chain rows after this group's (as _write_pair). Before, they waited for this
+        write to end: the last acknowledged requests were stored one whole write later."""
         if self.stager is None or any(x.stage is None for x in run):
             self._write(run, token, retry=True)
             return
