@@ -472,15 +472,7 @@ class Ingestor:
             if len({x.stage is None for x in run}) > 1:  # a replayed group of both kinds
                 run[:] = [self._unstage(x) for x in run]
             parts = self._halves(run) if log_group and not regroup else [run]
-            planned = []
-            for part in parts:
-                if len(part) == 1:
-                    token = part[0].batch_id
-                else:
-                    token = make_token("group", *(x.batch_id for x in part))
-                    if log_group:
-                        self.spool.log_group([x.seq for x in part])
-                planned.append((part, token))
+            planned = [(part, self._group_token(part, log=log_group)) for part in parts]
             if len(planned) == 2 and self._write_pair(planned[0], planned[1]):
                 continue
             if len(planned) == 1 and log_group and not regroup and run is runs[-1]:
@@ -616,13 +608,14 @@ class Ingestor:
         self._chain_in_order([(run, token, errors.get("a")), *parts])
         self.timings["store_s"] += time.perf_counter() - t0
 
-    def _group_token(self, run: list[_Item]) -> str:
+    def _group_token(self, run: list[_Item], *, log: bool = True) -> str:
         """The dedup token of a run written as one group: the batch id of a single request;
-        for several, a token of their ids, logged in the spool first (a replay regroups
-        them exactly)."""
+        for several, a token of their ids, logged in the spool first when `log` (a replay
+        regroups them exactly; a replayed group is already logged)."""
         if len(run) == 1:
             return run[0].batch_id
-        self.spool.log_group([x.seq for x in run])
+        if log:
+            self.spool.log_group([x.seq for x in run])
         return make_token("group", *(x.batch_id for x in run))
 
     def _data_at_once(
@@ -762,9 +755,14 @@ class Ingestor:
         """Open the extra connections ahead of need: an embedded connection takes ~40-50 ms to
         open, which was spent at the end of a burst, between its last acknowledgement and its
         spans being stored (a write would open it otherwise: see _extra_client)."""
+        assert self.stager is not None
         try:
             for i in range(_EXTRA_CLIENTS):
-                self._extra_client(i)
+                with self._extra_lock:  # stop() closes them under this lock, after _stopping
+                    if self._stopping.is_set():
+                        return
+                    if len(self._extra) <= i:
+                        self._extra.append(self.stager.new_client())
         except Exception as exc:  # the write that needs one tries again, or writes in turn
             log.warning("could not open a second store connection: %s", exc)
 
