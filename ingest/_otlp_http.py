@@ -1,4 +1,5 @@
-"""OTLP/HTTP trace receiver: POST /v1/traces (protobuf or JSON, optionally gzip), GET /health.
+"""OTLP/HTTP trace receiver: POST /v1/traces (protobuf or JSON, optionally gzip), GET /health
+(`?wait_s=N`: answered once every acknowledged request is stored, or after N seconds).
 
 Status codes follow the OTLP/HTTP spec: 200 (with partial_success when some spans were
 rejected), 400 bad data, 401 missing/unknown bearer token, 404 unknown path, 411 no
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import urllib.parse
 import zlib
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -75,6 +77,35 @@ def _gunzip(data: bytes, limit: int) -> bytes:
     return out
 
 
+#: longest `GET /health?wait_s=` a caller may ask for (seconds)
+HEALTH_MAX_WAIT_S: Final = 600.0
+
+
+def _health_wait_s(query: str) -> float:
+    """`wait_s` of a /health query string: answer once every acknowledged request is stored,
+    or after that many seconds (0 or absent: at once). Anything else is a 400 that says why."""
+    if not query:
+        return 0.0
+    try:
+        params = urllib.parse.parse_qs(query, keep_blank_values=True, strict_parsing=True)
+    except ValueError:
+        raise _HttpError(400, f"bad query string {query!r}; use /health?wait_s=SECONDS") from None
+    unknown = sorted(set(params) - {"wait_s"})
+    if unknown:
+        raise _HttpError(400, f"unknown /health parameter(s) {unknown}; the only one is wait_s")
+    values = params["wait_s"]
+    try:
+        wait_s = float(values[-1])
+    except ValueError:
+        wait_s = -1.0
+    if len(values) != 1 or not 0 <= wait_s <= HEALTH_MAX_WAIT_S:
+        raise _HttpError(
+            400,
+            f"wait_s must be one number of seconds from 0 to {HEALTH_MAX_WAIT_S:.0f}, got {values}",
+        )
+    return wait_s
+
+
 class _Handler(BaseHTTPRequestHandler):
     server_version = "handoffs-serve"
     protocol_version = "HTTP/1.1"
@@ -116,7 +147,15 @@ class _Handler(BaseHTTPRequestHandler):
     # -------------------------------------------------------------- routes
 
     def do_GET(self) -> None:
-        if self.path.split("?")[0] == "/health":
+        path, _, query = self.path.partition("?")
+        if path == "/health":
+            try:
+                wait_s = _health_wait_s(query)
+            except _HttpError as e:
+                self._error(e.status, e.message, JSON)
+                return
+            if wait_s:
+                self.ingestor.wait_idle(wait_s)
             h = self.ingestor.health()
             status = 200 if h["status"] == "ok" else 503
             self._send(status, json.dumps(h).encode(), "application/json")

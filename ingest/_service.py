@@ -373,13 +373,12 @@ class Ingestor:
         }
 
     def wait_idle(self, timeout: float = 30.0) -> bool:
-        """True once every accepted request is stored (polls; for tests and drains)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self._queue.unfinished_tasks == 0:
-                return True
-            time.sleep(0.01)
-        return False
+        """True once every accepted request is stored, False if some still are not after
+        `timeout` seconds (for tests, drains and `GET /health?wait_s=`). Woken by the
+        writer's last task_done, not by polling: a caller waiting costs serve no CPU."""
+        done = self._queue.all_tasks_done
+        with done:
+            return done.wait_for(lambda: self._queue.unfinished_tasks == 0, timeout)
 
     # ------------------------------------------------------------ writer
 

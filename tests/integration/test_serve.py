@@ -72,6 +72,45 @@ def test_health(serve):
     assert r.status_code == 200 and r.json()["status"] == "ok"
 
 
+def test_health_wait_answers_once_acknowledged_spans_are_stored(serve, ch):
+    """`/health?wait_s=` returns when the writer has stored every acknowledged request (the
+    writer lingers up to 0.5 s for more requests, so without the wait they are not stored
+    yet), not after polling or sleeping on the caller's side."""
+    spans = [_span(transition(f"h-wait-{i}", "create", "", "created")) for i in range(50)]
+    assert _post(serve, request_protobuf(spans), {**PB, **ACME}).status_code == 200
+    ACKED.extend(s["spanId"] for s in spans)
+    r = requests.get(f"{serve.otlp_url}/health?wait_s=60", timeout=90)
+    assert r.status_code == 200
+    assert r.json()["queued"] == 0 and r.json()["spool_backlog_bytes"] == 0, r.json()
+    n = ch.query(
+        "SELECT count() FROM otel_traces WHERE SpanId IN {ids:Array(String)}",
+        parameters={"ids": [s["spanId"] for s in spans]},
+    ).result_rows[0][0]
+    assert n == 50
+
+
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [
+        ("wait_s=soon", "wait_s must be one number of seconds from 0 to 600, got ['soon']"),
+        ("wait_s=-1", "wait_s must be one number of seconds from 0 to 600, got ['-1']"),
+        ("wait_s=601", "wait_s must be one number of seconds from 0 to 600, got ['601']"),
+        ("wait_s=nan", "wait_s must be one number of seconds from 0 to 600, got ['nan']"),
+        ("wait_s=1&wait_s=2", "wait_s must be one number of seconds from 0 to 600, got ['1', '2']"),
+        ("wait_s", "bad query string 'wait_s'; use /health?wait_s=SECONDS"),
+        ("wait_s=", "wait_s must be one number of seconds from 0 to 600, got ['']"),
+        ("verbose=1", "unknown /health parameter(s) ['verbose']; the only one is wait_s"),
+        ("a&&b", "bad query string 'a&&b'; use /health?wait_s=SECONDS"),
+    ],
+)
+def test_health_wait_with_a_bad_parameter_is_a_400_that_says_why(serve, query, message):
+    t0 = time.monotonic()
+    r = requests.get(f"{serve.otlp_url}/health?{query}", timeout=10)
+    assert r.status_code == 400
+    assert r.json()["message"] == message
+    assert time.monotonic() - t0 < 5  # answered at once, no wait
+
+
 def test_good_batch_with_partly_bad_spans_gets_partial_success(serve, ch):
     good = [_span(transition(f"h-{i}", "create", "", "created")) for i in range(3)]
     bad = transition("h-bad", "create", "", "created")
