@@ -54,8 +54,11 @@ class ServeConfig:
 #: jemalloc options of the embedded ClickHouse (read once, when chDB loads; an operator's own
 #: JE_MALLOC_CONF wins). ClickHouse keeps freed pages for 5 s before it hands them back to
 #: the OS; serve's requests free tens of MB a second, so 200 ms keeps peak RSS ~25 MB lower
-#: under load (bench/ingest_throughput.py, paired runs in docs/operators.md).
-JEMALLOC_CONF: Final = "dirty_decay_ms:200"
+#: under load. Each of ClickHouse's threads also caches freed blocks of up to 32 KiB for
+#: itself (jemalloc's tcache, up to 20 per size); serve runs ~50 threads, so caching only
+#: blocks of up to 1 KiB keeps peak RSS another ~15 MB lower at the same CPU
+#: (bench/ingest_throughput.py, paired runs in docs/operators.md).
+JEMALLOC_CONF: Final = "dirty_decay_ms:200,tcache_max:1024"
 
 
 def _tune_engine_allocator() -> None:

@@ -301,9 +301,12 @@ def test_embedded_engine_hands_freed_memory_back_promptly(ch):
     # (ingest._serve.JEMALLOC_CONF): freed pages go back to the OS after 200 ms, not 5 s
     from ingest._serve import JEMALLOC_CONF
 
-    stats = ch.command("SELECT * FROM system.jemalloc_stats FORMAT TSVRaw")
-    ms = JEMALLOC_CONF.split(":")[1]
-    assert f"opt.dirty_decay_ms: {ms} (arenas.dirty_decay_ms: {ms})" in str(stats)
+    stats = str(ch.command("SELECT * FROM system.jemalloc_stats FORMAT TSVRaw"))
+    opts = dict(kv.split(":") for kv in JEMALLOC_CONF.split(","))
+    ms = opts["dirty_decay_ms"]
+    assert f"opt.dirty_decay_ms: {ms} (arenas.dirty_decay_ms: {ms})" in stats
+    # and each thread caches only small freed blocks (jemalloc's default: up to 32 KiB)
+    assert f"opt.tcache_max: {opts['tcache_max']}\n" in stats
 
 
 def test_ledger_and_batch_chain_match(serve, ch):
