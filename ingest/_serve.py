@@ -19,7 +19,7 @@ from typing import Final
 from handoffs.store import StoreSpec, apply_schema, connect
 from ingest._otlp_http import OtlpConfig, make_otlp_server
 from ingest._query_http import QueryEngine, make_query_server
-from ingest._service import SQL_MIN_BYTES, Ingestor
+from ingest._service import OVERLAP_MAX_RSS, SQL_MIN_BYTES, Ingestor
 from ingest._spool import Spool
 
 __all__ = ["ServeConfig", "keep_dataframe_libs_out", "run_serve"]
@@ -194,6 +194,7 @@ def run_serve(
         sql_min_bytes=0 if cfg.decoder == "sql" else SQL_MIN_BYTES,
         purge_memory=spec.embedded,
         purge_under_load=not _engine_decays_promptly(),
+        overlap_max_rss=OVERLAP_MAX_RSS if spec.embedded else 0,
     )
     replayed = ingestor.start()
     if replayed:

@@ -84,6 +84,11 @@ def _rss_bytes() -> int:
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _EXTRA_CLIENTS = 2  # see Ingestor._open_extra_clients
 _PAIR_QUIET_S = 0.01  # ... and one is "last" when no request starts arriving for this long
+#: requests acknowledged during a write are written at once with it (_write_overlapping)
+#: only while serve's RSS is below this: three writes at once hold ~20-45 MB more than
+#: two, and the last writes of a burst are serve's memory peak; above it they go in right
+#: after the running write (two halves at once, _halves)
+OVERLAP_MAX_RSS = 450 << 20
 _GROUP_MAX_REQUESTS = 64
 #: Smallest protobuf body chDB decodes (ingest._fast); smaller ones go through Python, whose
 #: cost per request is lower: chDB's decoding queries run for the life of serve, but each
@@ -144,8 +149,12 @@ class Ingestor:
         sql_min_bytes: int = SQL_MIN_BYTES,
         purge_memory: bool = False,
         purge_under_load: bool = True,
+        overlap_max_rss: int = 0,
     ) -> None:
         self.client = client
+        #: embedded store: RSS from which requests acknowledged during a write are no longer
+        #: written at once with it (serve passes OVERLAP_MAX_RSS; 0: no limit)
+        self.overlap_max_rss = overlap_max_rss
         #: embedded store: hand the engine's freed pages back to the OS (see _maybe_purge)
         self.purge_memory = purge_memory
         #: ... also under load, past _PURGE_ABOVE_BYTES of RSS: not needed when the engine's
@@ -183,6 +192,7 @@ class Ingestor:
             "pair_fallbacks": 0,  # ... that failed and were written the usual way
             # requests stored alongside a write that was running when they arrived
             "overlapped_writes": 0,
+            "overlaps_skipped_for_memory": 0,
         }
         #: cumulative wall seconds per stage (threads overlap): for operators and benchmarks
         self.timings: dict[str, float] = {
@@ -646,7 +656,8 @@ class Ingestor:
     def _followers(self, done: threading.Event, run: list[_Item]) -> list[_Item]:
         """While `done` is unset: once no request is on its way for _PAIR_QUIET_S, the
         chDB-decoded requests at the head of the queue (run's tenant, not already stored,
-        up to _GROUP_MAX_SPANS), taken off the queue; [] if none before `done`."""
+        up to _GROUP_MAX_SPANS), taken off the queue; [] if none before `done`, or when
+        serve's RSS is at overlap_max_rss (they stay queued for the next write)."""
         tenant = run[0].decoded.tenant
         ids = {x.batch_id for x in run}
         quiet_since: float | None = None
@@ -674,6 +685,10 @@ class Ingestor:
                     ids.add(it.batch_id)
                     spans += it.decoded.spans
                     n += 1
+            if n and self.overlap_max_rss and _rss_bytes() >= self.overlap_max_rss:
+                with self._lock:
+                    self.stats["overlaps_skipped_for_memory"] += 1
+                return []
             if n:
                 taken = [self._queue.get_nowait() for _ in range(n)]
                 return sorted((x for x in taken if x is not None), key=lambda x: x.seq)

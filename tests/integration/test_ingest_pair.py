@@ -203,6 +203,43 @@ def test_a_failed_overlapped_write_is_written_again_the_usual_way(
     assert ingestor.spool.backlog_bytes == 0
 
 
+def test_past_the_memory_limit_requests_arriving_during_a_write_wait_for_it(
+    chdb_client, fresh_db, ingestor, bodies, monkeypatch
+):
+    """Three writes at once are serve's memory peak: at overlap_max_rss (here any RSS) the
+    followers stay queued while the running write holds, and go in after it (as two halves
+    at once); each span stored once, the chain intact."""
+    ingestor.overlap_max_rss = 1
+    real = service.write_staged_data
+    gate, entered = threading.Event(), threading.Event()
+    during: list[Client] = []
+
+    def held(client, *args, **kwargs):
+        if client is ingestor.client and not gate.is_set():
+            entered.set()
+            assert gate.wait(60)
+        elif not gate.is_set():
+            during.append(client)
+        return real(client, *args, **kwargs)
+
+    monkeypatch.setattr(service, "write_staged_data", held)
+    ingestor.submit(bodies[0], PROTOBUF, tenant="default")
+    assert entered.wait(30)
+    for body in bodies[1:5]:
+        ingestor.submit(body, PROTOBUF, tenant="default")
+    deadline = time.monotonic() + 30
+    while ingestor.stats["overlaps_skipped_for_memory"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ingestor.stats["overlaps_skipped_for_memory"] >= 1
+    assert ingestor.health()["queued"] == 4  # left on the queue, not taken
+    gate.set()
+    assert ingestor.wait_idle(60)
+    assert during == [] and ingestor.stats["overlapped_writes"] == 0
+    assert ingestor.stats["pair_writes"] == 1  # then the four as two halves at once
+    _assert_stored_once(chdb_client, fresh_db, 5)
+    assert ingestor.spool.backlog_bytes == 0
+
+
 def test_the_writer_waits_for_a_request_still_being_received(ingestor, bodies):
     """A staged request is not written alone while another one's headers have arrived (the
     HTTP handler announces it): the two share one write (up to _STAGED_MAX_WAIT_S later)."""
