@@ -685,13 +685,14 @@ class Ingestor:
                     ids.add(it.batch_id)
                     spans += it.decoded.spans
                     n += 1
-            if n and self.overlap_max_rss and _rss_bytes() >= self.overlap_max_rss:
+            if not n:
+                continue
+            if self.overlap_max_rss and _rss_bytes() >= self.overlap_max_rss:
                 with self._lock:
                     self.stats["overlaps_skipped_for_memory"] += 1
                 return []
-            if n:
-                taken = [self._queue.get_nowait() for _ in range(n)]
-                return sorted((x for x in taken if x is not None), key=lambda x: x.seq)
+            taken = [self._queue.get_nowait() for _ in range(n)]
+            return sorted((x for x in taken if x is not None), key=lambda x: x.seq)
         return []
 
     def _write_pair(self, a: tuple[list[_Item], str], b: tuple[list[_Item], str]) -> bool:
