@@ -1,7 +1,8 @@
 """serve drops the chDB library's cached pages before chDB loads (ingest._serve
 _drop_engine_library_cache): how much of the library stays resident otherwise depends on
-how the file got into the page cache. Checked with mincore(2) on a file of our own, and on
-which files serve advises."""
+how the file got into the page cache; and once it is up, it pages out the library's pages
+(_page_out_engine_library), so only the code it runs comes back. Checked with mincore(2)
+and /proc/self/smaps on a file of our own, and on which files serve advises."""
 
 from __future__ import annotations
 
@@ -14,7 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from ingest._serve import _drop_engine_library_cache, drop_page_cache
+from ingest._serve import (
+    _drop_engine_library_cache,
+    _page_out_engine_library,
+    drop_page_cache,
+    page_out_mappings,
+)
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="page cache advice: Linux")
 
@@ -82,3 +88,59 @@ def test_serve_advises_the_chdb_library_before_chdb_loads() -> None:
 def test_serve_leaves_a_loaded_library_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "chdb", sys.modules.get("chdb") or object())  # type: ignore[arg-type]
     assert _drop_engine_library_cache() == []
+
+
+def _mapping_rss_kb(path: Path) -> int:
+    rss, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split(maxsplit=5)
+        if head and "-" in head[0] and len(head) >= 5 and ":" not in head[0]:
+            inside = len(head) == 6 and head[5] == str(path)
+        elif inside and line.startswith("Rss:"):
+            rss += int(line.split()[1])
+    return rss
+
+
+def test_page_out_mappings_gives_back_a_mapped_files_pages(tmp_path: Path) -> None:
+    f = tmp_path / "lib.bin"
+    size = 8 << 20
+    with open(f, "wb") as out:
+        out.write(os.urandom(size))
+        out.flush()
+        os.fsync(out.fileno())
+    other = tmp_path / "other.bin"
+    other.write_bytes(os.urandom(1 << 20))
+    with open(f, "rb") as fh, open(other, "rb") as oh:
+        m = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        o = mmap.mmap(oh.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            sum(m[i] for i in range(0, size, _PAGE))  # every page touched
+            sum(o[i] for i in range(0, 1 << 20, _PAGE))
+            assert _mapping_rss_kb(f) > size // 1024 * 0.9
+            assert _mapping_rss_kb(other) > 1024 * 0.9
+            advised = page_out_mappings(lambda p: p == str(f))
+            assert advised == size
+            assert _mapping_rss_kb(f) < size // 1024 * 0.1, _mapping_rss_kb(f)
+            assert _mapping_rss_kb(other) > 1024 * 0.9  # only the matching mapping
+            assert m[size - 1 : size] == f.read_bytes()[-1:]  # read back on use
+        finally:
+            m.close()
+            o.close()
+
+
+def test_serve_pages_out_the_chdb_library_once_loaded() -> None:
+    code = (
+        "import chdb; chdb.query('SELECT 1'); "
+        "from ingest._serve import _page_out_engine_library as p; print(p())"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    ).stdout.split()
+    # the library's mappings (its file is 555 MB in chdb 4.4), not a small helper library
+    assert int(out[-1]) > 100 << 20, out
+
+
+def test_page_out_of_nothing_loaded_is_a_no_op() -> None:
+    assert page_out_mappings(lambda p: p == "/no/such/file.so") == 0
+    if "chdb" not in sys.modules:
+        assert _page_out_engine_library() == 0
