@@ -57,6 +57,13 @@ def _resident_pages(path: Path) -> tuple[int, int]:
         os.close(fd)
 
 
+def _python_prints(code: str) -> list[str]:
+    """What `code` prints in a new interpreter (chDB not loaded yet), split on whitespace."""
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    ).stdout.split()
+
+
 def test_drop_page_cache_evicts_a_files_clean_pages(tmp_path: Path) -> None:
     f = tmp_path / "lib.bin"
     with open(f, "wb") as out:
@@ -76,9 +83,7 @@ def test_serve_advises_the_chdb_library_before_chdb_loads() -> None:
         "import sys; from ingest._serve import _drop_engine_library_cache as d; "
         "assert 'chdb' not in sys.modules; print('\\n'.join(map(str, d())))"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
-    ).stdout.split()
+    out = _python_prints(code)
     assert len(out) == 1, out
     lib = Path(out[0])
     assert lib.name.startswith("_chdb") and lib.suffix == ".so" and lib.parent.name == "chdb"
@@ -133,9 +138,7 @@ def test_serve_pages_out_the_chdb_library_once_loaded() -> None:
         "import chdb; chdb.query('SELECT 1'); "
         "from ingest._serve import _page_out_engine_library as p; print(p())"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
-    ).stdout.split()
+    out = _python_prints(code)
     # the library's mappings (its file is 555 MB in chdb 4.4), not a small helper library
     assert int(out[-1]) > 100 << 20, out
 
