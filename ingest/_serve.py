@@ -7,6 +7,7 @@ SIGTERM / SIGINT: stop accepting, store everything spooled, exit 0.
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import logging
 import os
 import signal
@@ -67,6 +68,10 @@ def _tune_engine_allocator() -> None:
         os.environ.setdefault("JE_MALLOC_CONF", JEMALLOC_CONF)
 
 
+#: the file name of chDB's engine (the ClickHouse library) inside the chdb package
+_ENGINE_LIBRARY: Final = "_chdb*.so"
+
+
 def _drop_engine_library_cache() -> list[Path]:
     """Evict the chDB library's unmapped pages from the page cache before chDB loads, so
     its code is read back in the folios its own page faults ask for.
@@ -77,8 +82,8 @@ def _drop_engine_library_cache() -> list[Path]:
     import and queries left 172, 201, 203 or 274 MB of the library resident; right after
     `make test`, bench/ingest_throughput.py's serve peaked at 579-606 MB, and at 471-489 MB
     once the library's cached pages had been dropped. Read back after this, 172 MB every
-    time, for ~0.3 s more start-up. Pages another process has mapped stay cached (the kernel skips
-    them). Best effort; returns the files advised."""
+    time, for ~0.3 s more start-up. Pages another process has mapped stay cached (the
+    kernel skips them). Best effort; returns the files advised."""
     if "chdb" in sys.modules:
         return []
     import importlib.util
@@ -89,7 +94,7 @@ def _drop_engine_library_cache() -> list[Path]:
         return []
     done: list[Path] = []
     for where in (spec.submodule_search_locations or []) if spec else []:
-        for lib in Path(where).glob("_chdb*.so"):
+        for lib in Path(where).glob(_ENGINE_LIBRARY):
             with contextlib.suppress(OSError, AttributeError):  # AttributeError: no fadvise
                 drop_page_cache(lib)
                 done.append(lib)
@@ -134,7 +139,7 @@ def _page_out_engine_library() -> int:
     lowered the bench's peak RSS by ~90 MB (474-499 -> 380-426 MB, 4 pairs of
     bench/ingest_throughput.py runs, spans/s the same); the first requests read their code
     back from the file (the page cache or the disk)."""
-    return page_out_mappings(lambda path: Path(path).name.startswith("_chdb") and ".so" in path)
+    return page_out_mappings(lambda path: fnmatch.fnmatch(Path(path).name, _ENGINE_LIBRARY))
 
 
 def drop_page_cache(path: Path) -> None:
