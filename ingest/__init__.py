@@ -26,6 +26,7 @@ _WHERE = {
     "StoreUnavailable": "_service",
     "Spool": "_spool",
     "SpoolFull": "_spool",
+    "SpoolLocked": "_spool",
     "SpoolRecord": "_spool",
     "TENANT_MISMATCH": "_validate",
     "CheckResult": "_validate",
@@ -58,7 +59,7 @@ if TYPE_CHECKING:
     from ingest._files import IngestSummary, ingest_requests, read_requests
     from ingest._serve import ServeConfig, run_serve
     from ingest._service import Ingestor, StoreUnavailable
-    from ingest._spool import Spool, SpoolFull, SpoolRecord
+    from ingest._spool import Spool, SpoolFull, SpoolLocked, SpoolRecord
     from ingest._validate import TENANT_MISMATCH, CheckResult, check_handoff_span
     from ingest._verify import ChainReport, verify_chain
     from ingest._writer import BatchResult, last_chain_hash, make_token, write_batch
@@ -77,6 +78,7 @@ __all__ = [
     "ServeConfig",
     "Spool",
     "SpoolFull",
+    "SpoolLocked",
     "SpoolRecord",
     "StoreUnavailable",
     "check_handoff_span",

@@ -7,6 +7,8 @@ write (disk full) removes its partial frame before raising. On open, bytes that 
 valid frame (a torn tail from a crash, never acknowledged; or on-disk corruption) are
 skipped by resyncing on the next valid frame, copied to `quarantine-*.bad` and reported.
 `commit(seq)` marks every record up to seq as stored; segments wholly committed are deleted.
+One process at a time: the directory's `lock` file is locked (POSIX record lock) while a
+Spool is open, and a second process opening it gets SpoolLocked at once.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-__all__ = ["Spool", "SpoolFull", "SpoolRecord"]
+__all__ = ["Spool", "SpoolFull", "SpoolLocked", "SpoolRecord"]
 
 log = logging.getLogger("handoffs.spool")
 _MAGIC: Final = b"HOS1"
@@ -34,6 +36,34 @@ _SEGMENT_BYTES: Final = 64 * 1024 * 1024
 
 class SpoolFull(RuntimeError):
     """The spool holds SPOOL_MAX_BYTES of records not yet stored: the store is behind."""
+
+
+class SpoolLocked(RuntimeError):
+    """Another process has this spool directory open (another serve on the same spool)."""
+
+
+def _lock_directory(directory: Path) -> int:
+    """An fd holding an exclusive lock on `directory/lock` (with our pid in it).
+
+    A POSIX record lock (lockf): held per process, so it is released by the kernel when the
+    process dies however it dies, and a crash leaves nothing to clean up. Raises SpoolLocked
+    when another process holds it.
+    """
+    import fcntl
+
+    fd = os.open(directory / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+        os.close(fd)
+        raise SpoolLocked(
+            f"the spool directory {directory} is in use by another process (pid {holder}; "
+            "another serve?): stop it first or give this one its own --spool-dir"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +113,7 @@ class Spool:
     ) -> None:
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = _lock_directory(self.dir)
         self.max_bytes = max_bytes
         self._fsync = fsync
         self._segment_bytes = segment_bytes
@@ -336,3 +367,4 @@ class Spool:
             if self._fsync:
                 os.fdatasync(self._fd)
             os.close(self._fd)
+            os.close(self._lock_fd)  # releases the directory's lock

@@ -175,3 +175,29 @@ def test_a_group_half_written_before_a_crash_is_rebuilt_and_stored_once(
     ledger = chdb_client.query(f"SELECT count() FROM {db}.transition_ledger").result_rows
     batches = chdb_client.query(f"SELECT count() FROM {db}.ingest_batches").result_rows
     assert spans == [(12, 12)] and ledger == [(12,)] and batches == [(3,)]
+
+
+def test_a_second_process_cannot_open_a_spool_in_use(tmp_path):
+    """Two serves on one --spool-dir would race on its files: the second is refused at once,
+    naming the holder's pid, and may open it as soon as the first has closed it."""
+    import os
+    import subprocess
+    import sys
+
+    s = Spool(tmp_path, max_bytes=1 << 20)
+    s.append({"tenant": "t"}, b"kept")
+    probe = (
+        "import sys\n"
+        "from ingest import Spool, SpoolLocked\n"
+        "try:\n"
+        f"    Spool({str(tmp_path)!r}, max_bytes=1 << 20).close()\n"
+        "except SpoolLocked as exc:\n"
+        "    print(exc); sys.exit(3)\n"
+    )
+    held = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert held.returncode == 3, held.stderr
+    assert f"pid {os.getpid()}" in held.stdout and "--spool-dir" in held.stdout
+    s.close()
+    freed = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert freed.returncode == 0, freed.stdout + freed.stderr
+    assert [r.body for r in Spool(tmp_path, max_bytes=1 << 20).uncommitted()] == [b"kept"]
