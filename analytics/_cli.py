@@ -16,6 +16,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from analytics._text import terminal_safe
+
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
 
 
@@ -58,6 +60,13 @@ def _client(args):
         spec = parse_store(args.store, database=args.database)
     except StoreError as exc:
         raise _Usage(str(exc)) from None
+    if spec.embedded and not Path(spec.path or ".").is_dir():
+        # these commands only read: opening the engine would create an empty store there
+        raise _Unavailable(
+            f"no store at {spec.path}: nothing was ever stored there; pass --store (or set "
+            "HANDOFFS_STORE) to the store `handoffs serve` writes, e.g. --store "
+            "http://127.0.0.1:8124 while it runs"
+        )
     try:
         return connect(spec, database=""), spec.database
     except StoreError as exc:
@@ -94,8 +103,14 @@ def _pct(v: Any) -> str:
     return fmt_rate(v)
 
 
+def _say(line: str) -> None:
+    """Print a line built from stored values (agents' ids and names): control and bidi
+    characters in them are shown escaped, never acted on by the terminal."""
+    print(terminal_safe(line))
+
+
 def _print_table(header: list[str], rows: list[list[Any]]) -> None:
-    cells = [header, *[[str(c) for c in r] for r in rows]]
+    cells = [header, *[[terminal_safe(c, one_line=True) for c in r] for r in rows]]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
     for n, r in enumerate(cells):
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
@@ -189,7 +204,7 @@ def _cmd_evidence(args) -> int:
 
 
 def _print_package(pkg: dict[str, Any]) -> None:
-    print(f"handoff {pkg['handoff_id']}  task {pkg['task_id']}  tenant {pkg['tenant']}")
+    _say(f"handoff {pkg['handoff_id']}  task {pkg['task_id']}  tenant {pkg['tenant']}")
     env = pkg["envelope"]
     for k in (
         "protocol",
@@ -201,7 +216,7 @@ def _print_package(pkg: dict[str, Any]) -> None:
         "capabilities",
     ):
         if k in env:
-            print(f"  {k}: {env[k]}" + (" ms" if k == "deadline_ms" else ""))
+            _say(f"  {k}: {env[k]}" + (" ms" if k == "deadline_ms" else ""))
     print()
     _print_table(
         ["time (UTC)", "event", "transition", "actor", "span_id", "counted"],
@@ -218,9 +233,9 @@ def _print_package(pkg: dict[str, Any]) -> None:
         ],
     )
     term = pkg["terminal"]
-    print(f"\nterminal: {term['state'] or '—'} (terminal={term['is_terminal']}); receipt "
+    _say(f"\nterminal: {term['state'] or '—'} (terminal={term['is_terminal']}); receipt "
           f"{term['receipt']['status'] or '—'} {term['receipt']['hash'] or ''}")  # fmt: skip
-    print(f"anomalies: {', '.join(pkg['anomalies']) or 'none'}")
+    _say(f"anomalies: {', '.join(pkg['anomalies']) or 'none'}")
     integ = pkg["integrity"]
     led = integ["ledger"]
     print(f"integrity: chain head {integ['chain_head'][:16]}…, package sha256 {integ['package_sha256'][:16]}…; "

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Final
 import pandas as pd
 
 from analytics._common import Window, check_db
+from analytics._text import html_safe
 from analytics.anomalies import anomalies
 from analytics.metrics import RATE_COLUMNS, funnel, handoffs_behind, latencies
 
@@ -242,7 +243,7 @@ def _md(d) -> str:
 def _table(header: list[str], rows: list[list[Any]]) -> str:
     th = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>" for r in rows
+        "<tr>" + "".join(f"<td>{html_safe(c)}</td>" for c in r) + "</tr>" for r in rows
     )
     return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
 

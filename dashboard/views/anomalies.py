@@ -7,6 +7,7 @@ one query over a day takes tens of seconds (bench/dashboard_render.py's data, 10
 
 import streamlit as st
 
+from analytics._text import markdown_link_text
 from dashboard import _charts, _data, _ui
 
 TREND_SLICES = 6
@@ -96,5 +97,5 @@ else:
         _ui.handoffs_table(df, key="an_behind_table")
     else:
         for hid in list(row["examples"])[:20]:
-            st.markdown(f"- [{hid}]({_ui.explorer_link(hid)})")
+            st.markdown(f"- [{markdown_link_text(hid)}]({_ui.explorer_link(hid)})")
 _ui.footer(src, "Anomalies")
