@@ -242,9 +242,7 @@ def _md(d) -> str:
 
 def _table(header: list[str], rows: list[list[Any]]) -> str:
     th = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html_safe(c)}</td>" for c in r) + "</tr>" for r in rows
-    )
+    body = "".join("<tr>" + "".join(f"<td>{html_safe(c)}</td>" for c in r) + "</tr>" for r in rows)
     return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
 
 
