@@ -178,6 +178,10 @@ class Ingestor:
         self._store_error: str | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
+        #: stop() was called: a write that fails now is not retried (its records stay in the
+        #: spool for the next start), so a stop never waits on a failing store
+        self._draining = threading.Event()
+        self._kept_in_spool = False  # the writer stopped with requests left for replay
         self.stats: dict[str, int] = {
             "requests": 0,
             "spans": 0,
@@ -252,15 +256,21 @@ class Ingestor:
         return replayed
 
     def stop(self, *, timeout: float = 60.0) -> bool:
-        """Store everything queued, then stop the writer. True when drained within timeout (s)."""
+        """Store everything queued, then stop the writer. True when drained within timeout (s).
+
+        A write that fails once stop() was called is not retried: what it held stays in the
+        spool and is replayed at the next start (False is returned), so a store that cannot
+        take writes (disk below the free-space threshold, unreachable) never holds a stop.
+        """
         if self._thread is None:
             return True
+        self._draining.set()
         try:
             self._queue.put(None, timeout=timeout)
         except queue.Full:
             return False
         self._thread.join(timeout)
-        drained = not self._thread.is_alive()
+        drained = not self._thread.is_alive() and not self._kept_in_spool
         self._stopping.set()
         if drained:
             with self._extra_lock:
@@ -424,6 +434,7 @@ class Ingestor:
                     self._maybe_purge()
             except Exception as exc:  # only when stopping: the records stay spooled for replay
                 log.error("writer stopped, %d request(s) kept in the spool: %s", len(items), exc)
+                self._kept_in_spool = True
                 stop = True
             finally:
                 # requests a write took from the queue meanwhile (_write_overlapping) are
@@ -810,9 +821,9 @@ class Ingestor:
                             self.stager.release([x.stage for x in run if x.stage])
                         self._store_error = None
                         return
-                if not retry or self._stopping.is_set():
+                if not retry or self._stopping.is_set() or self._draining.is_set():
                     raise
-                time.sleep(delay)
+                self._draining.wait(delay)
                 delay = min(delay * 2, 2.0)
 
     def _park(self, item: _Item, exc: Exception) -> None:

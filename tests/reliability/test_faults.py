@@ -95,6 +95,45 @@ def test_store_disk_full_answers_503_then_recovers_losing_nothing_acked(
     )
 
 
+def test_sigterm_while_the_store_disk_is_full_stops_keeping_the_spool(start_serve, tmp_path: Path):
+    """SIGTERM while every write fails for want of disk: serve stops within seconds (exit 1,
+    "NOT drained, spool kept"), not after its whole drain timeout; the next start, with space
+    again, stores every acknowledged span exactly once."""
+    rng = random.Random(7011)
+    spool_dir = tmp_path / "spool"
+    with tmpfs(tmp_path / "mnt", "64m") as mnt:
+        h = start_serve(
+            tmp_path, store_dir=mnt / "data", extra_args=("--spool-dir", str(spool_dir))
+        )
+        ballast = fill(mnt)
+        acked: list[str] = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # until the writer has met the full disk
+            sent = handoff_request(rng, 5)
+            r = post(h.otlp_url, sent.body)
+            if r.status_code == 200:
+                acked += sent.span_ids
+            elif r.status_code == 503:
+                break
+            time.sleep(0.05)  # a client's pace, not a wait for a condition
+        assert acked, "no request was acknowledged before the store failed"
+        t_stop = time.monotonic()
+        code = h.stop(timeout=60)
+        stop_s = time.monotonic() - t_stop
+        assert code == 1, h.log()[-2000:]
+        assert stop_s < 20, f"stop took {stop_s:.1f}s"
+        assert "NOT drained, spool kept for replay" in h.log()
+        os.unlink(ballast)
+        h2 = start_serve(
+            tmp_path, store_dir=mnt / "data", extra_args=("--spool-dir", str(spool_dir))
+        )
+        h2.wait_stored(60)
+        stored = stored_span_ids(h2)
+        assert set(stored) == set(acked) and max(stored.values()) == 1
+        h2.stop()
+    print(f"FIGURES sigterm_disk_full: acked={len(acked)} stop_s={stop_s:.1f}")
+
+
 # ------------------------------------------------------------------ spool disk full
 
 
@@ -123,8 +162,8 @@ def test_spool_disk_full_answers_503_with_retry_after(start_serve, tmp_path: Pat
 
 def test_spool_keeps_every_acknowledged_record_across_a_disk_full_episode(tmp_path: Path):
     """A nearly full disk: each append either fails (and is not acknowledged) or is durable
-    whole; records appended once space returns are readable too (regression: short writes
-    used to leave a torn frame that hid every later record on reopen)."""
+    whole; records appended once space returns are readable too (a short write must not
+    leave a torn frame that hides every later record on reopen)."""
     with tmpfs(tmp_path / "mnt", "1m") as mnt:
         spool = Spool(mnt / "spool", max_bytes=1 << 30)
         acked = [spool.append({"n": 0}, b"a" * 1000)]
@@ -221,7 +260,7 @@ def test_garbled_spool_tail_is_quarantined_and_reported(start_serve, tmp_path: P
 
 def test_garbled_record_mid_spool_loses_only_that_record(start_serve, tmp_path: Path):
     """One garbled record mid-segment costs only that record: the reader resyncs on the next
-    frame, so the acknowledged records after it are replayed (regression: it used to stop and
+    frame, so the acknowledged records after it are replayed (the reader must not stop and
     truncate at the first bad frame)."""
     store = tmp_path / "data"
     ids = _spool_records(store / "spool", 5, random.Random(7005))
