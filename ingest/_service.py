@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from ingest._decode import PROTOBUF, DecodedBatch, decode_request
 from ingest._spool import Spool
+from ingest._telemetry import LatencyHistogram
 from ingest._writer import (
     BatchResult,
     Member,
@@ -199,6 +200,8 @@ class Ingestor:
             "overlaps_skipped_for_memory": 0,
         }
         #: cumulative wall seconds per stage (threads overlap): for operators and benchmarks
+        #: duration of each store write, for /metrics (handoffs_store_write_duration_seconds)
+        self.write_latency = LatencyHistogram()
         self.timings: dict[str, float] = {
             "decode_s": 0.0,
             "spool_s": 0.0,
@@ -384,6 +387,7 @@ class Ingestor:
             "store_error": self._store_error,
             "queued": self._queue.qsize(),
             "spool_backlog_bytes": self.spool.backlog_bytes,
+            "spool_oldest_unstored_age_s": round(self.spool.oldest_pending_age_s, 3),
             "decoder": "sql+python" if self.stager is not None else "python",
             "sql_decoded": self.stager.staged if self.stager is not None else 0,
             "sql_declined": self.stager.fallbacks if self.stager is not None else 0,
@@ -874,7 +878,9 @@ class Ingestor:
                 prev_chain=self._chain,
                 source=self.source,
             )
-        self.timings["store_s"] += time.perf_counter() - t0
+        took = time.perf_counter() - t0
+        self.timings["store_s"] += took
+        self.write_latency.observe(took)
         self._stored(run, results)
 
     def _stored(self, run: list[_Item], results: list[BatchResult]) -> None:

@@ -20,6 +20,7 @@ import os
 import struct
 import sys
 import threading
+import time
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -124,6 +125,7 @@ class Spool:
         # segment number -> (max seq in it, bytes)
         self._segments: dict[int, list[int]] = {}
         self._pending: dict[int, int] = {}  # seq -> record bytes, not yet committed
+        self._since: dict[int, float] = {}  # seq -> monotonic time appended (or found on open)
         self._done: set[int] = set()  # stored, but after a record still pending
         self._groups_path = self.dir / "groups.log"
         self._next_seq = self._committed + 1
@@ -155,6 +157,7 @@ class Spool:
                 max_seq = max(max_seq, rec.seq)
                 if rec.seq > self._committed:
                     self._pending[rec.seq] = end - start
+                    self._since[rec.seq] = time.monotonic()
                 self._next_seq = max(self._next_seq, rec.seq + 1)
                 size = end
             self._segments[n] = [max_seq, max(size, path.stat().st_size)]
@@ -224,6 +227,14 @@ class Spool:
         with self._lock:
             return sum(self._pending.values())
 
+    @property
+    def oldest_pending_age_s(self) -> float:
+        """Seconds since the oldest record not yet committed was appended (0.0 when none;
+        records found on open count from the open)."""
+        with self._lock:
+            first = min(self._since.values(), default=None)
+        return 0.0 if first is None else time.monotonic() - first
+
     def append(self, header: dict[str, Any], body: bytes) -> int:
         """Write one record durably; return its sequence number. Raises SpoolFull."""
         with self._lock:
@@ -256,6 +267,7 @@ class Spool:
             seg[0] = seq
             seg[1] += frame_len
             self._pending[seq] = frame_len
+            self._since[seq] = time.monotonic()
             self._written += 1
             mine = self._written
         self._sync(mine)
@@ -295,6 +307,7 @@ class Spool:
         not fsynced: losing it only replays records whose inserts are deduplicated."""
         with self._lock:
             self._pending.pop(seq, None)
+            self._since.pop(seq, None)
             if seq <= self._committed:
                 return
             self._done.add(seq)
