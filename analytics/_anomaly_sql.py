@@ -4,9 +4,10 @@ Each pass returns one row per flagged-or-candidate handoff: `handoff_id` plus on
 column per kind it computes (named after the kind). anomalies() aggregates a pass once for
 all its kinds; anomaly_handoff_ids() selects one kind's column.
 
-Why passes (measured at 10M transitions / 2.67M handoffs, docs/metrics.md): every kind used
-to re-read the cohort (handoff_summary FINAL) and some re-read all transitions twice (clock
-skew self-join) or window-sorted every task (stale fence); 24 h took ~37 s. Now:
+Why passes (bench/analytics_queries.py, 10M transitions / 2.67M handoffs): a query per kind
+re-reads the cohort (handoff_summary FINAL) every time, and some kinds would re-read all
+transitions twice (clock skew self-join) or window-sort every task (stale fence); 24 h took
+~37 s that way. The passes:
   cohort       five kinds that are bit tests over the cohort's summary rows
   transitions  duplicate delivery + clock skew from ONE GROUP BY over the cohort's rows
                (IN on the primary-key prefix (tenant, handoff_id))

@@ -1,4 +1,4 @@
-"""Anomalies of the cohort (DESIGN.md list), each a count of handoffs plus example ids.
+"""Anomalies of the cohort (docs/design.md list), each a count of handoffs plus example ids.
 
 Kinds are computed in passes (analytics/_anomaly_sql.py): one query per pass, several kinds
 per pass; `count` is the number of distinct handoffs flagged (for rejection_spike: the rejected handoffs of the spiking

@@ -1,6 +1,6 @@
 """The handoff funnel and its companions, computed in SQL over handoff_summary (sql/003).
 
-Contract: /work/shared/DESIGN.md "Metric contract"; decisions where it is silent:
+Contract: docs/design.md "Metric contract"; decisions where it is silent:
 docs/metrics.md. Every loader takes a clickhouse-connect `client` and keyword-only
 arguments; rates with an empty denominator are NaN (shown "—"), never 0.
 """

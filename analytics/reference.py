@@ -1,7 +1,7 @@
 """The metric contract in plain Python over transition rows: the oracle the SQL is tested
 against, and the per-handoff part of evidence packages (no database needed).
 
-Written from DESIGN.md "Metric contract" and docs/metrics.md, reading only
+Written from docs/design.md "Metric contract" and docs/metrics.md, reading only
 collector/contract.py: no bit masks, no SQL. Rows are mappings with the handoff_transitions
 column names (`time_ns` as integer nanoseconds instead of `time`).
 """

@@ -3,7 +3,7 @@
 Why: one `funnel(by=("tenant",), bucket=...)` query gives the Overview its tiles, its trend
 and the tenant list, and switching tenant needs no new query. Every count column of
 analytics.funnel is a sum over handoffs, and each handoff lies in exactly one (tenant,
-bucket) group, so sums of groups are exact. Rates follow DESIGN.md's metric contract;
+bucket) group, so sums of groups are exact. Rates follow the metric contract (docs/design.md);
 tests compare the result with analytics.funnel itself.
 """
 

@@ -694,9 +694,9 @@ class Stager:
 
     Each of two threads (one per core; the writer runs alongside) keeps one decoding query
     running for the life of serve (_Stream): ClickHouse spends ~50 ms parsing, analysing and
-    planning that query, paid once instead of for every request or group of requests (before
-    session 6: 11 such queries per 100,000 spans, and closed-loop senders waited for each
-    other to share one). A request is framed into the thread's FIFO as soon as the thread
+    planning that query, paid once instead of for every request or group of requests (a query
+    per group would be 11 such queries per 100,000 spans, and closed-loop senders would wait
+    for each other to share one). A request is framed into the thread's FIFO as soon as the thread
     is free; its rows come back as Native blocks, the thread reads the ack's figures (ok,
     span and transition counts, batch hash) from them and stages them with an INSERT ...
     FORMAT Native into the stream's current Memory table. A request whose query fails

@@ -323,7 +323,7 @@ def _staged_settings(token: str, table: str) -> str:
     # optimize_on_insert 0: the summary view's rows are already one per handoff (GROUP BY)
     # and the task view's distinct (DISTINCT), so merging each insert block of those
     # Aggregating/ReplacingMergeTree tables finds nothing and cost ~3% of a write's CPU
-    # (paired writes of 20,000 staged spans, docs/operators.md); readers merge at read time
+    # (measured on paired writes of 20,000 staged spans); readers merge at read time
     # (FINAL, GROUP BY or DISTINCT), as they must for rows of different inserts anyway.
     return inline_settings(
         {

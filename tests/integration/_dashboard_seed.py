@@ -125,7 +125,7 @@ def _hex(text: str, n: int) -> str:
 
 
 def transitions(handoffs=HANDOFFS) -> list:
-    """The handoffs as tests/analytics_seed.T records (the analytics engineer's seeding format)."""
+    """The handoffs as tests/analytics_seed.T records (the analytics tests' seeding format)."""
     from tests.analytics_seed import T, create
 
     out = []

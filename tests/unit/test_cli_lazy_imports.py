@@ -1,6 +1,6 @@
 """`handoffs serve` builds the whole CLI parser; that must not load the analytics stack.
 
-pandas/numpy/plotly/streamlit cost ~100 MB of RSS in the serve process (issue 3's RSS target);
+pandas/numpy/plotly/streamlit cost ~100 MB of RSS in the serve process (against its RSS budget of 500 MB);
 only the commands that need them import them, inside the command functions.
 """
 
