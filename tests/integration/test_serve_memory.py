@@ -1,4 +1,4 @@
-"""serve's process stays lean: the dataframe libraries never load in it (issue 3, RSS).
+"""serve's process stays lean: the dataframe libraries never load in it (a smaller RSS).
 
 chDB imports pyarrow/numpy when installed and clickhouse-connect imports pandas/numpy on
 every insert; serve blocks those optional imports (ingest._serve.keep_dataframe_libs_out).
