@@ -2,7 +2,8 @@
 
 OTLP's JSON mapping: ids in hex (not base64), int64 as number or decimal string, enums as
 numbers or names, `scopeSpans` (or the older `instrumentationLibrarySpans`). A wrong shape
-raises DecodeError naming the JSON path.
+(an id that is not a string, too) raises DecodeError naming the JSON path; an id that is a
+string but not hex rejects its span alone, as a wrong-length id does.
 """
 
 from __future__ import annotations
@@ -56,16 +57,18 @@ def _jint(v: Any, path: str) -> int:
         raise _jerr(path, f"expected an integer (number or decimal string), got {v!r}") from None
 
 
-def _jhex(v: Any, path: str) -> str:
+def _jid(v: Any, path: str, name: str) -> tuple[str, str | None]:
+    """(lowercase hex, None) of an OTLP/JSON id, or ("", why) for a string that is not hex
+    (the span is rejected); DecodeError for a value that is not a string at all."""
     if v is None or v == "":
-        return ""
+        return "", None
     if not isinstance(v, str):
         raise _jerr(path, f"expected a hex string, got {type(v).__name__}")
     try:
         bytes.fromhex(v)
     except ValueError:
-        raise _jerr(path, f"expected a hex string, got {v!r}") from None
-    return v.lower()
+        return "", f"{name} must be a hex string, got {v[:64]!r}"
+    return v.lower(), None
 
 
 def _jplain(av: Any, path: str) -> Any:
@@ -211,11 +214,19 @@ def decode_json(body: bytes | str | dict, *, tenant: str) -> DecodedBatch:
                     ev_ts.append(_jint(e.get("timeUnixNano"), f"{p}.events[{ei}].timeUnixNano"))
                     ev_names.append(str(e.get("name", "")))
                     ev_attrs.append(_jattrs(e.get("attributes"), f"{p}.events[{ei}].attributes")[0])
+                trace_id, bad_t = _jid(sp.get("traceId"), f"{p}.traceId", "traceId")
+                span_id, bad_s = _jid(sp.get("spanId"), f"{p}.spanId", "spanId")
+                parent_id, bad_p = _jid(sp.get("parentSpanId"), f"{p}.parentSpanId", "parentSpanId")
+                bad_ids = [bad_t, bad_s, bad_p]
                 lk_t, lk_s, lk_ts, lk_a = [], [], [], []
                 for li, x in enumerate(lks):
                     x = _jobj(x, f"{p}.links[{li}]")
-                    lk_t.append(_jhex(x.get("traceId"), f"{p}.links[{li}].traceId"))
-                    lk_s.append(_jhex(x.get("spanId"), f"{p}.links[{li}].spanId"))
+                    lp = f"links[{li}]"
+                    lt, bad_lt = _jid(x.get("traceId"), f"{p}.{lp}.traceId", f"{lp}.traceId")
+                    ls, bad_ls = _jid(x.get("spanId"), f"{p}.{lp}.spanId", f"{lp}.spanId")
+                    lk_t.append(lt)
+                    lk_s.append(ls)
+                    bad_ids += (bad_lt, bad_ls)
                     lk_ts.append(str(x.get("traceState", "")))
                     lk_a.append(_jattrs(x.get("attributes"), f"{p}.links[{li}].attributes")[0])
                 status = _jobj(sp.get("status") or {}, f"{p}.status")
@@ -224,15 +235,17 @@ def decode_json(body: bytes | str | dict, *, tenant: str) -> DecodedBatch:
                 name = sp.get("name", "")
                 if not isinstance(name, str):
                     raise _jerr(f"{p}.name", "expected a string")
+                if problem is None:  # a malformed id rejects the span, as in ingest._decode
+                    problem = next((bad for bad in bad_ids if bad is not None), None)
                 _finish(
                     batch,
                     res,
                     service,
                     scope[0],
                     scope[1],
-                    _jhex(sp.get("traceId"), f"{p}.traceId"),
-                    _jhex(sp.get("spanId"), f"{p}.spanId"),
-                    _jhex(sp.get("parentSpanId"), f"{p}.parentSpanId"),
+                    trace_id,
+                    span_id,
+                    parent_id,
                     str(sp.get("traceState", "")),
                     name,
                     _jkind(sp.get("kind", 0), f"{p}.kind"),

@@ -10,23 +10,33 @@ lone `chunked`.
 `BodyReader` then reads at most `limit` bytes: `BodyError(413)` as soon as the limit is
 passed (nothing past it is buffered), `BodyError(400)` when the body ends early or a chunk
 is malformed. `drain` discards what is left of a refused body, bounded in bytes, so that a
-keep-alive connection stays in step or is known to need closing.
+keep-alive connection stays in step or is known to need closing. `gunzip` undoes a gzip
+Content-Encoding under the same limit.
 """
 
 from __future__ import annotations
 
 import re
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import BinaryIO, Final
+from typing import Final, Protocol
 
-__all__ = ["BodyError", "BodyReader", "Framing", "framing"]
+__all__ = ["BodyError", "BodyReader", "Framing", "Readable", "framing", "gunzip"]
 
 _DECIMAL: Final = re.compile(r"[0-9]{1,18}")
 _HEX: Final = re.compile(rb"[0-9A-Fa-f]{1,15}")
 _LINE_MAX: Final = 4096  # longest chunk-size line (with extensions) or trailer line, bytes
 _TRAILERS_MAX: Final = 64  # most trailer lines after the last chunk
 _READ_STEP: Final = 1 << 20
+
+
+class Readable(Protocol):
+    """What BodyReader reads from: a request handler's `rfile` (or a BytesIO in tests)."""
+
+    def read(self, size: int, /) -> bytes: ...
+
+    def readline(self, size: int, /) -> bytes: ...
 
 
 class BodyError(Exception):
@@ -78,12 +88,13 @@ def framing(content_lengths: Sequence[str], transfer_encodings: Sequence[str]) -
 class BodyReader:
     """Reads one body off `rfile` as `framing` says; tracks what is left for `drain`."""
 
-    def __init__(self, rfile: BinaryIO, framing: Framing) -> None:
+    def __init__(self, rfile: Readable, framing: Framing) -> None:
         self._rfile = rfile
         self._framing = framing
         self._left = 0 if framing.chunked else framing.length  # of the current chunk/body
         self._done = not framing.chunked and framing.length == 0
         self._broken = False  # framing lost: the connection cannot carry another request
+        self._wire = 0  # bytes taken off rfile: data, chunk lines and trailers
 
     @property
     def in_step(self) -> bool:
@@ -115,28 +126,30 @@ class BodyReader:
             self._chunk_end()
 
     def drain(self, max_bytes: int) -> bool:
-        """Discard the rest of the body, at most `max_bytes` of it; True when all of it went
-        (the connection is in step again), False when it must be closed."""
+        """Discard the rest of the body, at most about `max_bytes` of it (chunk lines and
+        trailers count); True when all of it went (the connection is in step again), False
+        when it must be closed. May be called again, with a new budget, after a False."""
         if self._broken:
             return False
-        budget = max_bytes
+        end = self._wire + max_bytes
         try:
             if not self._framing.chunked:
                 if self._done:
                     return True
-                if self._left > budget:
+                if self._left > max_bytes:
                     return False
                 self._skip(self._left)
                 self._left, self._done = 0, True
                 return True
             while not self._done:
                 if self._left:
-                    if self._left > budget:
+                    if self._wire + self._left > end:
                         return False
-                    budget -= self._left
                     self._skip(self._left)
                     self._left = 0
                     self._chunk_end()
+                if self._wire >= end:
+                    return False
                 size = self._chunk_size()
                 if size == 0:
                     self._trailers()
@@ -162,6 +175,7 @@ class BodyReader:
                 raise self._fail(f"body truncated: got {got} of {n} bytes")
             parts.append(chunk)
             got += len(chunk)
+        self._wire += n
         return b"".join(parts)
 
     def _skip(self, n: int) -> None:
@@ -170,9 +184,11 @@ class BodyReader:
             if not chunk:
                 raise self._fail("body truncated")
             n -= len(chunk)
+            self._wire += len(chunk)
 
     def _line(self) -> bytes:
         line = self._rfile.readline(_LINE_MAX + 1)
+        self._wire += len(line)
         if not line:
             raise self._fail("chunked body truncated: the connection closed before its end")
         if not line.endswith(b"\n"):
@@ -195,3 +211,28 @@ class BodyReader:
             if self._line() == b"":
                 return
         raise self._fail(f"malformed chunked body: more than {_TRAILERS_MAX} trailer lines")
+
+
+def gunzip(data: bytes, limit: int) -> bytes:
+    """The decompressed gzip `data`, every member in turn (RFC 1952: a gzip body is one or
+    more members, and what it holds is their output concatenated). Raises BodyError(413)
+    once the output passes `limit` bytes, (400) for data that is not gzip, a truncated
+    member, or bytes after a member that do not start another."""
+    out = bytearray()
+    rest = data
+    member = 1
+    while True:
+        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        try:
+            out += d.decompress(rest, limit + 1 - len(out))  # max_length >= 1: 0 means none
+        except zlib.error as exc:
+            what = "body is not valid gzip" if member == 1 else "bad data after a gzip member"
+            raise BodyError(400, f"{what} (member {member}): {exc}") from None
+        if len(out) > limit:
+            raise BodyError(413, f"body exceeds {limit} bytes after gunzip")
+        if not d.eof:
+            raise BodyError(400, f"gzip body is truncated (member {member})")
+        rest = d.unused_data
+        if not rest:
+            return bytes(out)
+        member += 1

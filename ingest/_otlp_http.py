@@ -2,18 +2,28 @@
 (`?wait_s=N`: answered once every acknowledged request is stored, or after N seconds).
 
 Status codes follow the OTLP/HTTP spec: 200 (with partial_success when some spans were
-rejected), 400 bad data, 401 missing/unknown bearer token, 404 unknown path, 411 no
-Content-Length, 413 body over max_body_bytes (compressed or after gunzip), 415 unknown
-Content-Type or Content-Encoding, 503 + Retry-After when the spool is full or the store is
-failing. Error bodies are google.rpc.Status (protobuf or JSON, matching the request).
+rejected), 400 bad data or bad framing, 401 missing/unknown bearer token, 404 unknown path,
+405 (with `Allow`) another method on a known path, 411 neither Content-Length nor chunked,
+413 body over max_body_bytes (as sent, or after gunzip), 415 unknown Content-Type or
+Content-Encoding, 503 + Retry-After when the spool is full or the store is failing. Error
+bodies are google.rpc.Status (protobuf or JSON, matching the request).
+
+Bodies are read by ingest._http_body: a Content-Length or `Transfer-Encoding: chunked` (what
+Node.js exporters send), read against the limit as they arrive. A gzip body may hold several
+members; their concatenated output is the request. A refused request's body is discarded
+(up to max_body_bytes) so the keep-alive connection stays in step; when that cannot be done
+(bad framing, a body cut short, a larger one, 411, 413) the answer says `Connection: close`
+and the connection is closed, after discarding up to 256 MiB so that a client which reads
+only once it has sent everything sees the answer rather than a reset. A body is never
+parsed as a request.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import urllib.parse
-import zlib
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, Final
@@ -22,10 +32,12 @@ from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from ingest._decode import JSON, PROTOBUF, DecodeError
+from ingest._http_body import BodyError, BodyReader, Framing, framing, gunzip
 from ingest._service import StoreUnavailable
 from ingest._spool import SpoolFull
 
 if TYPE_CHECKING:
+    from ingest._decode import DecodedBatch
     from ingest._service import Ingestor
 
 __all__ = ["OtlpConfig", "make_otlp_server"]
@@ -36,9 +48,12 @@ _CONTENT_TYPES: Final = {
     "application/protobuf": PROTOBUF,
     "application/json": JSON,
 }
-_RPC_CODES: Final = {400: 3, 401: 16, 404: 5, 411: 3, 413: 8, 415: 3, 503: 14, 500: 13}
+_ENCODINGS: Final = {"": "identity", "identity": "identity", "gzip": "gzip", "x-gzip": "gzip"}
+_RPC_CODES: Final = {400: 3, 401: 16, 404: 5, 405: 12, 411: 3, 413: 8, 415: 3, 503: 14, 500: 13}
+#: the methods each path answers; any other gets 405 naming them
+_ROUTES: Final = {"/v1/traces": ("POST",), "/health": ("GET", "HEAD")}
 RETRY_AFTER_S: Final = 1
-_DRAIN_MAX: Final = 256 * 1024 * 1024  # oversized bodies up to this are read and discarded
+_DRAIN_MAX: Final = 256 * 1024 * 1024  # bytes of a refused body discarded before closing
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,30 +66,11 @@ class OtlpConfig:
 
 
 class _HttpError(Exception):
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
-
-
-def _int_or_zero(text: str | None) -> int:
-    try:
-        return int(text or 0)
-    except ValueError:
-        return 0
-
-
-def _gunzip(data: bytes, limit: int) -> bytes:
-    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    try:
-        out = d.decompress(data, limit + 1)
-    except zlib.error as exc:
-        raise _HttpError(400, f"body is not valid gzip: {exc}") from None
-    if len(out) > limit:
-        raise _HttpError(413, f"body exceeds {limit} bytes after gunzip")
-    if not d.eof:
-        raise _HttpError(400, "gzip body is truncated")
-    return out
+        self.headers = headers or {}
 
 
 #: longest `GET /health?wait_s=` a caller may ask for (seconds)
@@ -126,16 +122,20 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         for k, v in (extra or {}).items():
             self.send_header(k, v)
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.end_headers()
-        self.wfile.write(body)
+        if self.command != "HEAD":
+            self.wfile.write(body)
 
-    def _error(self, status: int, message: str, fmt: str) -> None:
-        extra = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else {}
-        if status in (401,):
+    def _error(
+        self, status: int, message: str, fmt: str, extra: dict[str, str] | None = None
+    ) -> None:
+        extra = dict(extra or {})
+        if status == 503:
+            extra["Retry-After"] = str(RETRY_AFTER_S)
+        if status == 401:
             extra["WWW-Authenticate"] = 'Bearer realm="handoffs"'
-        if status in (411, 413):
-            self.close_connection = True  # the unread body must not be parsed as a request
-            extra["Connection"] = "close"
         code = _RPC_CODES.get(status, 2)
         if fmt == PROTOBUF:
             body = status_pb2.Status(code=code, message=message).SerializeToString()
@@ -144,57 +144,121 @@ class _Handler(BaseHTTPRequestHandler):
             body = json.dumps({"code": code, "message": message}).encode()
             self._send(status, body, "application/json", extra)
 
+    def _refuse(self, exc: _HttpError | BodyError, fmt: str, reader: BodyReader) -> None:
+        """Answer a refusal so that what is left of the body is never read as a request: the
+        rest discarded (the connection stays open), or the answer sent with Connection: close
+        and then up to _DRAIN_MAX discarded (so a client still sending reads the answer)."""
+        headers = exc.headers if isinstance(exc, _HttpError) else {}
+        # 411: a body sent without framing would be read as the next request. 413: the body
+        # is over the limit, so not worth discarding to keep the connection (but see below).
+        keep = exc.status != 411 and (
+            reader.in_step or (exc.status != 413 and reader.drain(self.config.max_body_bytes))
+        )
+        if keep:
+            self._error(exc.status, exc.message, fmt, headers)
+            return
+        self.close_connection = True
+        self._error(exc.status, exc.message, fmt, headers)
+        self.wfile.flush()
+        with contextlib.suppress(OSError):  # the client went away: nothing left to protect
+            reader.drain(_DRAIN_MAX)
+
     # -------------------------------------------------------------- routes
 
-    def do_GET(self) -> None:
+    def _handle(self) -> None:
         path, _, query = self.path.partition("?")
-        if path == "/health":
-            try:
-                wait_s = _health_wait_s(query)
-            except _HttpError as e:
-                self._error(e.status, e.message, JSON)
-                return
-            if wait_s:
-                self.ingestor.wait_idle(wait_s)
-            h = self.ingestor.health()
-            status = 200 if h["status"] == "ok" else 503
-            self._send(status, json.dumps(h).encode(), "application/json")
-            return
-        self._error(404, f"no such path {self.path!r}; use POST /v1/traces or GET /health", JSON)
-
-    def do_POST(self) -> None:
         ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
-        fmt = _CONTENT_TYPES.get(ctype, JSON)
+        fmt = _CONTENT_TYPES.get(ctype, JSON) if path == "/v1/traces" else JSON
         try:
-            if self.path.split("?")[0] != "/v1/traces":
-                raise _HttpError(404, f"no such path {self.path!r}; OTLP traces go to /v1/traces")
-            tenant = self._tenant()
-            if ctype not in _CONTENT_TYPES:
-                raise _HttpError(
-                    415,
-                    f"unsupported Content-Type {ctype or '(none)'!r}; "
-                    "use application/x-protobuf or application/json",
-                )
-            with self.ingestor.receiving(fmt, _int_or_zero(self.headers.get("Content-Length"))):
-                body = self._body()
-                decoded = self.ingestor.submit(body, fmt, tenant=tenant)
-        except _HttpError as exc:
+            fr = framing(
+                self.headers.get_all("Content-Length") or [],
+                self.headers.get_all("Transfer-Encoding") or [],
+            )
+        except BodyError as exc:  # where the body ends is unknown: answer and close
+            self.close_connection = True
             self._error(exc.status, exc.message, fmt)
             return
+        reader = BodyReader(self.rfile, fr)
+        try:
+            allowed = _ROUTES.get(path)
+            if allowed is None:
+                raise _HttpError(
+                    404, f"no such path {self.path!r}; use POST /v1/traces or GET /health"
+                )
+            if self.command not in allowed:
+                raise _HttpError(
+                    405,
+                    f"method {self.command} is not allowed on {path}; use {' or '.join(allowed)}",
+                    {"Allow": ", ".join(allowed)},
+                )
+            if path == "/health":
+                self._health(query, reader)
+            else:
+                self._traces(ctype, fmt, fr, reader)
+        except (_HttpError, BodyError) as exc:
+            self._refuse(exc, fmt, reader)
+        except OSError as exc:  # the client stalled or went away mid-body: nothing to answer
+            log.debug("%s: connection lost while reading the body: %s", self.address_string(), exc)
+            self.close_connection = True
+        except Exception as exc:  # never acknowledge what was not spooled
+            log.exception("request failed")
+            self.close_connection = True
+            self._error(500, f"internal error: {exc}", fmt)
+
+    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _handle
+
+    def _health(self, query: str, reader: BodyReader) -> None:
+        wait_s = _health_wait_s(query)
+        if not reader.in_step and not reader.drain(self.config.max_body_bytes):
+            raise BodyError(413, f"a /health request body over {self.config.max_body_bytes} bytes")
+        if wait_s:
+            self.ingestor.wait_idle(wait_s)
+        h = self.ingestor.health()
+        status = 200 if h["status"] == "ok" else 503
+        self._send(status, json.dumps(h).encode(), "application/json")
+
+    def _traces(self, ctype: str, fmt: str, fr: Framing, reader: BodyReader) -> None:
+        tenant = self._tenant()
+        if ctype not in _CONTENT_TYPES:
+            raise _HttpError(
+                415,
+                f"unsupported Content-Type {ctype or '(none)'!r}; "
+                "use application/x-protobuf or application/json",
+            )
+        enc = (self.headers.get("Content-Encoding") or "").strip().lower()
+        if enc not in _ENCODINGS:
+            raise _HttpError(415, f"unsupported Content-Encoding {enc!r}; use gzip or none")
+        if not fr.declared:
+            raise _HttpError(411, "Content-Length is required (or Transfer-Encoding: chunked)")
+        limit = self.config.max_body_bytes
+        with self.ingestor.receiving(fmt, fr.length):
+            body = reader.read(limit)
+            if _ENCODINGS[enc] == "gzip":
+                body = gunzip(body, limit)
+            decoded = self._submit(body, fmt, tenant, announce=fr.chunked)
+        if decoded is not None:
+            self._accepted(decoded, fmt)
+
+    def _submit(self, body: bytes, fmt: str, tenant: str, *, announce: bool) -> DecodedBatch | None:
+        """Spool one request; None when refused (the refusal is answered here)."""
+        try:
+            if announce:  # a chunked body's size is known only now
+                with self.ingestor.receiving(fmt, len(body)):
+                    return self.ingestor.submit(body, fmt, tenant=tenant)
+            return self.ingestor.submit(body, fmt, tenant=tenant)
         except DecodeError as exc:
             self._error(400, str(exc), fmt)
-            return
         except (SpoolFull, StoreUnavailable) as exc:
             self._error(503, str(exc), fmt)
-            return
         except OSError as exc:  # the spool could not be written (disk full, I/O error)
             log.error("spool write failed: %s", exc)
             self._error(503, f"spool write failed, retry later: {exc.strerror or exc}", fmt)
-            return
         except Exception as exc:  # never acknowledge what was not spooled
             log.exception("ingest failed")
             self._error(500, f"internal error: {exc}", fmt)
-            return
+        return None
+
+    def _accepted(self, decoded: DecodedBatch, fmt: str) -> None:
         rejected = len(decoded.rejects)
         if fmt == PROTOBUF:
             resp = ExportTraceServiceResponse()
@@ -223,36 +287,6 @@ class _Handler(BaseHTTPRequestHandler):
         if tenant is None:
             raise _HttpError(401, "unknown bearer token")
         return tenant
-
-    def _body(self) -> bytes:
-        limit = self.config.max_body_bytes
-        length = self.headers.get("Content-Length")
-        if length is None:
-            raise _HttpError(411, "Content-Length is required")
-        try:
-            n = int(length)
-        except ValueError:
-            raise _HttpError(400, f"bad Content-Length {length!r}") from None
-        if n > limit:
-            # Read and discard a moderately oversized body so the client sees the 413 instead
-            # of a reset while it is still sending; beyond that, just close the connection.
-            if n <= _DRAIN_MAX:
-                left = n
-                while left > 0:
-                    chunk = self.rfile.read(min(left, 1 << 20))
-                    if not chunk:
-                        break
-                    left -= len(chunk)
-            raise _HttpError(413, f"body of {n} bytes exceeds the limit of {limit} bytes")
-        data = self.rfile.read(n)
-        if len(data) != n:
-            raise _HttpError(400, f"body truncated: got {len(data)} of {n} bytes")
-        enc = (self.headers.get("Content-Encoding") or "identity").strip().lower()
-        if enc == "gzip":
-            return _gunzip(data, limit)
-        if enc in ("identity", ""):
-            return data
-        raise _HttpError(415, f"unsupported Content-Encoding {enc!r}; use gzip or none")
 
 
 class _Server(ThreadingHTTPServer):
