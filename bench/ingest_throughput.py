@@ -6,7 +6,13 @@ Prints figures and a last line
 e2e is measured from the first request sent to the moment serve reports nothing queued
 (every span in otel_traces, handoff_transitions, transition_ledger). Sizes are flags.
 
+`--transport grpc` sends the same serialized requests, with the same concurrency, to serve's
+OTLP/gRPC port (TraceService/Export; one channel per sender, as one HTTP connection per
+sender), each round also running them over HTTP on a fresh serve, and adds
+` http_spans_per_s=<e2e over HTTP> grpc_vs_http=<ratio>` to RESULT (spans_per_s is gRPC's).
+
     .venv/bin/python bench/ingest_throughput.py --requests 20 --spans 5000 --concurrency 2
+    .venv/bin/python bench/ingest_throughput.py --transport grpc --no-baseline
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
@@ -107,7 +114,8 @@ def _cpu_s(pid: int) -> float:
     return _stat_cpu_s(Path(f"/proc/{pid}/stat").read_text())
 
 
-#: issue 3's targets, for the summary of several rounds (--rounds)
+#: the ingest targets (end-to-end spans/s, serve's peak RSS in MB), for the summary of
+#: several rounds (--rounds)
 _TARGET_SPANS_S: Final = 50_000
 _TARGET_RSS_MB: Final = 500
 
@@ -172,55 +180,106 @@ def _peak_rss_mb(pid: int, field: str = "VmHWM") -> float:
     return float("nan")
 
 
-def _e2e(bodies: list[bytes], args: argparse.Namespace, base: int, decoder: str) -> dict | None:
-    """One serve run with `decoder`; prints its figures, returns them (None on errors)."""
+#: one sender's connection: send(body) -> None when acknowledged, else what went wrong;
+#: close() when done
+Sender = tuple[Callable[[bytes], str | None], Callable[[], None]]
+
+
+def _http_sender(serve) -> Sender:
+    """POST /v1/traces on one keep-alive connection."""
+    url = f"{serve.otlp_url}/v1/traces"
+    s = requests.Session()
+
+    def send(body: bytes) -> str | None:
+        r = s.post(url, data=body, headers={"Content-Type": "application/x-protobuf"}, timeout=300)
+        return None if r.status_code == 200 else f"{r.status_code} {r.text[:200]}"
+
+    return send, s.close
+
+
+def _grpc_sender(serve) -> Sender:
+    """TraceService/Export on one channel (one HTTP/2 connection), the serialized request
+    sent as it is (no serializer: the same bytes as over HTTP)."""
+    import grpc
+
+    from ingest._otlp_grpc import METHOD, SERVICE
+
+    channel = grpc.insecure_channel(serve.grpc_target)
+    export = channel.unary_unary(
+        f"/{SERVICE}/{METHOD}", request_serializer=None, response_deserializer=None
+    )
+
+    def send(body: bytes) -> str | None:
+        try:
+            export(body, timeout=300)
+        except grpc.RpcError as exc:
+            return f"{exc.code().name} {exc.details()[:200]}"
+        return None
+
+    return send, channel.close
+
+
+_SENDERS: Final = {"http": _http_sender, "grpc": _grpc_sender}
+
+
+def _e2e(
+    bodies: list[bytes],
+    args: argparse.Namespace,
+    base: int,
+    decoder: str,
+    transport: str = "http",
+) -> dict | None:
+    """One serve run with `decoder`, the requests sent over `transport` (http or grpc);
+    prints its figures, returns them (None on errors)."""
     total = args.requests * args.spans
-    print(f"\n--- serve --decoder {decoder}")
+    print(f"\n--- serve --decoder {decoder}, OTLP/{transport}")
     with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
         serve = start_serve(Path(tmp), extra_args=("--decoder", decoder))
         try:
-            url = f"{serve.otlp_url}/v1/traces"
+            connect = _SENDERS[transport]
             # warm-up request (schema parts, first insert, the decoder's first query) not
             # counted: 1,000 spans (~350 KB) so that `auto` sends it the way it sends the
             # measured requests (chDB decodes bodies of 256 KiB and more)
             warm = build_request(random.Random(999), _WARM_SPANS, base - 10**12)
-            requests.post(
-                url, data=warm, headers={"Content-Type": "application/x-protobuf"}, timeout=60
-            )
+            send, close = connect(serve)
+            warm_error = send(warm)
+            close()
+            if warm_error:
+                print("warm-up request refused:", warm_error)
+                return None
             serve.wait_stored(120)
             queue = list(bodies)
             lock = threading.Lock()
             errors: list[str] = []
+            # made before the clock starts; a session and a channel both connect on their
+            # first request, in the measured time
+            connections = [connect(serve) for _ in range(args.concurrency)]
 
-            def sender() -> None:
-                s = requests.Session()
+            def sender(send: Callable[[bytes], str | None]) -> None:
                 while True:
                     with lock:
                         if not queue:
                             return
                         body = queue.pop()
-                    r = s.post(
-                        url,
-                        data=body,
-                        headers={"Content-Type": "application/x-protobuf"},
-                        timeout=300,
-                    )
-                    if r.status_code != 200:
-                        errors.append(f"{r.status_code} {r.text[:200]}")
+                    error = send(body)
+                    if error:
+                        errors.append(error)
 
             cpu0 = _cpu_s(serve.process.pid)
             threads0 = _thread_cpu_s(serve.process.pid)
             ticks0 = _cpu_ticks()
             t0 = time.perf_counter()
-            threads = [threading.Thread(target=sender) for _ in range(args.concurrency)]
+            threads = [threading.Thread(target=sender, args=(c[0],)) for c in connections]
             for th in threads:
                 th.start()
             for th in threads:
                 th.join()
             acked = time.perf_counter() - t0
+            for _, close in connections:
+                close()
             # serve answers /health?wait_s= once the last acknowledged request is stored
-            # (polling /health every 10 ms, as before session 10, took ~1 ms of serve's
-            # CPU and a new connection and thread each time, in the busiest part of the run)
+            # (polling /health every 10 ms instead took ~1 ms of serve's CPU and a new
+            # connection and thread each time, in the busiest part of the run)
             health = serve.wait_stored(600, poll_s=0.01)
             e2e_s = time.perf_counter() - t0
             cpu = _cpu_s(serve.process.pid) - cpu0
@@ -256,7 +315,13 @@ def _e2e(bodies: list[bytes], args: argparse.Namespace, base: int, decoder: str)
         f"requests decoded by chDB: {health['sql_decoded']} in {health['sql_decode_queries']} "
         f"queries, declined: {health['sql_declined']}"
     )
-    return {"e2e": total / e2e_s, "rss": rss, "health": health}
+    return {
+        "e2e": total / e2e_s,
+        "acked": total / acked,
+        "cpu_s": cpu,
+        "rss": rss,
+        "health": health,
+    }
 
 
 def main() -> int:
@@ -270,6 +335,13 @@ def main() -> int:
         default="auto",
         choices=("auto", "sql", "python"),
         help="serve --decoder of the measured run (default auto)",
+    )
+    ap.add_argument(
+        "--transport",
+        default="http",
+        choices=("http", "grpc"),
+        help="grpc: the measured runs send over OTLP/gRPC, and each round also over HTTP "
+        "(a fresh serve each) for the ratio of the two (default http)",
     )
     ap.add_argument(
         "--no-baseline",
@@ -312,8 +384,19 @@ def main() -> int:
     print(f"decode+validate+hash only:  {decode_rate:12,.0f} spans/s (in this process)")
 
     base_run = _e2e(bodies, args, base, "python") if args.baseline else None
-    runs = [_e2e(bodies, args, base, args.decoder) for _ in range(args.rounds)]
-    if any(r is None for r in runs) or (args.baseline and base_run is None):
+    runs: list[dict | None] = []
+    http_runs: list[dict | None] = []
+    for i in range(args.rounds):
+        if args.transport == "grpc":
+            # HTTP first in even rounds, gRPC first in odd ones: a drift in the machine's
+            # speed over the run (neighbours' load) does not favour one transport
+            pair = ("http", "grpc") if i % 2 == 0 else ("grpc", "http")
+            got = {t: _e2e(bodies, args, base, args.decoder, t) for t in pair}
+            runs.append(got["grpc"])
+            http_runs.append(got["http"])
+        else:
+            runs.append(_e2e(bodies, args, base, args.decoder))
+    if any(r is None for r in [*runs, *http_runs]) or (args.baseline and base_run is None):
         return 1
     done = sorted((r for r in runs if r is not None), key=lambda r: r["e2e"])
     run = done[len(done) // 2]  # the median round (upper median for an even count)
@@ -329,6 +412,17 @@ def main() -> int:
         )
     e2e, rss = run["e2e"], run["rss"]
     ratio = f" vs_python={e2e / base_run['e2e']:.2f}" if base_run else ""
+    if http_runs:
+        http = sorted((r for r in http_runs if r is not None), key=lambda r: r["e2e"])
+        h = http[len(http) // 2]  # the median HTTP round, as `run` is the median gRPC one
+        print(
+            f"\nOTLP/gRPC vs OTLP/HTTP in this run ({len(http)} round(s) each, medians): "
+            f"end to end {e2e:,.0f} vs {h['e2e']:,.0f} spans/s = {e2e / h['e2e']:.2f}x; "
+            f"acknowledged {run['acked']:,.0f} vs {h['acked']:,.0f} spans/s = "
+            f"{run['acked'] / h['acked']:.2f}x; serve CPU {run['cpu_s']:.2f} vs "
+            f"{h['cpu_s']:.2f} s (load-independent); peak RSS {rss:.0f} vs {h['rss']:.0f} MB"
+        )
+        ratio += f" http_spans_per_s={h['e2e']:.0f} grpc_vs_http={e2e / h['e2e']:.2f}"
     if base_run:
         print(
             f"\n{args.decoder} decoder vs python decoder in this run: {e2e / base_run['e2e']:.2f}x"

@@ -29,10 +29,15 @@ STORE: Final = Setting(
 )
 DATABASE: Final = Setting("HANDOFFS_DATABASE", "handoffs", "ClickHouse database holding the tables")
 OTLP_HOST: Final = Setting(
-    "HANDOFFS_OTLP_HOST", "127.0.0.1", "address serve binds its OTLP/HTTP receiver to"
+    "HANDOFFS_OTLP_HOST", "127.0.0.1", "address serve binds its OTLP receivers (HTTP, gRPC) to"
 )
 OTLP_PORT: Final = Setting(
     "HANDOFFS_OTLP_PORT", "4318", "OTLP/HTTP port of serve (POST /v1/traces, GET /health)"
+)
+GRPC_PORT: Final = Setting(
+    "HANDOFFS_GRPC_PORT",
+    "4317",
+    "OTLP/gRPC port of serve (TraceService/Export), on the OTLP bind address; 0 = off",
 )
 QUERY_PORT: Final = Setting(
     "HANDOFFS_QUERY_PORT",
@@ -80,6 +85,7 @@ ENV: Final = (
     DATABASE,
     OTLP_HOST,
     OTLP_PORT,
+    GRPC_PORT,
     QUERY_PORT,
     TOKENS,
     SPOOL_DIR,

@@ -27,6 +27,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--otlp-port", type=int, help=f"OTLP/HTTP port (env {settings.OTLP_PORT.env}, default 4318)"
     )
     p.add_argument(
+        "--grpc-port",
+        type=int,
+        help="OTLP/gRPC port, on the OTLP bind address (--host); 0 = off "
+        f"(env {settings.GRPC_PORT.env}, default 4317)",
+    )
+    p.add_argument(
         "--query-port",
         type=int,
         help=f"loopback ClickHouse HTTP port, embedded mode only; 0 = off (env {settings.QUERY_PORT.env}, default 8124)",
@@ -121,6 +127,12 @@ def _non_negative(name: str, value: int) -> int:
     return value
 
 
+def _port(name: str, value: int) -> int:
+    if not 0 <= value <= 65535:
+        raise ValueError(f"--{name} must be 0 to 65535, got {value}")
+    return value
+
+
 def _nice(value: int) -> int:
     if not 0 <= value <= 19:
         raise ValueError(f"--merge-nice must be 0 to 19, got {value}")
@@ -144,11 +156,13 @@ def _serve(args: argparse.Namespace) -> int:
         spec = parse_store(args.store, database=args.database)
         tokens = settings.parse_tokens(settings.resolve(settings.TOKENS, args.tokens))
         query_port = settings.resolve_int(settings.QUERY_PORT, args.query_port)
+        grpc_port = settings.resolve_int(settings.GRPC_PORT, args.grpc_port)
         spool_dir = settings.resolve(settings.SPOOL_DIR, args.spool_dir)
         cfg = ServeConfig(
             store=spec,
             otlp_host=settings.resolve(settings.OTLP_HOST, args.host),
             otlp_port=settings.resolve_int(settings.OTLP_PORT, args.otlp_port),
+            grpc_port=_port("grpc-port", grpc_port) or None,
             query_port=query_port if (spec.embedded and query_port) else None,
             tokens=tokens,
             spool_dir=Path(spool_dir).resolve() if spool_dir else None,

@@ -31,11 +31,13 @@ log = logging.getLogger("handoffs.serve")
 
 @dataclass(frozen=True, slots=True)
 class ServeConfig:
-    """Everything serve needs; ports 0 pick free ports, query_port None = no query endpoint."""
+    """Everything serve needs; ports 0 pick free ports, query_port / grpc_port None = no
+    query endpoint / no OTLP/gRPC receiver (which binds otlp_host, as OTLP/HTTP does)."""
 
     store: StoreSpec
     otlp_host: str = "127.0.0.1"
     otlp_port: int = 4318
+    grpc_port: int | None = 4317
     query_host: str = "127.0.0.1"
     query_port: int | None = 8124
     tokens: dict[str, str] = field(default_factory=dict)
@@ -51,6 +53,11 @@ class ServeConfig:
     min_free_disk_bytes: int = 16 * 1024 * 1024
     #: embedded store: nice value of ClickHouse's background merge threads (0 = unchanged)
     merge_nice: int = 10
+
+
+#: seconds serve's shutdown lets running OTLP/gRPC calls finish (decode, spool, answer)
+#: before cancelling them; a cancelled call's client retries it
+GRPC_GRACE_S: Final = 30.0
 
 
 #: jemalloc options of the embedded ClickHouse (read once, when chDB loads; an operator's own
@@ -291,6 +298,12 @@ def run_serve(
     otlp = make_otlp_server(
         cfg.otlp_host, cfg.otlp_port, ingestor, OtlpConfig(cfg.max_body_bytes, dict(cfg.tokens))
     )
+    grpc_rx = None
+    if cfg.grpc_port is not None:
+        from ingest._otlp_grpc import GrpcConfig, start_grpc_server  # grpc only when on
+
+        grpc_cfg = GrpcConfig(cfg.max_body_bytes, dict(cfg.tokens))
+        grpc_rx = start_grpc_server(cfg.otlp_host, cfg.grpc_port, ingestor, grpc_cfg)
     servers = [otlp]
     engine = None
     query_url = None
@@ -316,6 +329,7 @@ def run_serve(
     host, port = cfg.otlp_host, otlp.server_address[1]
     print(
         f"serve: {spec.describe()}, database {spec.database}; OTLP http://{host}:{port}/v1/traces"
+        + (f"; OTLP gRPC {grpc_rx.address}" if grpc_rx else "")
         + (f"; ClickHouse HTTP (read-only) {query_url}" if query_url else "")
         + f"; spool {spool.dir}; auth {'on' if cfg.tokens else 'off'}",
         file=sys.stderr,
@@ -329,6 +343,8 @@ def run_serve(
     print("serve: stopping: no new requests; storing what is spooled", file=sys.stderr, flush=True)
     otlp.shutdown()
     otlp.server_close()
+    if grpc_rx is not None:  # calls already running are spooled and answered first
+        grpc_rx.stop(GRPC_GRACE_S)
     drained = ingestor.stop(timeout=120)
     spool.close()
     for s in servers[1:]:

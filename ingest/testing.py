@@ -51,6 +51,14 @@ class ServeHandle:
     otlp_port: int
     query_port: int
     tokens: str | None = None
+    grpc_port: int = 0  # OTLP/gRPC (TraceService/Export) on 127.0.0.1; 0 = off
+
+    @property
+    def grpc_target(self) -> str:
+        """127.0.0.1:P, a gRPC channel target (grpc.insecure_channel, the OTLP gRPC exporter)."""
+        if not self.grpc_port:
+            raise RuntimeError("this serve runs without OTLP/gRPC (grpc_port=0)")
+        return f"127.0.0.1:{self.grpc_port}"
 
     def health(self, timeout: float = 5.0, *, wait_s: float = 0.0) -> dict:
         """GET /health; with `wait_s`, serve answers once every acknowledged request is
@@ -113,13 +121,15 @@ def start_serve(
     database: str = "handoffs",
     otlp_port: int | None = None,
     query_port: int | None = None,
+    grpc_port: int | None = None,
     extra_args: tuple[str, ...] = (),
     env: dict[str, str] | None = None,
     timeout: float = 90.0,
 ) -> ServeHandle:
     """Start `handoffs serve --store chdb://<store_dir>` and wait until /health answers.
 
-    `tokens` is 'token=tenant,...' (None = no auth). Reusing `store_dir` (and the ports)
+    `tokens` is 'token=tenant,...' (None = no auth). Ports None pick free ones; `grpc_port`
+    0 runs serve without OTLP/gRPC. Reusing `store_dir` (and the ports)
     restarts serve on the same store, e.g. after kill(). Raises RuntimeError with serve's log
     when it exits or does not answer within `timeout` seconds.
     """
@@ -127,9 +137,12 @@ def start_serve(
     store = Path(store_dir) if store_dir else tmp / "data"
     otlp_port = otlp_port or free_port()
     query_port = query_port or free_port()
+    grpc_port = free_port() if grpc_port is None else grpc_port
     # Otherwise /health could be answered by whatever already listens there (another serve)
     # while this one fails to bind.
-    for what, port in (("OTLP", otlp_port), ("query", query_port)):
+    for what, port in (("OTLP", otlp_port), ("query", query_port), ("gRPC", grpc_port)):
+        if not port:
+            continue
         if port_in_use(port):
             raise RuntimeError(
                 f"{what} port {port} on 127.0.0.1 is in use (another serve or demo?); "
@@ -149,6 +162,8 @@ def start_serve(
         str(otlp_port),
         "--query-port",
         str(query_port),
+        "--grpc-port",
+        str(grpc_port),
         *extra_args,
     ]
     if tokens:
@@ -168,6 +183,7 @@ def start_serve(
         otlp_port=otlp_port,
         query_port=query_port,
         tokens=tokens,
+        grpc_port=grpc_port,
     )
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
