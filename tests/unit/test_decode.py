@@ -121,7 +121,7 @@ def test_truncated_protobuf_is_a_decode_error():
             r"spans\[0\]: expected an object",
         ),
         (
-            {"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "zz"}]}]}]},
+            {"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": 7}]}]}]},
             r"spans\[0\]\.traceId: expected a hex string",
         ),
         (
