@@ -34,6 +34,8 @@ from ingest._decode import PROTOBUF, DecodeError
 from ingest._otlp_http import RETRY_AFTER_S
 from ingest._service import StoreUnavailable
 from ingest._spool import SpoolFull
+from ingest._telemetry import Refusal as Refused
+from ingest._telemetry import Telemetry, credential_label
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -102,6 +104,7 @@ class Refusal:
     code: grpc.StatusCode
     message: str
     retry_after_s: float | None = None
+    reason: str = "internal_error"  # what /metrics counts it under (ingest._telemetry)
 
 
 def tenant_from_metadata(
@@ -119,15 +122,21 @@ def tenant_from_metadata(
 def refusal_for(exc: BaseException) -> Refusal:
     """The answer to an exception raised while authenticating or submitting a request."""
     if isinstance(exc, Unauthenticated):
-        return Refusal(grpc.StatusCode.UNAUTHENTICATED, str(exc))
+        reason = "unknown_token" if str(exc).startswith("unknown") else "missing_token"
+        return Refusal(grpc.StatusCode.UNAUTHENTICATED, str(exc), reason=reason)
     if isinstance(exc, DecodeError):
-        return Refusal(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-    if isinstance(exc, (SpoolFull, StoreUnavailable)):
-        return Refusal(grpc.StatusCode.UNAVAILABLE, str(exc), RETRY_AFTER_S)
+        return Refusal(grpc.StatusCode.INVALID_ARGUMENT, str(exc), reason="undecodable")
+    if isinstance(exc, SpoolFull):
+        return Refusal(grpc.StatusCode.UNAVAILABLE, str(exc), RETRY_AFTER_S, "spool_full")
+    if isinstance(exc, StoreUnavailable):
+        return Refusal(grpc.StatusCode.UNAVAILABLE, str(exc), RETRY_AFTER_S, "store_unavailable")
     if isinstance(exc, OSError):  # the spool could not be written (disk full, I/O error)
         detail = exc.strerror or str(exc)
         return Refusal(
-            grpc.StatusCode.UNAVAILABLE, f"spool write failed, retry later: {detail}", RETRY_AFTER_S
+            grpc.StatusCode.UNAVAILABLE,
+            f"spool write failed, retry later: {detail}",
+            RETRY_AFTER_S,
+            "spool_write_failed",
         )
     return Refusal(grpc.StatusCode.INTERNAL, f"internal error: {exc}")
 
@@ -181,9 +190,10 @@ class _TraceService(TraceServiceServicer):
     from the same request's over HTTP whenever the two serializations differ; and a message
     grpc failed to parse would be answered INTERNAL instead of INVALID_ARGUMENT."""
 
-    def __init__(self, ingestor: Ingestor, config: GrpcConfig) -> None:
+    def __init__(self, ingestor: Ingestor, config: GrpcConfig, telemetry: Telemetry) -> None:
         self.ingestor = ingestor
         self.config = config
+        self.telemetry = telemetry
 
     def Export(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         try:
@@ -198,9 +208,30 @@ class _TraceService(TraceServiceServicer):
                 log.exception("ingest failed")
             elif isinstance(exc, OSError):
                 log.error("spool write failed: %s", exc)
+            self._count(refusal, context)
             context.abort_with_status(rpc_status(refusal))
             raise  # abort_with_status raises; this is never reached
+        self.telemetry.answered("grpc", "OK")
         return export_response(decoded)
+
+    def _count(self, refusal: Refusal, context: grpc.ServicerContext) -> None:
+        metadata = {k.lower(): v for k, v in context.invocation_metadata()}
+        auth = metadata.get("authorization")
+        scheme, _, token = (auth if isinstance(auth, str) else "").partition(" ")
+        agent = metadata.get("user-agent")
+        self.telemetry.refused(
+            Refused(
+                "grpc",
+                refusal.code.name,
+                refusal.reason,
+                refusal.message,
+                client=context.peer(),
+                user_agent=agent if isinstance(agent, str) else "",
+                credential=credential_label(token.strip(), self.config.tokens)
+                if scheme.lower() == "bearer"
+                else "none",
+            )
+        )
 
 
 class GrpcReceiver:
@@ -228,8 +259,19 @@ def _target(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
 
 
-def start_grpc_server(host: str, port: int, ingestor: Ingestor, config: GrpcConfig) -> GrpcReceiver:
+def start_grpc_server(
+    host: str,
+    port: int,
+    ingestor: Ingestor,
+    config: GrpcConfig,
+    *,
+    telemetry: Telemetry | None = None,
+) -> GrpcReceiver:
     """Bind `host:port` (0: any free port; see .port) and start serving TraceService/Export.
+
+    `telemetry` counts answers and refusals (transport `grpc`); serve passes the one its
+    HTTP port renders on /metrics. A message over the size limit is refused by grpc itself
+    (RESOURCE_EXHAUSTED) before the service sees it, so it is not counted there.
 
     Raises OSError (EADDRINUSE) when the address cannot be bound. SO_REUSEPORT is off, which
     grpc turns on by default: a second serve on the same port must fail, not share it."""
@@ -240,7 +282,10 @@ def start_grpc_server(host: str, port: int, ingestor: Ingestor, config: GrpcConf
             ("grpc.max_receive_message_length", config.max_message_bytes),
         ],
     )
-    service = _TraceService(ingestor, config)
+    if telemetry is None:
+        telemetry = Telemetry()
+        telemetry.watch(ingestor)
+    service = _TraceService(ingestor, config, telemetry)
     handler = grpc.unary_unary_rpc_method_handler(service.Export)  # bytes in, bytes out
     server.add_registered_method_handlers(SERVICE, {METHOD: handler})
     address = _target(host, port)

@@ -31,10 +31,12 @@ from typing import TYPE_CHECKING, Any, Final
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
+from ingest._auth import Unauthenticated, tenant_for
 from ingest._decode import JSON, PROTOBUF, DecodeError
 from ingest._http_body import BodyError, BodyReader, Framing, framing, gunzip
 from ingest._service import StoreUnavailable
 from ingest._spool import SpoolFull
+from ingest._telemetry import Refusal, Telemetry, credential_label
 
 if TYPE_CHECKING:
     from ingest._decode import DecodedBatch
@@ -51,7 +53,19 @@ _CONTENT_TYPES: Final = {
 _ENCODINGS: Final = {"": "identity", "identity": "identity", "gzip": "gzip", "x-gzip": "gzip"}
 _RPC_CODES: Final = {400: 3, 401: 16, 404: 5, 405: 12, 411: 3, 413: 8, 415: 3, 503: 14, 500: 13}
 #: the methods each path answers; any other gets 405 naming them
-_ROUTES: Final = {"/v1/traces": ("POST",), "/health": ("GET", "HEAD")}
+_ROUTES: Final = {"/v1/traces": ("POST",), "/health": ("GET", "HEAD"), "/metrics": ("GET", "HEAD")}
+#: the reason a refusal is counted under when the code path names none (by HTTP status)
+_REASONS: Final = {
+    400: "bad_request",
+    401: "unauthenticated",
+    404: "not_found",
+    405: "method_not_allowed",
+    411: "length_required",
+    413: "too_large",
+    415: "unsupported_media_type",
+    500: "internal_error",
+    503: "unavailable",
+}
 RETRY_AFTER_S: Final = 1
 _DRAIN_MAX: Final = 256 * 1024 * 1024  # bytes of a refused body discarded before closing
 
@@ -66,11 +80,19 @@ class OtlpConfig:
 
 
 class _HttpError(Exception):
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        headers: dict[str, str] | None = None,
+        *,
+        reason: str = "",
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.headers = headers or {}
+        self.reason = reason
 
 
 #: longest `GET /health?wait_s=` a caller may ask for (seconds)
@@ -108,6 +130,7 @@ class _Handler(BaseHTTPRequestHandler):
     timeout = 120  # seconds a connection may sit idle mid-request (slow or stalled clients)
     ingestor: Ingestor
     config: OtlpConfig
+    telemetry: Telemetry
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s " + format, self.address_string(), *args)
@@ -129,8 +152,25 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(body)
 
     def _error(
-        self, status: int, message: str, fmt: str, extra: dict[str, str] | None = None
+        self,
+        status: int,
+        message: str,
+        fmt: str,
+        extra: dict[str, str] | None = None,
+        *,
+        reason: str = "",
     ) -> None:
+        self.telemetry.refused(
+            Refusal(
+                "http",
+                str(status),
+                reason or _REASONS.get(status, "other"),
+                message,
+                client=f"{self.client_address[0]}:{self.client_address[1]}",
+                user_agent=self.headers.get("User-Agent") or "",
+                credential=self._credential(),
+            )
+        )
         extra = dict(extra or {})
         if status == 503:
             extra["Retry-After"] = str(RETRY_AFTER_S)
@@ -149,16 +189,17 @@ class _Handler(BaseHTTPRequestHandler):
         rest discarded (the connection stays open), or the answer sent with Connection: close
         and then up to _DRAIN_MAX discarded (so a client still sending reads the answer)."""
         headers = exc.headers if isinstance(exc, _HttpError) else {}
+        reason = exc.reason if isinstance(exc, _HttpError) else _body_reason(exc)
         # 411: a body sent without framing would be read as the next request. 413: the body
         # is over the limit, so not worth discarding to keep the connection (but see below).
         keep = exc.status != 411 and (
             reader.in_step or (exc.status != 413 and reader.drain(self.config.max_body_bytes))
         )
         if keep:
-            self._error(exc.status, exc.message, fmt, headers)
+            self._error(exc.status, exc.message, fmt, headers, reason=reason)
             return
         self.close_connection = True
-        self._error(exc.status, exc.message, fmt, headers)
+        self._error(exc.status, exc.message, fmt, headers, reason=reason)
         self.wfile.flush()
         with contextlib.suppress(OSError):  # the client went away: nothing left to protect
             reader.drain(_DRAIN_MAX)
@@ -176,7 +217,7 @@ class _Handler(BaseHTTPRequestHandler):
             )
         except BodyError as exc:  # where the body ends is unknown: answer and close
             self.close_connection = True
-            self._error(exc.status, exc.message, fmt)
+            self._error(exc.status, exc.message, fmt, reason="bad_framing")
             return
         reader = BodyReader(self.rfile, fr)
         try:
@@ -193,6 +234,8 @@ class _Handler(BaseHTTPRequestHandler):
                 )
             if path == "/health":
                 self._health(query, reader)
+            elif path == "/metrics":
+                self._metrics(reader)
             else:
                 self._traces(ctype, fmt, fr, reader)
         except (_HttpError, BodyError) as exc:
@@ -213,9 +256,22 @@ class _Handler(BaseHTTPRequestHandler):
             raise BodyError(413, f"a /health request body over {self.config.max_body_bytes} bytes")
         if wait_s:
             self.ingestor.wait_idle(wait_s)
-        h = self.ingestor.health()
+        h = {**self.ingestor.health(), "refused": self.telemetry.refusal_counts()}
         status = 200 if h["status"] == "ok" else 503
         self._send(status, json.dumps(h).encode(), "application/json")
+
+    def _metrics(self, reader: BodyReader) -> None:
+        if not reader.in_step and not reader.drain(self.config.max_body_bytes):
+            raise BodyError(413, f"a /metrics request body over {self.config.max_body_bytes} bytes")
+        page, ctype = self.telemetry.exposition()
+        self._send(200, page, ctype)
+
+    def _credential(self) -> str:
+        """The credential the request showed, as logs may name it (never the token)."""
+        scheme, _, token = (self.headers.get("Authorization") or "").partition(" ")
+        if scheme.lower() != "bearer":
+            return "none"
+        return credential_label(token.strip(), self.config.tokens)
 
     def _traces(self, ctype: str, fmt: str, fr: Framing, reader: BodyReader) -> None:
         tenant = self._tenant()
@@ -224,10 +280,15 @@ class _Handler(BaseHTTPRequestHandler):
                 415,
                 f"unsupported Content-Type {ctype or '(none)'!r}; "
                 "use application/x-protobuf or application/json",
+                reason="unsupported_content_type",
             )
         enc = (self.headers.get("Content-Encoding") or "").strip().lower()
         if enc not in _ENCODINGS:
-            raise _HttpError(415, f"unsupported Content-Encoding {enc!r}; use gzip or none")
+            raise _HttpError(
+                415,
+                f"unsupported Content-Encoding {enc!r}; use gzip or none",
+                reason="unsupported_content_encoding",
+            )
         if not fr.declared:
             raise _HttpError(411, "Content-Length is required (or Transfer-Encoding: chunked)")
         limit = self.config.max_body_bytes
@@ -247,18 +308,26 @@ class _Handler(BaseHTTPRequestHandler):
                     return self.ingestor.submit(body, fmt, tenant=tenant)
             return self.ingestor.submit(body, fmt, tenant=tenant)
         except DecodeError as exc:
-            self._error(400, str(exc), fmt)
-        except (SpoolFull, StoreUnavailable) as exc:
-            self._error(503, str(exc), fmt)
+            self._error(400, str(exc), fmt, reason="undecodable")
+        except SpoolFull as exc:
+            self._error(503, str(exc), fmt, reason="spool_full")
+        except StoreUnavailable as exc:
+            self._error(503, str(exc), fmt, reason="store_unavailable")
         except OSError as exc:  # the spool could not be written (disk full, I/O error)
             log.error("spool write failed: %s", exc)
-            self._error(503, f"spool write failed, retry later: {exc.strerror or exc}", fmt)
+            self._error(
+                503,
+                f"spool write failed, retry later: {exc.strerror or exc}",
+                fmt,
+                reason="spool_write_failed",
+            )
         except Exception as exc:  # never acknowledge what was not spooled
             log.exception("ingest failed")
             self._error(500, f"internal error: {exc}", fmt)
         return None
 
     def _accepted(self, decoded: DecodedBatch, fmt: str) -> None:
+        self.telemetry.answered("http", "200")
         rejected = len(decoded.rejects)
         if fmt == PROTOBUF:
             resp = ExportTraceServiceResponse()
@@ -276,17 +345,13 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, json.dumps(out).encode(), "application/json")
 
     def _tenant(self) -> str:
-        tokens = self.config.tokens
-        if not tokens:
-            return self.config.default_tenant
-        auth = self.headers.get("Authorization") or ""
-        scheme, _, token = auth.partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            raise _HttpError(401, "missing bearer token: send 'Authorization: Bearer <token>'")
-        tenant = tokens.get(token.strip())
-        if tenant is None:
-            raise _HttpError(401, "unknown bearer token")
-        return tenant
+        try:
+            return tenant_for(
+                self.headers.get("Authorization"), self.config.tokens, self.config.default_tenant
+            )
+        except Unauthenticated as exc:
+            reason = "unknown_token" if str(exc).startswith("unknown") else "missing_token"
+            raise _HttpError(401, str(exc), reason=reason) from None
 
 
 class _Server(ThreadingHTTPServer):
@@ -295,9 +360,36 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = 128
 
 
+def _body_reason(exc: BodyError) -> str:
+    """The counted reason of a body the reader refused."""
+    if exc.status == 413:
+        return "too_large"
+    if "gzip" in exc.message:
+        return "bad_gzip"
+    if "truncated" in exc.message:
+        return "truncated_body"
+    return "bad_framing"
+
+
 def make_otlp_server(
-    host: str, port: int, ingestor: Ingestor, config: OtlpConfig
+    host: str,
+    port: int,
+    ingestor: Ingestor,
+    config: OtlpConfig,
+    *,
+    telemetry: Telemetry | None = None,
 ) -> ThreadingHTTPServer:
-    """Bind the OTLP receiver (port 0 = any free port; see server.server_address)."""
-    handler = type("OtlpHandler", (_Handler,), {"ingestor": ingestor, "config": config})
+    """Bind the OTLP receiver (port 0 = any free port; see server.server_address).
+
+    `telemetry` counts answers and refusals and renders `GET /metrics`; serve passes the one
+    its gRPC port shares. Without one, a new one watching `ingestor` is made.
+    """
+    if telemetry is None:
+        telemetry = Telemetry()
+        telemetry.watch(ingestor)
+    handler = type(
+        "OtlpHandler",
+        (_Handler,),
+        {"ingestor": ingestor, "config": config, "telemetry": telemetry},
+    )
     return _Server((host, port), handler)

@@ -14,6 +14,7 @@ Metric names (all prefixed `handoffs_`):
 - `receiver_refused_requests_total{transport,status,reason}`: the refused ones, by reason;
 - `receiver_accepted_spans_total`, `receiver_rejected_spans_total{reason}`,
   `stored_spans_total`: spans acknowledged, refused per span (partial_success), stored;
+  `receiver_duplicate_requests_total`: acknowledged resends of a stored body (kept once);
 - `spool_backlog_bytes`, `spool_oldest_unstored_age_seconds`, `queue_requests`;
 - `store_write_duration_seconds` (histogram), `store_errors_total`,
   `parked_batches_total`, `store_up`.
@@ -220,6 +221,11 @@ class _IngestorCollector:
         yield rejected
         yield CounterMetricFamily(
             "handoffs_stored_spans", "Spans written to the store", value=h.get("stored", 0)
+        )
+        yield CounterMetricFamily(
+            "handoffs_receiver_duplicate_requests",
+            "Acknowledged requests whose body was already stored (a client's resend), not stored twice",
+            value=h.get("duplicate_batches", 0),
         )
         yield GaugeMetricFamily(
             "handoffs_spool_backlog_bytes",
