@@ -44,6 +44,30 @@ QUERY_PORT: Final = Setting(
     "8124",
     "loopback port of serve's ClickHouse HTTP query endpoint (embedded mode; 0 = off)",
 )
+QUERY_MAX_EXECUTION_S: Final = Setting(
+    "HANDOFFS_QUERY_MAX_EXECUTION_S", "30", "seconds one query on serve's query port may run"
+)
+QUERY_MAX_MEMORY_BYTES: Final = Setting(
+    "HANDOFFS_QUERY_MAX_MEMORY_BYTES",
+    str(2 * 1024**3),
+    "memory one query on serve's query port may use, bytes (also its spill to disk)",
+)
+QUERY_MAX_RESULT_ROWS: Final = Setting(
+    "HANDOFFS_QUERY_MAX_RESULT_ROWS", "1000000", "rows one result of serve's query port may hold"
+)
+QUERY_MAX_RESULT_BYTES: Final = Setting(
+    "HANDOFFS_QUERY_MAX_RESULT_BYTES",
+    str(256 * 1024**2),
+    "bytes one result of serve's query port may hold (uncompressed, as the engine counts them)",
+)
+QUERY_MAX_THREADS: Final = Setting(
+    "HANDOFFS_QUERY_MAX_THREADS", "2", "threads one query on serve's query port may use"
+)
+QUERY_CONCURRENCY: Final = Setting(
+    "HANDOFFS_QUERY_CONCURRENCY",
+    "2",
+    "queries serve's query port runs at once; more wait up to 2 s, then get 503 + Retry-After",
+)
 TOKENS: Final = Setting(
     "HANDOFFS_TOKENS",
     "",
@@ -87,6 +111,12 @@ ENV: Final = (
     OTLP_PORT,
     GRPC_PORT,
     QUERY_PORT,
+    QUERY_MAX_EXECUTION_S,
+    QUERY_MAX_MEMORY_BYTES,
+    QUERY_MAX_RESULT_ROWS,
+    QUERY_MAX_RESULT_BYTES,
+    QUERY_MAX_THREADS,
+    QUERY_CONCURRENCY,
     TOKENS,
     SPOOL_DIR,
     MAX_BODY_BYTES,

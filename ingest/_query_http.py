@@ -1,320 +1,187 @@
 """Read-only ClickHouse HTTP query endpoint over the embedded chDB engine (serve, loopback).
 
 Enough of ClickHouse's HTTP interface for clickhouse-connect's HTTP client (query, query_df,
-query_arrow, command, raw_query, its connect-time probes): SQL from the `query` URL
-parameter and/or the POST body, `database`, `default_format`, `param_<name>` server-side
-parameters, other URL parameters as settings, GET /ping. Every query runs on the real engine
-(a chDB connection handle in this process); only the transport is ours.
+query_arrow, command, raw_query, its connect-time probes): the request forms of
+ingest._query_request (SQL in the URL and/or the body, multipart forms with bound
+parameters, compressed bodies, GET), `database`, `default_format`, settings, GET /ping.
+Every query runs on the real engine (ingest._query_engine: checked by ClickHouse's parser
+without running it, then run bounded on its own handle); only the transport is ours.
 
-Read-only twice over: only SELECT / SHOW / DESCRIBE / EXISTS / WITH / EXPLAIN statements are
-let through, and the engine handle runs with `readonly = 2`. Errors answer HTTP 500 (or 400)
-with `X-ClickHouse-Exception-Code` and a `Code: N. DB::Exception: ...` body.
+Bodies are read by ingest._http_body (Content-Length or chunked, at most MAX_QUERY_BODY
+bytes). A body that cannot be read whole is answered with `Connection: close`, and what the
+client still sends is discarded (up to _DRAIN_MAX bytes) so it reads the answer. A query the
+client abandons (closes its connection) is cancelled. Errors answer HTTP 4xx/5xx with
+`X-ClickHouse-Exception-Code` and a `Code: N. DB::Exception: ...` body.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-import re
-import threading
+import select
+import socket
 import uuid
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Final
 from urllib.parse import parse_qsl, urlsplit
 
-from ingest._sql_guard import ast_problem, statement_problem, strip_trailing_format
+from ingest._http_body import BodyError, BodyReader, framing
+from ingest._query_engine import QueryEngine, QueryError
+from ingest._query_request import RequestError, decode_request
 
-__all__ = ["QueryEngine", "make_query_server"]
+__all__ = ["MAX_QUERY_BODY", "QueryEngine", "make_query_server"]
 
 log = logging.getLogger("handoffs.query")
 
-_TRANSPORT_PARAMS: Final = frozenset(
-    {
-        "query",
-        "database",
-        "default_format",
-        "query_id",
-        "session_id",
-        "session_timeout",
-        "session_check",
-        "compress",
-        "decompress",
-        "buffer_size",
-        "wait_end_of_query",
-        "send_progress_in_http_headers",
-        "http_headers_progress_interval_ms",
-        "enable_http_compression",
-        "cancel_http_readonly_queries_on_client_close",
-        "client_protocol_version",
-        "quota_key",
-        "role",
-        "user",
-        "password",
-        "http_wait_end_of_query",
-        "readonly",
-    }
-)
-_TRAILING_FORMAT: Final = re.compile(r"\bFORMAT\s+(\w+)\s*;?\s*$", re.I)
-_SETTING_NAME: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_CODE: Final = re.compile(r"Code: (\d+)")
-_READONLY_CODE: Final = 164
+#: Largest query body the read-only endpoint reads, bytes, before and after decompression
+#: (queries are small; inserts are refused).
+MAX_QUERY_BODY: Final = 16 * 1024 * 1024
+_DRAIN_MAX: Final = 64 * 1024 * 1024  # bytes of a refused body discarded before closing
+#: Longest request line, bytes: ClickHouse's default http_max_uri_size. clickhouse-connect's
+#: command() puts every bound parameter in the URL, however large (the standard library's
+#: own limit, 64 KiB, refused 5,000 ids).
+MAX_URL_BYTES: Final = 1024 * 1024
 _SYNTAX_CODE: Final = 62
 
 
-class _ChError(Exception):
-    def __init__(self, code: int, message: str, status: int = 500) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.status = status
-
-
-class QueryEngine:
-    """A small pool of chDB connection handles on the one engine this process hosts.
-
-    Each handle runs `SET readonly = 2`; per-request settings are applied with SET and reset
-    to DEFAULT afterwards while the handle's lock is held. A handle that raised is replaced
-    by a fresh one (an engine error must not leave a half-read result on it).
-    """
-
-    def __init__(self, path: str, *, handles: int = 2) -> None:
-        self._path = path
-        self._pool: list[list[Any]] = [[threading.Lock(), self._open(), ""] for _ in range(handles)]
-        self._next = 0
-        self._pick = threading.Lock()
-
-    def _open(self) -> Any:
-        import chdb
-
-        conn = chdb.connect(self._path)
-        conn.query("SET readonly = 2", "TabSeparated")
-        return conn
-
-    def run(
-        self,
-        sql: str,
-        fmt: str,
-        *,
-        database: str | None,
-        params: dict[str, str],
-        settings: dict[str, str],
-    ) -> bytes:
-        """Run one read-only statement; return the result bytes in `fmt` (or its FORMAT clause).
-
-        Refuses (code 164, READONLY) anything `_sql_guard` does not let through.
-        """
-        problem = statement_problem(sql)
-        if problem:
-            raise _ChError(
-                _READONLY_CODE, f"Cannot execute query in readonly mode: {problem}. (READONLY)", 403
-            )
-        for k in settings:
-            if not _SETTING_NAME.match(k):
-                raise _ChError(115, f"Unknown setting {k!r}. (UNKNOWN_SETTING)", status=400)
-        with self._pick:
-            slot = self._pool[self._next % len(self._pool)]
-            self._next += 1
-        with slot[0]:
-            conn = slot[1]
-            try:
-                if database and database != slot[2]:
-                    conn.query(f"USE `{database.replace('`', '')}`", "TabSeparated")
-                    slot[2] = database
-                ast = conn.query(
-                    f"EXPLAIN AST {strip_trailing_format(sql)}", "TabSeparatedRaw", params=params
-                )
-                problem = ast_problem(ast.bytes().decode("utf-8", "replace"))
-                if problem:
-                    raise _ChError(
-                        _READONLY_CODE,
-                        f"Cannot execute query in readonly mode: {problem}. (READONLY)",
-                        403,
-                    )
-                applied = []
-                try:
-                    for k, v in settings.items():
-                        conn.query(f"SET {k} = '{_esc(v)}'", "TabSeparated")
-                        applied.append(k)
-                    res = conn.query(sql, fmt, params=params)
-                finally:
-                    for k in applied:
-                        try:
-                            conn.query(f"SET {k} = DEFAULT", "TabSeparated")
-                        except Exception:
-                            log.debug("could not reset setting %s", k)
-            except _ChError:
-                raise
-            except Exception as exc:
-                self._replace(slot)
-                msg = str(exc)
-                i = msg.find("Code: ")
-                msg = msg[i:] if i >= 0 else f"Code: 1001. DB::Exception: {msg}"
-                m = _CODE.search(msg)
-                raise _ChError(int(m.group(1)) if m else 1001, msg) from None
-        data = res.bytes() if hasattr(res, "bytes") else bytes(res)
-        return data or b""
-
-    def _replace(self, slot: list[Any]) -> None:
-        try:
-            slot[1].close()
-        except Exception:
-            log.debug("error closing a failed chdb handle", exc_info=True)
-        slot[1], slot[2] = self._open(), ""
-
-    def close(self) -> None:
-        for lock, conn, _ in self._pool:
-            with lock:
-                try:
-                    conn.close()
-                except Exception:
-                    log.debug("error closing chdb handle", exc_info=True)
-
-
-def _esc(v: str) -> str:
-    return str(v).replace("\\", "\\\\").replace("'", "\\'")
-
-
-def _decompress(data: bytes, encoding: str | None) -> bytes:
-    if not encoding or encoding == "identity":
-        return data
-    from clickhouse_connect.driver._backend.httpcommon import decompress_response
-
-    return decompress_response(data, encoding)
-
-
-#: Largest query body the read-only endpoint reads (queries are small; inserts are refused).
-MAX_QUERY_BODY = 16 * 1024 * 1024
+def _client_gone(sock: socket.socket) -> bool:
+    """True once the client closed its end (the socket reads as EOF or fails); a socket
+    with data waiting (a next request) is still connected."""
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
+    except (OSError, ValueError):
+        return True
 
 
 class _Handler(BaseHTTPRequestHandler):
     server_version = "handoffs-serve"
     protocol_version = "HTTP/1.1"
+    # headers and body go out as two writes: without TCP_NODELAY the body waits for the
+    # client's delayed ACK (~40 ms per answer)
+    disable_nagle_algorithm = True
     engine: QueryEngine
     default_database: str
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s " + format, self.address_string(), *args)
 
+    def handle_one_request(self) -> None:
+        """BaseHTTPRequestHandler's, with a request line of up to MAX_URL_BYTES."""
+        try:
+            self.raw_requestline = self.rfile.readline(MAX_URL_BYTES + 1)
+            if len(self.raw_requestline) > MAX_URL_BYTES:
+                self.requestline = self.request_version = self.command = ""
+                self.close_connection = True  # the rest of the line would be read as a request
+                self.send_error(HTTPStatus.REQUEST_URI_TOO_LONG)
+                return
+            if not self.raw_requestline:
+                self.close_connection = True
+                return
+            if not self.parse_request():
+                return
+            method = getattr(self, "do_" + self.command, None)
+            if method is None:
+                self.send_error(
+                    HTTPStatus.NOT_IMPLEMENTED, f"Unsupported method ({self.command!r})"
+                )
+                return
+            method()
+            self.wfile.flush()
+        except TimeoutError as exc:
+            self.log_error("Request timed out: %r", exc)
+            self.close_connection = True
+
     def _send(self, status: int, body: bytes, headers: dict[str, str]) -> None:
-        self.send_response(status)
-        for k, v in headers.items():
-            self.send_header(k, v)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
+        try:
+            self.send_response(status)
+            for k, v in headers.items():
+                self.send_header(k, v)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+        except OSError as exc:  # the client went away (its query may have been cancelled)
+            log.debug("%s: could not send the answer: %s", self.address_string(), exc)
+            self.close_connection = True
 
-    def do_HEAD(self) -> None:
-        self.do_GET()
+    def _error(self, status: int, code: int, message: str, headers: dict[str, str]) -> None:
+        text = message if message.startswith("Code:") else f"Code: {code}. DB::Exception: {message}"
+        self._send(
+            status,
+            (text.rstrip() + " (version handoffs-serve)\n").encode(),
+            {
+                "Content-Type": "text/plain; charset=UTF-8",
+                "X-ClickHouse-Exception-Code": str(code),
+                **headers,
+            },
+        )
 
-    def do_GET(self) -> None:
-        path = urlsplit(self.path).path
-        if path in ("/ping", "/") and "query=" not in self.path:
+    def _handle(self) -> None:
+        try:
+            fr = framing(
+                self.headers.get_all("Content-Length") or [],
+                self.headers.get_all("Transfer-Encoding") or [],
+            )
+        except BodyError as exc:  # where the body ends is unknown: answer and close
+            self.close_connection = True
+            self._error(exc.status, _SYNTAX_CODE, exc.message, {"Connection": "close"})
+            return
+        reader = BodyReader(self.rfile, fr)
+        try:
+            body = reader.read(MAX_QUERY_BODY)
+        except BodyError as exc:
+            message = f"query body too large: {exc.message}" if exc.status == 413 else exc.message
+            self.close_connection = True
+            self._error(exc.status, _SYNTAX_CODE, message, {"Connection": "close"})
+            self.wfile.flush()
+            with contextlib.suppress(OSError):  # a client still sending reads the answer
+                reader.drain(_DRAIN_MAX)
+            return
+        except OSError as exc:  # the client stalled or went away mid-body
+            log.debug("%s: connection lost while reading the body: %s", self.address_string(), exc)
+            self.close_connection = True
+            return
+        parts = urlsplit(self.path)
+        asks = dict(parse_qsl(parts.query, keep_blank_values=True))
+        if self.command in ("GET", "HEAD") and parts.path in ("/ping", "/") and "query" not in asks:
             self._send(200, b"Ok.\n", {"Content-Type": "text/plain; charset=UTF-8"})
             return
-        self._query(b"")
+        self._query(body)
 
-    def do_POST(self) -> None:
-        try:
-            body = self._read_body()
-        except ValueError as exc:
-            # The body was not consumed whole: the connection cannot carry another request.
-            self.close_connection = True
-            self._send(
-                413 if "too large" in str(exc) else 400,
-                f"Code: {_SYNTAX_CODE}. DB::Exception: {exc}\n".encode(),
-                {"Content-Type": "text/plain; charset=UTF-8", "Connection": "close"},
-            )
-            return
-        self._query(_decompress(body, self.headers.get("Content-Encoding")))
-
-    def _read_body(self) -> bytes:
-        """The whole request body, Content-Length or chunked (clickhouse-connect streams
-        inserts chunked); ValueError past MAX_QUERY_BODY bytes or on a malformed chunk.
-        Reading it whole keeps a keep-alive connection in step even for refused queries."""
-        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
-            out = bytearray()
-            while True:
-                line = self.rfile.readline(1024)
-                try:
-                    size = int(line.split(b";", 1)[0].strip() or b"x", 16)
-                except ValueError:
-                    raise ValueError("malformed chunked body") from None
-                if size == 0:
-                    while self.rfile.readline(1024) not in (b"\r\n", b"\n", b""):
-                        pass  # trailers
-                    return bytes(out)
-                if len(out) + size > MAX_QUERY_BODY:
-                    raise ValueError(f"query body too large (limit {MAX_QUERY_BODY} bytes)")
-                out += self.rfile.read(size)
-                self.rfile.readline(1024)  # CRLF after each chunk
-        n = int(self.headers.get("Content-Length") or 0)
-        if n > MAX_QUERY_BODY:
-            raise ValueError(f"query body too large (limit {MAX_QUERY_BODY} bytes)")
-        return self.rfile.read(n) if n else b""
+    do_GET = do_POST = do_HEAD = _handle
 
     def _query(self, body: bytes) -> None:
-        qid = ""
+        qid = str(uuid.uuid4())
         try:
-            parts = urlsplit(self.path)
-            if parts.path not in ("/", ""):
-                raise _ChError(
-                    _SYNTAX_CODE,
-                    f"no handler for path {parts.path!r} (HTTP_HANDLER_NOT_FOUND)",
-                    404,
-                )
-            qs = dict(parse_qsl(parts.query, keep_blank_values=True))
-            qid = qs.get("query_id") or str(uuid.uuid4())
-            sql = "\n".join(s for s in (qs.get("query", ""), body.decode("utf-8")) if s)
-            if not sql.strip():
-                raise _ChError(_SYNTAX_CODE, "Empty query. (SYNTAX_ERROR)", 400)
-            m = _TRAILING_FORMAT.search(sql)
-            fmt = m.group(1) if m else qs.get("default_format") or "TabSeparated"
-            params = {k[6:]: v for k, v in qs.items() if k.startswith("param_")}
-            settings = {
-                k: v
-                for k, v in qs.items()
-                if k not in _TRANSPORT_PARAMS and not k.startswith("param_")
-            }
-            data = self.engine.run(
-                sql,
-                fmt,
-                database=qs.get("database") or self.default_database,
-                params=params,
-                settings=settings,
+            headers = {k.lower(): v for k, v in self.headers.items()}
+            request = decode_request(
+                self.command, self.path, headers, body, max_body=MAX_QUERY_BODY
             )
-        except _ChError as exc:
-            text = (
-                exc.message
-                if exc.message.startswith("Code:")
-                else f"Code: {exc.code}. DB::Exception: {exc.message}"
+            qid = request.query_id or qid
+            result = self.engine.run(
+                request,
+                database=self.default_database,
+                client_gone=lambda: _client_gone(self.connection),
             )
-            self._send(
-                exc.status,
-                (text.rstrip() + " (version handoffs-serve)\n").encode(),
-                {
-                    "Content-Type": "text/plain; charset=UTF-8",
-                    "X-ClickHouse-Exception-Code": str(exc.code),
-                    "X-ClickHouse-Query-Id": qid,
-                },
-            )
+        except (RequestError, QueryError) as exc:
+            extra = exc.headers if isinstance(exc, QueryError) else {}
+            self._error(exc.status, exc.code, exc.message, {"X-ClickHouse-Query-Id": qid, **extra})
             return
         except Exception as exc:
             log.exception("query failed")
-            self._send(
-                500,
-                f"Code: 1001. DB::Exception: {exc}\n".encode(),
-                {"Content-Type": "text/plain", "X-ClickHouse-Exception-Code": "1001"},
-            )
+            self._error(500, 1001, str(exc), {"X-ClickHouse-Query-Id": qid})
             return
         self._send(
             200,
-            data,
+            result.data,
             {
                 "Content-Type": "application/octet-stream"
-                if fmt == "Native"
+                if result.fmt in ("Native", "RowBinary", "Arrow", "ArrowStream", "Parquet")
                 else "text/plain; charset=UTF-8",
-                "X-ClickHouse-Format": fmt,
+                "X-ClickHouse-Format": result.fmt,
                 "X-ClickHouse-Query-Id": qid,
                 "X-ClickHouse-Timezone": "UTC",
                 "X-ClickHouse-Server-Display-Name": "handoffs-serve",

@@ -21,6 +21,7 @@ from typing import Final
 from handoffs.store import StoreSpec, apply_schema, connect
 from ingest._otlp_http import OtlpConfig, make_otlp_server
 from ingest._query_http import QueryEngine, make_query_server
+from ingest._query_policy import QueryLimits
 from ingest._service import OVERLAP_MAX_RSS, SQL_MIN_BYTES, Ingestor
 from ingest._spool import Spool
 
@@ -53,6 +54,8 @@ class ServeConfig:
     min_free_disk_bytes: int = 16 * 1024 * 1024
     #: embedded store: nice value of ClickHouse's background merge threads (0 = unchanged)
     merge_nice: int = 10
+    #: bounds on every query of the query port (default: the HANDOFFS_QUERY_* variables)
+    query_limits: QueryLimits = field(default_factory=QueryLimits)
 
 
 #: seconds serve's shutdown lets running OTLP/gRPC calls finish (decode, spool, answer)
@@ -308,7 +311,7 @@ def run_serve(
     engine = None
     query_url = None
     if spec.embedded and cfg.query_port is not None:
-        engine = QueryEngine(spec.path or ".")
+        engine = QueryEngine(spec.path or ".", limits=cfg.query_limits)
         qs = make_query_server(cfg.query_host, cfg.query_port, engine, database=spec.database)
         servers.append(qs)
         query_url = f"http://{cfg.query_host}:{qs.server_address[1]}"
