@@ -24,6 +24,7 @@ from ingest._query_http import QueryEngine, make_query_server
 from ingest._query_policy import QueryLimits
 from ingest._service import OVERLAP_MAX_RSS, SQL_MIN_BYTES, Ingestor
 from ingest._spool import Spool
+from ingest._telemetry import Telemetry
 
 __all__ = ["ServeConfig", "keep_dataframe_libs_out", "run_serve"]
 
@@ -298,15 +299,23 @@ def run_serve(
         _page_out_engine_library()
     if replayed:
         print(f"serve: replayed {replayed} spooled request(s) left by a crash", file=sys.stderr)
+    telemetry = Telemetry()  # one for both receivers: GET /metrics on the HTTP port
+    telemetry.watch(ingestor)
     otlp = make_otlp_server(
-        cfg.otlp_host, cfg.otlp_port, ingestor, OtlpConfig(cfg.max_body_bytes, dict(cfg.tokens))
+        cfg.otlp_host,
+        cfg.otlp_port,
+        ingestor,
+        OtlpConfig(cfg.max_body_bytes, dict(cfg.tokens)),
+        telemetry=telemetry,
     )
     grpc_rx = None
     if cfg.grpc_port is not None:
         from ingest._otlp_grpc import GrpcConfig, start_grpc_server  # grpc only when on
 
         grpc_cfg = GrpcConfig(cfg.max_body_bytes, dict(cfg.tokens))
-        grpc_rx = start_grpc_server(cfg.otlp_host, cfg.grpc_port, ingestor, grpc_cfg)
+        grpc_rx = start_grpc_server(
+            cfg.otlp_host, cfg.grpc_port, ingestor, grpc_cfg, telemetry=telemetry
+        )
     servers = [otlp]
     engine = None
     query_url = None
