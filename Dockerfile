@@ -14,7 +14,7 @@ COPY dashboard/ dashboard/
 COPY handoffs/ handoffs/
 COPY sql/ sql/
 COPY deploy/ deploy/
-# Editable install: the code (and sql/, which handoffs.store finds next to it) stays in /app.
+# Editable install: the code (and sql/, which foundation.store finds next to it) stays in /app.
 RUN pip install --no-compile -e . \
     && useradd --system --uid 10001 --home /var/lib/handoffs handoffs \
     && mkdir -p /var/lib/handoffs/spool && chown -R handoffs /var/lib/handoffs

@@ -1,6 +1,6 @@
 """CLI of analytics/: `handoffs metrics | anomalies | evidence | report weekly`.
 
-Every command takes --store and --database (see handoffs.store.parse_store) and --json.
+Every command takes --store and --database (see foundation.store.parse_store) and --json.
 Times are ISO-8601 UTC ('2026-11-23T00:00:00Z'; a time without offset is taken as UTC).
 Default window: the 24 hours before --as-of (default now). Exit codes: handoffs/cli.py.
 """
@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from analytics._text import terminal_safe
+from analytics.display import terminal_safe
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
 
@@ -52,7 +52,7 @@ def _window(args):
 
 
 def _client(args):
-    from handoffs.store import StoreError, connect, parse_store
+    from foundation.store import StoreError, connect, parse_store
 
     # the driver logs connection failures itself; the CLI prints one line instead
     logging.getLogger("clickhouse_connect").setLevel(logging.CRITICAL)

@@ -10,7 +10,7 @@ from typing import Final
 
 from analytics import _contract_sql as cs
 from collector.semconv import DEFAULT_DEADLINE_MS, SETTLE_GRACE_MS
-from handoffs import settings
+from foundation import settings
 
 #: Dimensions every metric can be sliced by (`pair` is "from_agent->to_agent";
 #: `capability` counts a handoff once under each capability it was granted, "" when none).

@@ -27,7 +27,7 @@ def fetch_rows(
     client: Client, db: str, where: str, params: dict[str, Any], columns: str = ROW_COLUMNS
 ) -> list[dict[str, Any]]:
     """handoff_transitions rows matching `where` (bound `params`) as dicts; attributes as a
-    str->str dict, time_ns as int (the shape ingest.integrity.row_hash expects)."""
+    str->str dict, time_ns as int (the shape foundation.integrity.row_hash expects)."""
     res = client.query(
         f"SELECT {columns} FROM {db}.handoff_transitions WHERE {where}",
         parameters=params,

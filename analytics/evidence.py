@@ -1,7 +1,7 @@
 """Evidence packages: everything an auditor needs about one handoff, and proof it is unaltered.
 
 A package is a JSON-able dict (format "handoff-evidence/v1"). Its integrity section holds:
-- `chain`: a hash chain over the transitions' row hashes (ingest.integrity.row_hash, the same
+- `chain`: a hash chain over the transitions' row hashes (foundation.integrity.row_hash, the same
   function serve applies at ingest), in machine order: link_i = sha256(link_{i-1} || row_hash_i)
   starting from GENESIS ("0" * 64);
 - `ledger`: how the stored rows compared with transition_ledger when the package was made;
@@ -22,7 +22,7 @@ from analytics._rows import POINT_LOOKUP, TASK_COLUMNS, fetch_handoff, fetch_led
 from analytics.verify import VerifyResult, package_sha256, verify_offline, verify_package
 from collector import semconv as sc
 from collector.contract import TERMINAL
-from ingest.integrity import GENESIS, HASHED_COLUMNS, chain, row_hash
+from foundation.integrity import GENESIS, HASHED_COLUMNS, chain, row_hash
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, Final
 import pandas as pd
 
 from analytics._common import Window, check_db
-from analytics._text import html_safe
 from analytics.anomalies import anomalies
+from analytics.display import html_safe
 from analytics.metrics import RATE_COLUMNS, funnel, handoffs_behind, latencies
 
 if TYPE_CHECKING:

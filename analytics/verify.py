@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from analytics._common import check_db
 from analytics._rows import fetch_handoff, fetch_ledger
-from ingest.integrity import GENESIS, HASHED_COLUMNS, canonical_json, chain, row_hash
+from foundation.integrity import GENESIS, HASHED_COLUMNS, canonical_json, chain, row_hash
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client

@@ -38,8 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import pandas as pd
 
 from analytics import Window, anomalies, backfill_task_index, evidence_package, funnel
-from handoffs.store import StoreSpec, apply_schema, connect
-from ingest.integrity import row_hash
+from foundation.integrity import row_hash
+from foundation.store import StoreSpec, apply_schema, connect
 
 DB = "bench"
 BASE = datetime(2026, 11, 16, tzinfo=UTC)

@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from handoffs.store import StoreSpec, apply_schema, connect
+from foundation.store import StoreSpec, apply_schema, connect
 
 _FLOWS = """[
   [('create','','created'),('accept','created','accepted'),('start','accepted','running'),('commit','running','committed')],

@@ -38,7 +38,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 from ingest._decode import decode_protobuf
-from ingest.testing import start_serve
+from serve.testing import start_serve
 
 _STEPS = [
     ("create", "", "created"),

@@ -45,7 +45,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from ingest.testing import start_serve
+from serve.testing import start_serve
 
 _RETRYABLE = frozenset({429, 502, 503, 504})
 _PB = {"Content-Type": "application/x-protobuf"}

@@ -70,7 +70,7 @@ _TRACEPARENT_RE: Final = re.compile(
     r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?$"
 )
 
-# Same canonical form as ingest.integrity.canonical_json (the shim must not import ingest);
+# Same canonical form as foundation.integrity.canonical_json (the shim must not import ingest);
 # one encoder object, not one per call.
 _CANONICAL: Final = json.JSONEncoder(
     sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str

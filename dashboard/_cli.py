@@ -13,8 +13,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from handoffs import settings
-from handoffs.store import StoreError, parse_store
+from foundation import settings
+from foundation.store import StoreError, parse_store
 
 __all__ = ["APP_PATH", "register", "streamlit_command", "streamlit_env"]
 
@@ -57,7 +57,7 @@ def streamlit_env(
 ) -> dict[str, str]:
     """Environment for the app: `base` (default os.environ) with the resolved store and database.
 
-    Raises handoffs.store.StoreError naming what is wrong with a malformed store URL.
+    Raises foundation.store.StoreError naming what is wrong with a malformed store URL.
     """
     env = dict(os.environ if base is None else base)
     raw = store or env.get(settings.STORE.env) or settings.STORE.default

@@ -17,7 +17,7 @@ import streamlit as st
 import analytics
 from dashboard._rollup import empty_split
 from dashboard._store import StoreTarget, StoreUnavailable, open_client, resolve_target
-from handoffs import settings
+from foundation import settings
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 
 from clickhouse_connect import common
 
-from handoffs import settings
-from handoffs.store import StoreError, StoreSpec, connect, parse_store
+from foundation import settings
+from foundation.store import StoreError, StoreSpec, connect, parse_store
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 
-from handoffs.store import StoreError, connect, parse_store, schema_statements
+from foundation.store import StoreError, connect, parse_store, schema_statements
 
 
 def main() -> int:

@@ -10,7 +10,7 @@ from dataclasses import fields
 from datetime import UTC, datetime
 from pathlib import Path
 
-from handoffs import settings
+from foundation import settings
 
 _S = 1_000_000_000
 

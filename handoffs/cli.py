@@ -18,7 +18,8 @@ EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
 #: Modules with a `register(subparsers)` function; each adds its subcommands with
 #: `set_defaults(func=...)`, where func(args) -> int exit code.
 _COMMAND_MODULES = (
-    "ingest._cli",  # serve, ingest
+    "serve._cli",  # serve
+    "ingest._cli",  # ingest, verify-chain
     "analytics._cli",  # metrics, anomalies, evidence, report
     "dashboard._cli",  # dashboard
     "handoffs._demo_cli",  # simulate, demo

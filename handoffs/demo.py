@@ -86,7 +86,7 @@ def run_demo(
 ) -> int:
     """Run the demo until opts.duration_s elapses or `stop` is set (SIGINT/SIGTERM set it when
     called from the main thread). Returns 0, or 3 when serve cannot start."""
-    from ingest.testing import free_port, start_serve
+    from serve.testing import free_port, start_serve
 
     stop = stop or threading.Event()
     restore = _install_signal_handlers(stop)

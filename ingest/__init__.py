@@ -2,7 +2,7 @@
 
 Pure parts: decode_request / decode_protobuf / decode_json (OTLP -> otel_traces columns,
 validated), check_handoff_span, write_batch (one idempotent ingest batch), ingest_requests /
-read_requests (files). Shells: Spool, Ingestor, run_serve. Test helper: ingest.testing.
+read_requests (files). Shells: Spool, Ingestor, the OTLP receivers. Test data: ingest.testing.
 """
 
 from importlib import import_module
@@ -20,9 +20,15 @@ _WHERE = {
     "IngestSummary": "_files",
     "ingest_requests": "_files",
     "read_requests": "_files",
-    "ServeConfig": "_serve",
-    "run_serve": "_serve",
     "Ingestor": "_service",
+    "OVERLAP_MAX_RSS": "_service",
+    "SQL_MIN_BYTES": "_service",
+    "OtlpConfig": "_otlp_http",
+    "make_otlp_server": "_otlp_http",
+    "GrpcConfig": "_otlp_grpc",
+    "start_grpc_server": "_otlp_grpc",
+    "Telemetry": "_telemetry",
+    "Stager": "_fast",
     "StoreUnavailable": "_service",
     "Spool": "_spool",
     "SpoolFull": "_spool",
@@ -35,7 +41,6 @@ _WHERE = {
     "last_chain_hash": "_writer",
     "make_token": "_writer",
     "write_batch": "_writer",
-    "row_hash": "integrity",
     "ChainReport": "_verify",
     "verify_chain": "_verify",
 }
@@ -56,41 +61,48 @@ if TYPE_CHECKING:
         decode_request,
     )
     from ingest._decode_json import decode_json
+    from ingest._fast import Stager
     from ingest._files import IngestSummary, ingest_requests, read_requests
-    from ingest._serve import ServeConfig, run_serve
+    from ingest._otlp_grpc import GrpcConfig, start_grpc_server
+    from ingest._otlp_http import OtlpConfig, make_otlp_server
     from ingest._service import Ingestor, StoreUnavailable
     from ingest._spool import Spool, SpoolFull, SpoolLocked, SpoolRecord
+    from ingest._telemetry import Telemetry
     from ingest._validate import TENANT_MISMATCH, CheckResult, check_handoff_span
     from ingest._verify import ChainReport, verify_chain
     from ingest._writer import BatchResult, last_chain_hash, make_token, write_batch
-    from ingest.integrity import row_hash
 
 __all__ = [
+    "OVERLAP_MAX_RSS",
+    "SQL_MIN_BYTES",
     "TENANT_MISMATCH",
     "BatchResult",
     "ChainReport",
     "CheckResult",
     "DecodeError",
     "DecodedBatch",
+    "GrpcConfig",
     "IngestSummary",
     "Ingestor",
+    "OtlpConfig",
     "Reject",
-    "ServeConfig",
     "Spool",
     "SpoolFull",
     "SpoolLocked",
     "SpoolRecord",
+    "Stager",
     "StoreUnavailable",
+    "Telemetry",
     "check_handoff_span",
     "decode_json",
     "decode_protobuf",
     "decode_request",
     "ingest_requests",
     "last_chain_hash",
+    "make_otlp_server",
     "make_token",
     "read_requests",
-    "row_hash",
-    "run_serve",
+    "start_grpc_server",
     "verify_chain",
     "write_batch",
 ]

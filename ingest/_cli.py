@@ -1,80 +1,17 @@
-"""CLI subcommands of ingest/: `serve` and `ingest FILE...`."""
+"""CLI subcommands of ingest/: `ingest FILE...` and `verify-chain`."""
 
 from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-from handoffs import settings
+from foundation import settings
 
-EXIT_OK, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 2, 3
+EXIT_UNAVAILABLE = 3
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add this area's subcommands to the `handoffs` parser."""
-    p = sub.add_parser(
-        "serve",
-        help="receive OTLP/HTTP spans into the store; in embedded mode also answer read-only "
-        "ClickHouse HTTP queries on loopback",
-    )
-    p.add_argument("--store", help=f"chdb:///dir or http://host:port (env {settings.STORE.env})")
-    p.add_argument("--database", help=f"database (env {settings.DATABASE.env}, default handoffs)")
-    p.add_argument(
-        "--host", help=f"OTLP bind address (env {settings.OTLP_HOST.env}, default 127.0.0.1)"
-    )
-    p.add_argument(
-        "--otlp-port", type=int, help=f"OTLP/HTTP port (env {settings.OTLP_PORT.env}, default 4318)"
-    )
-    p.add_argument(
-        "--grpc-port",
-        type=int,
-        help="OTLP/gRPC port, on the OTLP bind address (--host); 0 = off "
-        f"(env {settings.GRPC_PORT.env}, default 4317)",
-    )
-    p.add_argument(
-        "--query-port",
-        type=int,
-        help=f"loopback ClickHouse HTTP port, embedded mode only; 0 = off (env {settings.QUERY_PORT.env}, default 8124)",
-    )
-    p.add_argument(
-        "--tokens",
-        help=f"'token=tenant,...' bearer tokens (env {settings.TOKENS.env}); none = no auth",
-    )
-    p.add_argument("--spool-dir", help=f"spool directory (env {settings.SPOOL_DIR.env})")
-    p.add_argument(
-        "--max-body-bytes", type=int, help=f"largest OTLP body (env {settings.MAX_BODY_BYTES.env})"
-    )
-    p.add_argument(
-        "--spool-max-bytes",
-        type=int,
-        help=f"spool backlog that triggers 503 (env {settings.SPOOL_MAX_BYTES.env})",
-    )
-    p.add_argument(
-        "--decoder",
-        choices=DECODERS,
-        help="OTLP/protobuf decoding (embedded store): auto = chDB decodes requests of 256 KiB "
-        "and more in SQL (same stored rows, ~2x the throughput for large batches), Python "
-        "the rest and any request it declines; sql = chDB tries every protobuf request; "
-        f"python = always Python (env {settings.DECODER.env}, default auto)",
-    )
-    p.add_argument(
-        "--min-free-disk-bytes",
-        type=int,
-        help="embedded store: below this much free disk ClickHouse refuses inserts; serve keeps "
-        "the spooled data, answers 503 and retries until space returns; 0 = no guard "
-        f"(env {settings.MIN_FREE_DISK_BYTES.env}, default 16 MiB)",
-    )
-    p.add_argument(
-        "--merge-nice",
-        type=int,
-        help="embedded store: nice value 0-19 of ClickHouse's background merge threads; under "
-        "full load serve stores spans first and merges catch up when load eases (the store "
-        "slows inserts itself if parts pile up); 0 = merges at serve's priority "
-        f"(env {settings.MERGE_NICE.env}, default 10)",
-    )
-    p.set_defaults(func=_serve)
-
     from ingest._files_cli import register_ingest
 
     register_ingest(sub)
@@ -95,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _verify_chain(args: argparse.Namespace) -> int:
     import json
 
-    from handoffs.store import StoreError, connect, parse_store
+    from foundation.store import StoreError, connect, parse_store
     from ingest._verify import verify_chain
 
     try:
@@ -116,90 +53,3 @@ def _verify_chain(args: argparse.Namespace) -> int:
         for p in report.problems:
             print(f"  {p}")
     return 0 if report.ok else 1
-
-
-DECODERS = ("auto", "sql", "python")
-
-
-def _non_negative(name: str, value: int) -> int:
-    if value < 0:
-        raise ValueError(f"--{name} must be 0 or more bytes, got {value}")
-    return value
-
-
-def _port(name: str, value: int) -> int:
-    if not 0 <= value <= 65535:
-        raise ValueError(f"--{name} must be 0 to 65535, got {value}")
-    return value
-
-
-def _nice(value: int) -> int:
-    if not 0 <= value <= 19:
-        raise ValueError(f"--merge-nice must be 0 to 19, got {value}")
-    return value
-
-
-def _decoder(value: str) -> str:
-    if value not in DECODERS:
-        raise ValueError(f"decoder {value!r}: use one of {', '.join(DECODERS)}")
-    return value
-
-
-def _serve(args: argparse.Namespace) -> int:
-    from ingest._serve import keep_dataframe_libs_out
-
-    keep_dataframe_libs_out()  # this process is serve: before chdb / clickhouse-connect load
-    from handoffs.store import StoreError, parse_store
-    from ingest._serve import ServeConfig, run_serve
-
-    try:
-        spec = parse_store(args.store, database=args.database)
-        tokens = settings.parse_tokens(settings.resolve(settings.TOKENS, args.tokens))
-        query_port = settings.resolve_int(settings.QUERY_PORT, args.query_port)
-        grpc_port = settings.resolve_int(settings.GRPC_PORT, args.grpc_port)
-        spool_dir = settings.resolve(settings.SPOOL_DIR, args.spool_dir)
-        cfg = ServeConfig(
-            store=spec,
-            otlp_host=settings.resolve(settings.OTLP_HOST, args.host),
-            otlp_port=settings.resolve_int(settings.OTLP_PORT, args.otlp_port),
-            grpc_port=_port("grpc-port", grpc_port) or None,
-            query_port=query_port if (spec.embedded and query_port) else None,
-            tokens=tokens,
-            spool_dir=Path(spool_dir).resolve() if spool_dir else None,
-            max_body_bytes=settings.resolve_int(settings.MAX_BODY_BYTES, args.max_body_bytes),
-            spool_max_bytes=settings.resolve_int(settings.SPOOL_MAX_BYTES, args.spool_max_bytes),
-            decoder=_decoder(settings.resolve(settings.DECODER, args.decoder)),
-            min_free_disk_bytes=_non_negative(
-                "min-free-disk-bytes",
-                settings.resolve_int(settings.MIN_FREE_DISK_BYTES, args.min_free_disk_bytes),
-            ),
-            merge_nice=_nice(settings.resolve_int(settings.MERGE_NICE, args.merge_nice)),
-        )
-    except (ValueError, StoreError) as exc:
-        print(f"handoffs serve: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    from ingest._files_cli import store_locked
-
-    if spec.embedded and store_locked(spec.path or ""):
-        print(
-            f"handoffs serve: the embedded store {spec.path} is locked by another process "
-            "(another serve?); stop it first or use a different --store",
-            file=sys.stderr,
-        )
-        return EXIT_UNAVAILABLE
-    try:
-        return run_serve(cfg)
-    except StoreError as exc:
-        print(f"handoffs serve: {exc}", file=sys.stderr)
-        if spec.embedded and "lock" in str(exc).lower():
-            print(
-                "handoffs serve: another process (a running serve?) holds the embedded store",
-                file=sys.stderr,
-            )
-        return EXIT_UNAVAILABLE
-    except OSError as exc:
-        print(f"handoffs serve: cannot listen: {exc}", file=sys.stderr)
-        return EXIT_UNAVAILABLE
-    except Exception as exc:  # e.g. the schema cannot be applied (a read-only endpoint)
-        print(f"handoffs serve: cannot prepare {spec.describe()}: {exc}", file=sys.stderr)
-        return EXIT_UNAVAILABLE

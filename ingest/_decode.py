@@ -23,8 +23,8 @@ from google.protobuf.message import DecodeError as _PbDecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from collector import semconv
+from foundation.integrity import span_row_hash
 from ingest._validate import EXPECTED_TAG, check_handoff_span, type_problem
-from ingest.integrity import span_row_hash
 
 __all__ = [
     "OTEL_COLUMNS",

@@ -11,7 +11,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from handoffs import settings
+from foundation import settings
 
 EXIT_OK, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 2, 3
 
@@ -51,22 +51,6 @@ def _requests(files: list[Path], summary) -> Iterator[tuple[str, bytes, str]]:
             summary.errors.append(f"{f}: {exc}")
 
 
-def store_locked(path: str) -> bool:
-    """True when another process holds the embedded store's lock (ClickHouse flocks `status`)."""
-    import fcntl
-
-    status = Path(path) / "status"
-    if not status.exists():
-        return False
-    with open(status, "rb") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            return True
-        fcntl.flock(f, fcntl.LOCK_UN)
-    return False
-
-
 def _lock_hint(spec) -> str:
     return (
         f"the embedded store {spec.path} is locked by another process (is `handoffs serve` "
@@ -101,7 +85,7 @@ def _ingest(args: argparse.Namespace) -> int:
 
 
 def _direct(args, summary, bar) -> int:
-    from handoffs.store import StoreError, apply_schema, connect, parse_store
+    from foundation.store import StoreError, apply_schema, connect, parse_store, store_locked
     from ingest._files import ingest_requests
 
     try:

@@ -8,7 +8,7 @@ rejected), 400 bad data or bad framing, 401 missing/unknown bearer token, 404 un
 Content-Encoding, 503 + Retry-After when the spool is full or the store is failing. Error
 bodies are google.rpc.Status (protobuf or JSON, matching the request).
 
-Bodies are read by ingest._http_body: a Content-Length or `Transfer-Encoding: chunked` (what
+Bodies are read by foundation.http_body: a Content-Length or `Transfer-Encoding: chunked` (what
 Node.js exporters send), read against the limit as they arrive. A gzip body may hold several
 members; their concatenated output is the request. A refused request's body is discarded
 (up to max_body_bytes) so the keep-alive connection stays in step; when that cannot be done
@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING, Any, Final
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
+from foundation.http_body import BodyError, BodyReader, Framing, framing, gunzip
 from ingest._auth import Unauthenticated, tenant_for
 from ingest._decode import JSON, PROTOBUF, DecodeError
-from ingest._http_body import BodyError, BodyReader, Framing, framing, gunzip
 from ingest._service import StoreUnavailable
 from ingest._spool import SpoolFull
 from ingest._telemetry import Refusal, Telemetry, credential_label

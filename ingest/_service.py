@@ -160,7 +160,7 @@ class Ingestor:
         self.purge_memory = purge_memory
         #: ... also under load, past _PURGE_ABOVE_BYTES of RSS: not needed when the engine's
         #: allocator hands freed pages back within a fraction of a second by itself (serve's
-        #: JE_MALLOC_CONF, ingest._serve.JEMALLOC_CONF); then these purges only cost CPU
+        #: JE_MALLOC_CONF, serve._run.JEMALLOC_CONF); then these purges only cost CPU
         self.purge_under_load = purge_under_load
         self.stager = stager
         self.sql_min_bytes = sql_min_bytes

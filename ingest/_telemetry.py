@@ -29,10 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final
-
-if TYPE_CHECKING:
-    from ingest._service import Ingestor
+from typing import Any, Final, Protocol
 
 __all__ = [
     "LatencyHistogram",
@@ -121,6 +118,14 @@ class LatencyHistogram:
         return out, total
 
 
+class Watched(Protocol):
+    """What telemetry reads at scrape time (ingest.Ingestor is one)."""
+
+    write_latency: LatencyHistogram
+
+    def health(self) -> dict[str, Any]: ...
+
+
 class Telemetry:
     """Counts answers and refusals; logs refusals (rate-limited); renders /metrics.
 
@@ -147,9 +152,9 @@ class Telemetry:
         self._lock = threading.Lock()
         self._limiter = LogLimiter()
         self._clock = clock
-        self._ingestor: Ingestor | None = None
+        self._ingestor: Watched | None = None
 
-    def watch(self, ingestor: Ingestor) -> None:
+    def watch(self, ingestor: Watched) -> None:
         """Report `ingestor`'s spans, spool, queue and store state at each scrape."""
         self._ingestor = ingestor
         self.registry.register(_IngestorCollector(ingestor))
@@ -193,7 +198,7 @@ class Telemetry:
 class _IngestorCollector:
     """Reads the ingestor's counters when Prometheus scrapes (nothing kept twice)."""
 
-    def __init__(self, ingestor: Ingestor) -> None:
+    def __init__(self, ingestor: Watched) -> None:
         self._ingestor = ingestor
 
     def describe(self) -> list[Any]:

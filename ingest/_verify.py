@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ingest.integrity import GENESIS
+from foundation.integrity import GENESIS
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client

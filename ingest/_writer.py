@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from foundation.integrity import GENESIS, batch_hash, chain
 from ingest._decode import OTEL_COLUMNS, DecodedBatch
-from ingest.integrity import GENESIS, batch_hash, chain
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client

@@ -1,7 +1,7 @@
 -- Integrity and bookkeeping of serve's ingest path (ingest/).
 --
 -- transition_ledger: one row per stored handoff transition, written by serve in the same
--- batch as the span, holding row_hash = ingest.integrity.row_hash(...) over the columns an
+-- batch as the span, holding row_hash = foundation.integrity.row_hash(...) over the columns an
 -- auditor relies on. `handoffs evidence verify` recomputes the hash from handoff_transitions
 -- as they are now and names every row whose hash differs (an ALTER UPDATE after ingest).
 -- ingest_batches: one row per batch, chained: chain_hash = sha256(prev_chain_hash || batch_hash),

@@ -2,7 +2,7 @@
 
 Rows go into {db}.otel_traces as the OTel Collector's exporter would write them, so the
 real materialized views fill handoff_transitions and handoff_summary; then a ledger row per
-transition is written with ingest.integrity.row_hash, as serve does. Shared by the
+transition is written with foundation.integrity.row_hash, as serve does. Shared by the
 analytics and dashboard tests:
 
     from tests.analytics_seed import T, create, seed
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from ingest.integrity import row_hash
+from foundation.integrity import row_hash
 
 __all__ = ["T", "create", "seed", "span_rows"]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from handoffs.store import StoreSpec, apply_schema, connect
+from foundation.store import StoreSpec, apply_schema, connect
 
 
 @pytest.fixture(scope="session")
@@ -53,7 +53,7 @@ def start_serve(tmp_path: Path):
     Keyword options (ingest.testing.start_serve): store_dir=, database=, otlp_port=,
     query_port=, extra_args=(...), env={...}. Reusing store_dir restarts on the same store.
     """
-    from ingest.testing import start_serve as _start
+    from serve.testing import start_serve as _start
 
     handles = []
 

@@ -7,7 +7,7 @@ one query over a day takes tens of seconds (bench/dashboard_render.py's data, 10
 
 import streamlit as st
 
-from analytics._text import markdown_link_text
+from analytics.display import markdown_link_text
 from dashboard import _charts, _data, _ui
 
 TREND_SLICES = 6

@@ -44,7 +44,7 @@ from starlette.applications import Starlette
 
 import analytics
 from collector.adapters.a2a import A2AServerObserver, HandoffClientInterceptor
-from ingest.testing import free_port
+from serve.testing import free_port
 
 
 class ScriptedExecutor(AgentExecutor):
@@ -80,7 +80,7 @@ def _provider(serve, service):
 
 @pytest.fixture(scope="module")
 def serve(tmp_path_factory):
-    from ingest.testing import start_serve
+    from serve.testing import start_serve
 
     s = start_serve(tmp_path_factory.mktemp("adapter-a2a"))
     yield s

@@ -27,7 +27,7 @@ from collector.adapters.openai_agents_testing import ScriptedModel
 
 @pytest.fixture(scope="module")
 def serve(tmp_path_factory):
-    from ingest.testing import start_serve
+    from serve.testing import start_serve
 
     s = start_serve(tmp_path_factory.mktemp("adapter-openai"))
     yield s

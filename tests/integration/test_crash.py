@@ -14,7 +14,8 @@ import time
 import pytest
 import requests
 
-from ingest.testing import free_port, request_protobuf, span_json, start_serve, transition
+from ingest.testing import request_protobuf, span_json, transition
+from serve.testing import free_port, start_serve
 
 KILLS = 3
 SPANS_PER_REQUEST = 20

@@ -20,7 +20,7 @@ from urllib.parse import urlencode
 import pytest
 from _dashboard_seed import WEEK, WINDOW, send
 
-from ingest.testing import free_port
+from serve.testing import free_port
 
 CHROMIUM = "/usr/bin/chromium"
 SHOTS = Path("/tmp/dashboard-shots")

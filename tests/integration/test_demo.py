@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from ingest.testing import free_port
+from serve.testing import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -168,7 +168,7 @@ def test_sigint_stops_cleanly_with_everything_stored(tmp_path):
     assert sent == exported > 0
     # the store opens in another process (serve released the lock) and holds every span sent
     count = subprocess.run(
-        [sys.executable, "-c", "import sys; from handoffs.store import parse_store, connect; "
+        [sys.executable, "-c", "import sys; from foundation.store import parse_store, connect; "
          "c = connect(parse_store(sys.argv[1])); print(c.query('SELECT count() FROM otel_traces').result_rows[0][0])",
          f"chdb://{data}"],
         capture_output=True, text=True, timeout=120, env={**os.environ},

@@ -21,7 +21,7 @@ BLOCKS = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
 
 @pytest.fixture(scope="module")
 def serve(tmp_path_factory):
-    from ingest.testing import start_serve
+    from serve.testing import start_serve
 
     s = start_serve(tmp_path_factory.mktemp("docs"), "demo-acme=acme")
     yield s

@@ -19,11 +19,11 @@ from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue
 
-from handoffs.store import StoreSpec, apply_schema, connect
+from foundation.integrity import GENESIS
+from foundation.store import StoreSpec, apply_schema, connect
 from ingest._decode import decode_protobuf
 from ingest._fast import Stager
 from ingest._writer import Member, write_group, write_staged_group
-from ingest.integrity import GENESIS
 
 AWKWARD = [
     "plain",

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 import ingest._service as service
-from handoffs.store import StoreSpec, connect
+from foundation.store import StoreSpec, connect
 from ingest._decode import PROTOBUF
 from ingest._fast import Stager
 from ingest._service import Ingestor

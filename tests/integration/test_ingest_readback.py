@@ -19,10 +19,11 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from handoffs.store import apply_schema, connect, parse_store
-from ingest import ingest_requests, row_hash
-from ingest.integrity import GENESIS, batch_hash, chain
-from ingest.testing import start_serve, transition
+from foundation.integrity import GENESIS, batch_hash, chain, row_hash
+from foundation.store import apply_schema, connect, parse_store
+from ingest import ingest_requests
+from ingest.testing import transition
+from serve.testing import start_serve
 
 LIFECYCLE = [
     (

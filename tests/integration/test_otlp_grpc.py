@@ -32,7 +32,8 @@ import analytics
 from collector import Envelope, HandoffTracer, InMemoryRecorder
 from ingest import Ingestor, Spool
 from ingest._otlp_grpc import GrpcConfig, start_grpc_server
-from ingest.testing import request_protobuf, span_json, start_serve, transition
+from ingest.testing import request_protobuf, span_json, transition
+from serve.testing import start_serve
 
 TOKENS = "tok-acme=acme,tok-globex=globex"
 ACME = (("authorization", "Bearer tok-acme"),)
@@ -328,7 +329,7 @@ def test_every_acknowledged_span_is_stored_exactly_once(serve, ch):
 
 def test_grpc_port_0_turns_the_receiver_off(tmp_path):
     """`--grpc-port 0` wins over HANDOFFS_GRPC_PORT: nothing listens on that port."""
-    from ingest.testing import free_port
+    from serve.testing import free_port
 
     port = free_port()
     h = start_serve(tmp_path, grpc_port=0, env={"HANDOFFS_GRPC_PORT": str(port)})
@@ -466,7 +467,7 @@ def test_store_refusing_inserts_is_unavailable_and_the_spool_keeps_every_ack(
     """The store refuses inserts (below its free-disk guard, ClickHouse code 243): once the
     writer has seen it, calls get UNAVAILABLE + RetryInfo; what was acknowledged before is
     in the spool and stored by the next start on a store that accepts it."""
-    from handoffs.store import StoreSpec, connect
+    from foundation.store import StoreSpec, connect
 
     spec = StoreSpec(kind="chdb", path=str(chdb_path), database=fresh_db)
     full = connect(spec, settings_={"min_free_disk_bytes_to_perform_insert": str(1 << 60)})

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import analytics
-from ingest.testing import start_serve
+from serve.testing import start_serve
 
 JS_DIR = Path(__file__).resolve().parents[1] / "js"
 SCRIPT = JS_DIR / "export_handoffs.js"

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 from analytics_seed import T, create, seed
 
-from analytics._text import html_safe, markdown_link_text, terminal_safe
+from analytics.display import html_safe, markdown_link_text, terminal_safe
 from handoffs.cli import main
 
 T0 = datetime(2026, 11, 23, 10, 0, tzinfo=UTC)

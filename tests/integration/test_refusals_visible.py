@@ -13,7 +13,8 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from ingest.testing import request_protobuf, span_json, start_serve, transition
+from ingest.testing import request_protobuf, span_json, transition
+from serve.testing import start_serve
 
 TOKENS = "tok-acme=acme"
 SECRET = "wrong-secret-4711"

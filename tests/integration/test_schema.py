@@ -1,4 +1,4 @@
-from handoffs.store import apply_schema, schema_statements
+from foundation.store import apply_schema, schema_statements
 
 
 def test_schema_applies_idempotently(chdb_client, fresh_db):
@@ -50,15 +50,15 @@ def test_every_cluster_statement_parses(chdb_client):
 
 
 def test_cluster_files_are_generated_from_the_single_node_schema():
-    from handoffs.store import SQL_DIR
-    from ingest._cluster_sql import cluster_sql
+    from foundation._cluster_sql import cluster_sql
+    from foundation.store import SQL_DIR
 
     singles = sorted(SQL_DIR.glob("[0-9][0-9][0-9]_*.sql"))
     clusters = sorted((SQL_DIR / "cluster").glob("[0-9][0-9][0-9]_*.sql"))
     assert [f.name for f in clusters] == [f.name for f in singles]
     for f in singles:
         assert (SQL_DIR / "cluster" / f.name).read_text() == cluster_sql(f.read_text(), f.name), (
-            f"sql/cluster/{f.name} is stale: run `python -m ingest._cluster_sql`"
+            f"sql/cluster/{f.name} is stale: run `python -m foundation._cluster_sql`"
         )
 
 

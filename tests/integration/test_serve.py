@@ -17,7 +17,8 @@ import requests
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from ingest.testing import request_json, request_protobuf, span_json, start_serve, transition
+from ingest.testing import request_json, request_protobuf, span_json, transition
+from serve.testing import start_serve
 
 TOKENS = "tok-acme=acme,tok-globex=globex"
 ACME = {"Authorization": "Bearer tok-acme"}
@@ -298,8 +299,8 @@ def test_query_port_is_read_only(ch):
 
 def test_embedded_engine_hands_freed_memory_back_promptly(ch):
     # serve sets jemalloc's options for the embedded ClickHouse before chDB loads
-    # (ingest._serve.JEMALLOC_CONF): freed pages go back to the OS after 200 ms, not 5 s
-    from ingest._serve import JEMALLOC_CONF
+    # (serve._run.JEMALLOC_CONF): freed pages go back to the OS after 200 ms, not 5 s
+    from serve._run import JEMALLOC_CONF
 
     stats = str(ch.command("SELECT * FROM system.jemalloc_stats FORMAT TSVRaw"))
     opts = dict(kv.split(":") for kv in JEMALLOC_CONF.split(","))

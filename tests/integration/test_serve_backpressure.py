@@ -15,8 +15,8 @@ import requests
 
 from ingest import Ingestor, Spool
 from ingest._otlp_http import OtlpConfig, make_otlp_server
-from ingest._query_http import QueryEngine, make_query_server
 from ingest.testing import request_protobuf, span_json, transition
+from serve._query_http import QueryEngine, make_query_server
 
 PB = {"Content-Type": "application/x-protobuf"}
 
@@ -166,7 +166,7 @@ def test_a_full_disk_makes_the_writer_wait_not_park(
 ):
     """Below min_free_disk_bytes_to_perform_insert ClickHouse refuses inserts (code 243):
     that is an outage (503, retry), not data the store rejects (parked after max_refusals)."""
-    from handoffs.store import StoreSpec, connect
+    from foundation.store import StoreSpec, connect
 
     spec = StoreSpec(kind="chdb", path=str(chdb_path), database=fresh_db)
     full = connect(spec, settings_={"min_free_disk_bytes_to_perform_insert": str(1 << 60)})

@@ -1,7 +1,7 @@
 """serve's process stays lean: the dataframe libraries never load in it (a smaller RSS).
 
 chDB imports pyarrow/numpy when installed and clickhouse-connect imports pandas/numpy on
-every insert; serve blocks those optional imports (ingest._serve.keep_dataframe_libs_out).
+every insert; serve blocks those optional imports (serve._run.keep_dataframe_libs_out).
 This checks the real serve process after it stored a request and answered a query.
 """
 
@@ -12,7 +12,8 @@ from pathlib import Path
 
 import requests
 
-from ingest.testing import request_protobuf, span_json, start_serve, transition
+from ingest.testing import request_protobuf, span_json, transition
+from serve.testing import start_serve
 
 _LIBS = ("/pandas/", "/numpy/", "/pyarrow/", "/polars/")
 

@@ -1,5 +1,5 @@
 """serve runs the embedded ClickHouse's background merge threads at a lower CPU priority
-(ingest._serve.MergePriority): stored spans first under full load, merges catch up after."""
+(serve._run.MergePriority): stored spans first under full load, merges catch up after."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from ingest._serve import MERGE_THREAD
-from ingest.testing import start_serve
+from serve._run import MERGE_THREAD
+from serve.testing import start_serve
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="Linux /proc only")
 
@@ -88,7 +88,7 @@ def test_bad_merge_nice_is_a_usage_error(tmp_path: Path, args, env, message) -> 
 
 
 def test_embedded_engine_merges_one_at_a_time_and_catches_up(tmp_path: Path) -> None:
-    # handoffs.store.ENGINE_OPTIONS: one merge thread, one merge at a time (chDB's default is
+    # foundation.store.ENGINE_OPTIONS: one merge thread, one merge at a time (chDB's default is
     # 2 threads queueing 2 merges each; four merges at once held 250-300 MB in serve)
     import requests
 

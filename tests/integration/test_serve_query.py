@@ -23,7 +23,8 @@ import requests
 from clickhouse_connect.driver.exceptions import DatabaseError
 from urllib3 import encode_multipart_formdata
 
-from ingest.testing import request_protobuf, span_json, start_serve, transition
+from ingest.testing import request_protobuf, span_json, transition
+from serve.testing import start_serve
 
 try:
     from compression import zstd  # type: ignore[import-not-found]

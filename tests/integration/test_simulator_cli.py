@@ -14,7 +14,7 @@ TOKENS = "tok-a=acme,tok-b=globex"
 
 @pytest.fixture(scope="module")
 def serve(tmp_path_factory):
-    from ingest.testing import start_serve
+    from serve.testing import start_serve
 
     s = start_serve(tmp_path_factory.mktemp("simcli"), TOKENS)
     yield s

@@ -39,7 +39,7 @@ def _dt(ns: int) -> datetime:
 
 @pytest.fixture(scope="module")
 def simulated(tmp_path_factory):
-    from ingest.testing import start_serve
+    from serve.testing import start_serve
 
     tmp = tmp_path_factory.mktemp("simrates")
     serve = start_serve(tmp, ",".join(f"{t}={n}" for n, t in TOKENS.items()))

@@ -11,7 +11,7 @@ from tests.reliability._helpers import TOKENS
 @pytest.fixture(scope="module")
 def module_serve(tmp_path_factory: pytest.TempPathFactory):
     """`handoffs serve` with two tenants' tokens (TOKENS) on a fresh embedded store."""
-    from ingest.testing import start_serve
+    from serve.testing import start_serve
 
     h = start_serve(tmp_path_factory.mktemp("rel-serve"), TOKENS)
     yield h

@@ -27,7 +27,8 @@ from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from collector import semconv
-from ingest.testing import request_json, request_protobuf, span_json, start_serve, transition
+from ingest.testing import request_json, request_protobuf, span_json, transition
+from serve.testing import start_serve
 from tests.reliability._helpers import ACME, JS, PB, explains, wait_for
 
 FUZZ_EXAMPLES = int(os.environ.get("HANDOFFS_FUZZ_EXAMPLES", "200"))

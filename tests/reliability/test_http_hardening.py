@@ -24,7 +24,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from ingest.testing import request_json, request_protobuf, span_json, start_serve, transition
+from ingest.testing import request_json, request_protobuf, span_json, transition
+from serve.testing import start_serve
 from tests.reliability._helpers import ACME, JS, PB, explains
 
 LIMIT = 1024 * 1024  # hard_serve's --max-body-bytes

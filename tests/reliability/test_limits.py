@@ -21,7 +21,7 @@ LIMIT = 4 * 1024 * 1024  # limits_serve's --max-body-bytes
 
 @pytest.fixture(scope="module")
 def limits_serve(tmp_path_factory):
-    from ingest.testing import start_serve
+    from serve.testing import start_serve
 
     h = start_serve(
         tmp_path_factory.mktemp("limits"),

@@ -23,7 +23,8 @@ import pytest
 import requests
 from urllib3 import encode_multipart_formdata
 
-from ingest.testing import ServeHandle, request_protobuf, span_json, start_serve, transition
+from ingest.testing import request_protobuf, span_json, transition
+from serve.testing import ServeHandle, start_serve
 
 #: Lexical forms that hide the `;` before `{second}` from a lexer that does not know them:
 #: the quote inside opens a string, for such a lexer, that swallows the `;`; the closing

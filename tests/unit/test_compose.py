@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from handoffs import settings
+from foundation import settings
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from ingest import DecodeError, decode_json, decode_protobuf, decode_request, row_hash
+from foundation.integrity import row_hash
+from ingest import DecodeError, decode_json, decode_protobuf, decode_request
 from ingest.testing import request_json, request_protobuf, span_json, transition
 
 T0 = 1_780_000_000_123_456_789

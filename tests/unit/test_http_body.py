@@ -1,4 +1,4 @@
-"""ingest._http_body on plain bytes: framing from the headers, chunked and Content-Length
+"""foundation.http_body on plain bytes: framing from the headers, chunked and Content-Length
 reads, the size limit, truncation, bounded drains, and multi-member gunzip."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import zlib
 
 import pytest
 
-from ingest._http_body import BodyError, BodyReader, Framing, framing, gunzip
+from foundation.http_body import BodyError, BodyReader, Framing, framing, gunzip
 
 NEXT = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"  # what follows the body on the connection
 

@@ -14,7 +14,7 @@ from analytics import reference as ref
 from analytics.evidence import build_package, verify_offline
 from analytics.report import default_week, parse_slo, parse_week, slo_status
 from collector.contract import ACCEPTED_OR_LATER, STATES, TERMINAL, TRANSITIONS, is_legal
-from handoffs.store import SQL_DIR
+from foundation.store import SQL_DIR
 
 
 def test_summary_ddl_file_is_generated_from_the_contract():

@@ -1,4 +1,4 @@
-"""serve drops the chDB library's cached pages before chDB loads (ingest._serve
+"""serve drops the chDB library's cached pages before chDB loads (serve._run
 _drop_engine_library_cache): how much of the library stays resident otherwise depends on
 how the file got into the page cache; and once it is up, it pages out the library's pages
 (_page_out_engine_library), so only the code it runs comes back. Checked with mincore(2)
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ingest._serve import (
+from serve._run import (
     _drop_engine_library_cache,
     _page_out_engine_library,
     drop_page_cache,
@@ -80,7 +80,7 @@ def test_drop_page_cache_evicts_a_files_clean_pages(tmp_path: Path) -> None:
 
 def test_serve_advises_the_chdb_library_before_chdb_loads() -> None:
     code = (
-        "import sys; from ingest._serve import _drop_engine_library_cache as d; "
+        "import sys; from serve._run import _drop_engine_library_cache as d; "
         "assert 'chdb' not in sys.modules; print('\\n'.join(map(str, d())))"
     )
     out = _python_prints(code)
@@ -136,7 +136,7 @@ def test_page_out_mappings_gives_back_a_mapped_files_pages(tmp_path: Path) -> No
 def test_serve_pages_out_the_chdb_library_once_loaded() -> None:
     code = (
         "import chdb; chdb.query('SELECT 1'); "
-        "from ingest._serve import _page_out_engine_library as p; print(p())"
+        "from serve._run import _page_out_engine_library as p; print(p())"
     )
     out = _python_prints(code)
     # the library's mappings (its file is 555 MB in chdb 4.4), not a small helper library

@@ -1,6 +1,6 @@
-"""The query port's pure decisions: the statement guard (ingest._sql_guard), the settings
-policy (ingest._query_policy), request decoding (ingest._query_request), the watchdog's
-cancelling (ingest._query_engine._Watchdog driven by a fake clock and kill)."""
+"""The query port's pure decisions: the statement guard (serve._sql_guard), the settings
+policy (serve._query_policy), request decoding (serve._query_request), the watchdog's
+cancelling (serve._query_engine._Watchdog driven by a fake clock and kill)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import lz4.frame
 import pytest
 from urllib3 import encode_multipart_formdata
 
-from ingest._query_engine import _Watchdog, escaped
-from ingest._query_policy import QueryLimits, setting_problem
-from ingest._query_request import RequestError, decode_request
-from ingest._sql_guard import (
+from serve._query_engine import _Watchdog, escaped
+from serve._query_policy import QueryLimits, setting_problem
+from serve._query_request import RequestError, decode_request
+from serve._sql_guard import (
     SqlLexError,
     ast_problem,
     settings_clauses,

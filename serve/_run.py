@@ -18,13 +18,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from handoffs.store import StoreSpec, apply_schema, connect
-from ingest._otlp_http import OtlpConfig, make_otlp_server
-from ingest._query_http import QueryEngine, make_query_server
-from ingest._query_policy import QueryLimits
-from ingest._service import OVERLAP_MAX_RSS, SQL_MIN_BYTES, Ingestor
-from ingest._spool import Spool
-from ingest._telemetry import Telemetry
+from foundation.store import StoreSpec, apply_schema, connect
+from ingest import (
+    OVERLAP_MAX_RSS,
+    SQL_MIN_BYTES,
+    Ingestor,
+    OtlpConfig,
+    Spool,
+    Telemetry,
+    make_otlp_server,
+)
+from serve._query_http import QueryEngine, make_query_server
+from serve._query_policy import QueryLimits
 
 __all__ = ["ServeConfig", "keep_dataframe_libs_out", "run_serve"]
 
@@ -281,7 +286,7 @@ def run_serve(
     spool = Spool(_spool_dir(cfg), max_bytes=cfg.spool_max_bytes, fsync=cfg.fsync)
     stager = None
     if cfg.decoder != "python" and spec.embedded:
-        from ingest._fast import Stager
+        from ingest import Stager
 
         stager = Stager(lambda: connect(spec), spool.dir / "stage")
     ingestor = Ingestor(
@@ -310,7 +315,7 @@ def run_serve(
     )
     grpc_rx = None
     if cfg.grpc_port is not None:
-        from ingest._otlp_grpc import GrpcConfig, start_grpc_server  # grpc only when on
+        from ingest import GrpcConfig, start_grpc_server  # grpc loads only when on
 
         grpc_cfg = GrpcConfig(cfg.max_body_bytes, dict(cfg.tokens))
         grpc_rx = start_grpc_server(

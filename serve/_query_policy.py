@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Final
 
-from handoffs import settings
+from foundation import settings
 
 __all__ = ["DENIED_SETTINGS", "QUERY_THREAD_NICE", "QueryLimits", "setting_problem", "valid_name"]
 

@@ -16,7 +16,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import clickhouse_connect
 
-from handoffs import settings
+from foundation import settings
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
@@ -106,7 +106,7 @@ def parse_store(store: str | None = None, *, database: str | None = None) -> Sto
 #: connection in a process starts the engine with them). One background merge at a time
 #: (chDB's default: 2 threads queueing 2 merges each): each merge holds its parts' read and
 #: compression buffers, four at once held 250-300 MB in serve. Under full ingest load the
-#: one thread (at nice 10, see ingest._serve.MergePriority) lets parts pile up (34 per table
+#: one thread (at nice 10, see serve._run.MergePriority) lets parts pile up (34 per table
 #: after 1,000,000 spans at ~46,000 spans/s) and merges them within seconds once load drops;
 #: measured for 500,000 spans: peak RSS 567-603 MB instead of 628-657, same throughput.
 ENGINE_OPTIONS: Final = {
@@ -163,12 +163,12 @@ def schema_statements(database: str, *, cluster: str | None = None) -> list[tupl
         text = f.read_text().replace("{db}", database)
         if cluster:
             text = text.replace("{cluster}", cluster)
-        for stmt in _split_sql(text):
+        for stmt in split_sql(text):
             out.append((f.name, stmt))
     return out
 
 
-def _split_sql(text: str) -> list[str]:
+def split_sql(text: str) -> list[str]:
     """Split on `;` at end of line, ignoring `--` comment lines (DDL here has no `;` in strings)."""
     stmts, cur = [], []
     for line in text.splitlines():
@@ -212,3 +212,19 @@ def apply_schema(client: Client, database: str) -> list[str]:
         client.insert(f"{database}.schema_version", [[name]], column_names=["file"])
         applied.append(name)
     return applied
+
+
+def store_locked(path: str) -> bool:
+    """True when another process holds the embedded store's lock (ClickHouse flocks `status`)."""
+    import fcntl
+
+    status = Path(path) / "status"
+    if not status.exists():
+        return False
+    with open(status, "rb") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        fcntl.flock(f, fcntl.LOCK_UN)
+    return False

@@ -2,12 +2,12 @@
 
 Enough of ClickHouse's HTTP interface for clickhouse-connect's HTTP client (query, query_df,
 query_arrow, command, raw_query, its connect-time probes): the request forms of
-ingest._query_request (SQL in the URL and/or the body, multipart forms with bound
+serve._query_request (SQL in the URL and/or the body, multipart forms with bound
 parameters, compressed bodies, GET), `database`, `default_format`, settings, GET /ping.
-Every query runs on the real engine (ingest._query_engine: checked by ClickHouse's parser
+Every query runs on the real engine (serve._query_engine: checked by ClickHouse's parser
 without running it, then run bounded on its own handle); only the transport is ours.
 
-Bodies are read by ingest._http_body (Content-Length or chunked, at most MAX_QUERY_BODY
+Bodies are read by foundation.http_body (Content-Length or chunked, at most MAX_QUERY_BODY
 bytes). A body that cannot be read whole is answered with `Connection: close`, and what the
 client still sends is discarded (up to _DRAIN_MAX bytes) so it reads the answer. A query the
 client abandons (closes its connection) is cancelled. Errors answer HTTP 4xx/5xx with
@@ -27,9 +27,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Final
 from urllib.parse import parse_qsl, urlsplit
 
-from ingest._http_body import BodyError, BodyReader, framing
-from ingest._query_engine import QueryEngine, QueryError
-from ingest._query_request import RequestError, decode_request
+from foundation.http_body import BodyError, BodyReader, framing
+from serve._query_engine import QueryEngine, QueryError
+from serve._query_request import RequestError, decode_request
 
 __all__ = ["MAX_QUERY_BODY", "QueryEngine", "make_query_server"]
 

@@ -10,8 +10,8 @@ Per request, in one of `QueryLimits.concurrency` slots (a request that finds non
 2. `SELECT formatQuerySingleLine({q:String})`, the text passed as a bound parameter: ClickHouse's
    parser returns the one statement's canonical text, or refuses several statements, without
    executing anything;
-3. check the canonical text (ingest._sql_guard: one read-only statement, no INTO OUTFILE, its
-   SETTINGS within ingest._query_policy) and its `EXPLAIN AST` (table functions, functions
+3. check the canonical text (serve._sql_guard: one read-only statement, no INTO OUTFILE, its
+   SETTINGS within serve._query_policy) and its `EXPLAIN AST` (table functions, functions
    that reach out);
 4. apply the client's URL settings (checked the same way) and run the canonical text, named by
    a leading comment, while a watchdog thread cancels it (`KILL QUERY`) once the client goes
@@ -29,9 +29,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from ingest._query_policy import QueryLimits, setting_problem, valid_name
-from ingest._query_request import QueryRequest
-from ingest._sql_guard import (
+from serve._query_policy import QueryLimits, setting_problem, valid_name
+from serve._query_request import QueryRequest
+from serve._sql_guard import (
     SqlLexError,
     ast_problem,
     settings_clauses,

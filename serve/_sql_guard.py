@@ -1,6 +1,6 @@
 """What serve's read-only query port lets through. Pure functions over SQL text and ASTs.
 
-The engine side (ingest._query_engine) never executes text to check it. It asks ClickHouse's
+The engine side (serve._query_engine) never executes text to check it. It asks ClickHouse's
 own parser for the canonical form of the text (`formatQuerySingleLine` over the text as a
 bound parameter: the parser refuses several statements), checks that canonical statement
 here, checks its AST (`EXPLAIN AST` of that one statement), and then runs the canonical text,

@@ -1,0 +1,209 @@
+"""Run `handoffs serve` as a subprocess for tests, demos and benchmarks.
+
+chDB lets a process open one data path in its lifetime, so a serve with its own store
+always runs in a child process. `start_serve` picks free ports, waits (with a deadline,
+no fixed sleeps) until GET /health answers, and returns a ServeHandle.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["ServeHandle", "free_port", "start_serve"]
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (the OS may hand it out again later)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    """True when something listens on host:port (a socket in TIME_WAIT does not count)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+        return False
+
+
+@dataclass(slots=True)
+class ServeHandle:
+    otlp_url: str  # http://127.0.0.1:P (POST {otlp_url}/v1/traces)
+    query_url: str  # http://127.0.0.1:Q, ClickHouse HTTP, read-only
+    store_dir: Path
+    database: str
+    process: subprocess.Popen
+    log_path: Path
+    otlp_port: int
+    query_port: int
+    tokens: str | None = None
+    grpc_port: int = 0  # OTLP/gRPC (TraceService/Export) on 127.0.0.1; 0 = off
+
+    @property
+    def grpc_target(self) -> str:
+        """127.0.0.1:P, a gRPC channel target (grpc.insecure_channel, the OTLP gRPC exporter)."""
+        if not self.grpc_port:
+            raise RuntimeError("this serve runs without OTLP/gRPC (grpc_port=0)")
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def health(self, timeout: float = 5.0, *, wait_s: float = 0.0) -> dict:
+        """GET /health; with `wait_s`, serve answers once every acknowledged request is
+        stored (or after `wait_s` seconds)."""
+        query = f"?wait_s={wait_s:g}" if wait_s else ""
+        with urllib.request.urlopen(
+            f"{self.otlp_url}/health{query}", timeout=timeout + wait_s
+        ) as r:
+            return json.loads(r.read())
+
+    def client(self, **kwargs):
+        """A clickhouse-connect HTTP client on the query port (read-only)."""
+        import clickhouse_connect
+
+        return clickhouse_connect.get_client(
+            host="127.0.0.1", port=self.query_port, database=self.database, **kwargs
+        )
+
+    def wait_stored(self, timeout: float = 60.0, poll_s: float = 0.05) -> dict:
+        """Wait until nothing is queued and the spool has no backlog; returns the last health
+        document. Serve itself waits (`/health?wait_s=`, up to 10 s per request): polling
+        every few ms took CPU from the serve being measured (bench/ingest_throughput.py).
+        `poll_s`: the pause between two such requests when one ends with work left."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            h = self.health(wait_s=round(min(max(left, 0.0), 10.0), 3))
+            if h["queued"] == 0 and h["spool_backlog_bytes"] == 0:
+                return h
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"serve still has work queued after {timeout}s: {h}")
+            time.sleep(poll_s)
+
+    def stop(self, timeout: float = 120.0) -> int:
+        """SIGTERM (drain, exit 0) and wait; returns the exit code. Idempotent."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+    def kill(self) -> None:
+        """SIGKILL: a crash, nothing drained."""
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def start_serve(
+    tmp_path: str | Path,
+    tokens: str | None = None,
+    *,
+    store_dir: str | Path | None = None,
+    database: str = "handoffs",
+    otlp_port: int | None = None,
+    query_port: int | None = None,
+    grpc_port: int | None = None,
+    extra_args: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+    timeout: float = 90.0,
+) -> ServeHandle:
+    """Start `handoffs serve --store chdb://<store_dir>` and wait until /health answers.
+
+    `tokens` is 'token=tenant,...' (None = no auth). Ports None pick free ones; `grpc_port`
+    0 runs serve without OTLP/gRPC. Reusing `store_dir` (and the ports)
+    restarts serve on the same store, e.g. after kill(). Raises RuntimeError with serve's log
+    when it exits or does not answer within `timeout` seconds.
+    """
+    tmp = Path(tmp_path)
+    store = Path(store_dir) if store_dir else tmp / "data"
+    otlp_port = otlp_port or free_port()
+    query_port = query_port or free_port()
+    grpc_port = free_port() if grpc_port is None else grpc_port
+    # Otherwise /health could be answered by whatever already listens there (another serve)
+    # while this one fails to bind.
+    for what, port in (("OTLP", otlp_port), ("query", query_port), ("gRPC", grpc_port)):
+        if not port:
+            continue
+        if port_in_use(port):
+            raise RuntimeError(
+                f"{what} port {port} on 127.0.0.1 is in use (another serve or demo?); "
+                "stop it or pick another port"
+            )
+    log_path = tmp / f"serve-{otlp_port}-{int(time.time() * 1000)}.log"
+    cmd = [
+        sys.executable,
+        "-m",
+        "handoffs",
+        "serve",
+        "--store",
+        f"chdb://{store}",
+        "--database",
+        database,
+        "--otlp-port",
+        str(otlp_port),
+        "--query-port",
+        str(query_port),
+        "--grpc-port",
+        str(grpc_port),
+        *extra_args,
+    ]
+    if tokens:
+        cmd += ["--tokens", tokens]
+    full_env = {**os.environ, **(env or {})}
+    if tokens is None:
+        full_env.pop("HANDOFFS_TOKENS", None)
+    with open(log_path, "wb") as logf:
+        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=full_env)
+    handle = ServeHandle(
+        otlp_url=f"http://127.0.0.1:{otlp_port}",
+        query_url=f"http://127.0.0.1:{query_port}",
+        store_dir=store,
+        database=database,
+        process=proc,
+        log_path=log_path,
+        otlp_port=otlp_port,
+        query_port=query_port,
+        tokens=tokens,
+        grpc_port=grpc_port,
+    )
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"serve exited with {proc.returncode}:\n{handle.log()}")
+        try:
+            handle.health(timeout=2)
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            time.sleep(0.05)
+            continue
+        # /health answers as soon as the server thread runs; serve prints its start-up
+        # line (addresses, spool, auth) just after: a caller may read it from the log
+        if "OTLP http" in handle.log():
+            return handle
+        time.sleep(0.01)
+    handle.kill()
+    raise RuntimeError(
+        f"serve did not start (answer /health, print its addresses) within {timeout}s:\n"
+        f"{handle.log()}"
+    )
+
+
+# --------------------------------------------------------------------- building requests
