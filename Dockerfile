@@ -7,8 +7,10 @@ WORKDIR /app
 
 # Dependencies first, so a code change does not reinstall them.
 COPY pyproject.toml README.md ./
+COPY foundation/ foundation/
 COPY collector/ collector/
 COPY ingest/ ingest/
+COPY serve/ serve/
 COPY analytics/ analytics/
 COPY dashboard/ dashboard/
 COPY handoffs/ handoffs/
@@ -20,6 +22,7 @@ RUN pip install --no-compile -e . \
     && mkdir -p /var/lib/handoffs/spool && chown -R handoffs /var/lib/handoffs
 
 USER handoffs
-EXPOSE 4318 8501
+# serve runs as this unprivileged user: it needs to write only its store and spool directories
+EXPOSE 4318 4317 8501
 ENTRYPOINT ["handoffs"]
 CMD ["--help"]

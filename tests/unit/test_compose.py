@@ -190,6 +190,22 @@ def test_dockerfile_pins_base_and_runs_the_cli():
     assert COMPOSE["x-handoffs-image"]["build"]["dockerfile"] == "Dockerfile"
 
 
+def test_dockerfile_copies_every_package_and_runs_unprivileged():
+    """The image installs the project editable from /app: a package left out of its COPY
+    lines would be missing at run time (the build itself still succeeds)."""
+    import tomllib
+
+    text = (ROOT / "Dockerfile").read_text()
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    packages = [
+        p.rstrip("*") for p in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]
+    ]
+    copied = set(re.findall(r"^COPY (\w+)/ \1/$", text, re.M))
+    assert set(packages) <= copied, sorted(set(packages) - copied)
+    user = re.findall(r"^USER (\S+)$", text, re.M)
+    assert user and user[-1] not in ("root", "0")
+
+
 def _default(value: str) -> str:
     """The default of a compose `${VAR:-default}` interpolation (or the value itself)."""
     m = re.fullmatch(r"\$\{[A-Z_]+:-(.*)\}", value)
