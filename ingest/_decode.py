@@ -1,9 +1,9 @@
 """OTLP trace requests (protobuf or JSON) -> columns of `otel_traces`, validated. Pure.
 
-Attribute values are encoded into `Map(String, String)` the way the OpenTelemetry
-Collector's ClickHouse exporter does (pdata `Value.AsString`): strings as is, ints in
-decimal, doubles shortest round-trip, bools `true`/`false`, arrays and maps as JSON text,
-bytes as base64. Ids are lowercase hex, kinds and status codes the exporter's names.
+`decode_protobuf` reads OTLP/protobuf here; `decode_request` dispatches by format to it or
+to ingest._decode_json. Both read each span into an ingest._model.SpanParts; values are
+encoded by the rules of ingest._wire_rules (as the OpenTelemetry Collector's ClickHouse
+exporter does). Ids are lowercase hex, kinds and status codes the exporter's names.
 
 A request whose framing is bad (truncated protobuf, wrong JSON shape) raises DecodeError
 (-> HTTP 400). A span that is well framed but breaks the wire contract (a wrong attribute
@@ -14,20 +14,33 @@ type, a missing required attribute, a malformed id) is rejected alone: it is lis
 from __future__ import annotations
 
 import base64
-import json
-import re
-from dataclasses import dataclass, field
 from typing import Any, Final
 
 from google.protobuf.message import DecodeError as _PbDecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from collector import semconv
-from foundation.integrity import span_row_hash
-from ingest._validate import EXPECTED_TAG, check_handoff_span, type_problem
+from ingest._decode_json import decode_json
+from ingest._model import (
+    JSON,
+    NO_EVENTS,
+    NO_LINKS,
+    OTEL_COLUMNS,
+    PROTOBUF,
+    DecodedBatch,
+    DecodeError,
+    Reject,
+    SpanParts,
+    SpanScope,
+    add_span,
+)
+from ingest._validate import EXPECTED_TAG, type_problem
+from ingest._wire_rules import dumps, fmt_double
 
 __all__ = [
+    "JSON",
     "OTEL_COLUMNS",
+    "PROTOBUF",
     "DecodeError",
     "DecodedBatch",
     "Reject",
@@ -35,105 +48,8 @@ __all__ = [
     "decode_request",
 ]
 
-#: otel_traces columns filled by decode (Tenant and IngestBatch are added by the writer).
-OTEL_COLUMNS: Final = (
-    "Timestamp",
-    "TraceId",
-    "SpanId",
-    "ParentSpanId",
-    "TraceState",
-    "SpanName",
-    "SpanKind",
-    "ServiceName",
-    "ResourceAttributes",
-    "ScopeName",
-    "ScopeVersion",
-    "SpanAttributes",
-    "Duration",
-    "StatusCode",
-    "StatusMessage",
-    "Events.Timestamp",
-    "Events.Name",
-    "Events.Attributes",
-    "Links.TraceId",
-    "Links.SpanId",
-    "Links.TraceState",
-    "Links.Attributes",
-)
-_KINDS: Final = ("Unspecified", "Internal", "Server", "Client", "Producer", "Consumer")
-_KIND_NAMES: Final = {f"SPAN_KIND_{k.upper()}": i for i, k in enumerate(_KINDS)}
-_STATUS: Final = ("Unset", "Ok", "Error")
-_STATUS_NAMES: Final = {"STATUS_CODE_UNSET": 0, "STATUS_CODE_OK": 1, "STATUS_CODE_ERROR": 2}
-_SURROGATE: Final = re.compile(rb"\\u[dD][89a-fA-F]")
-MAX_SPAN_JSON: Final = 16_384  # bytes of a rejected span kept in ingest_rejects
-#: A span with more attributes, or a longer attribute value (after encoding), is rejected
-#: whole (never truncated: what is stored is what was sent). OTel SDKs default to 128.
-MAX_ATTRIBUTES: Final = 1024
-MAX_VALUE_CHARS: Final = 1 << 20
-
-
-class DecodeError(ValueError):
-    """The request body is not an OTLP trace request; the message says what is wrong."""
-
-
-@dataclass(frozen=True, slots=True)
-class Reject:
-    trace_id: str
-    span_id: str
-    reason: str
-    span_json: str
-
-
-@dataclass(slots=True)
-class DecodedBatch:
-    """Rows of the accepted spans plus what the ledger and the reject table need.
-
-    `rows[i]` is span i's values in OTEL_COLUMNS order (one tuple per span: cheaper to build
-    than one append per column); `columns[name][i]` is the same value by column name.
-    `ledger` holds (row index, handoff_id, row_hash) of each handoff transition; `spans`
-    counts every span read, rejected ones included.
-    """
-
-    tenant: str
-    rows: list[tuple[Any, ...]] = field(default_factory=list)
-    ledger: list[tuple[int, str, str]] = field(default_factory=list)
-    rejects: list[Reject] = field(default_factory=list)
-    spans: int = 0
-    flagged: int = 0  # transitions stored with valid=false or a tenant mismatch
-
-    @property
-    def stored(self) -> int:
-        return len(self.rows)
-
-    @property
-    def columns(self) -> dict[str, list[Any]]:
-        """The rows transposed: OTEL_COLUMNS name -> list of values (a new dict per call)."""
-        if not self.rows:
-            return {c: [] for c in OTEL_COLUMNS}
-        return {c: list(v) for c, v in zip(OTEL_COLUMNS, zip(*self.rows, strict=True), strict=True)}
-
-    def error_message(self) -> str:
-        """OTLP partial_success.error_message: the first few reasons, or ''."""
-        if not self.rejects:
-            return ""
-        head = "; ".join(f"span {r.span_id or '?'}: {r.reason}" for r in self.rejects[:5])
-        more = len(self.rejects) - 5
-        return head + (f"; and {more} more" if more > 0 else "")
-
 
 # ---------------------------------------------------------------- value encoding
-
-
-def _fmt_double(v: float) -> str:
-    if v != v or v in (float("inf"), float("-inf")):
-        return {"nan": "NaN", "inf": "+Inf", "-inf": "-Inf"}[repr(v)]
-    if v == int(v) and abs(v) < 1e21:
-        return str(int(v))
-    return repr(v)
-
-
-def _dumps(v: Any) -> str:
-    return json.dumps(v, separators=(",", ":"), ensure_ascii=False)
 
 
 def _pb_plain(av: Any) -> Any:
@@ -213,12 +129,12 @@ def _pb_attrs(kvs: Any, check: bool) -> tuple[dict[str, str], str | None]:
         elif w == "bool_value":
             s = "true" if v.bool_value else "false"
         elif w == "double_value":
-            s = _fmt_double(v.double_value)
+            s = fmt_double(v.double_value)
         elif w == "array_value":
             items = [_pb_plain(x) for x in v.array_value.values]
-            s = _dumps(items)
+            s = dumps(items)
         elif w == "kvlist_value":
-            s = _dumps({x.key: _pb_plain(x.value) for x in v.kvlist_value.values})
+            s = dumps({x.key: _pb_plain(x.value) for x in v.kvlist_value.values})
         elif w == "bytes_value":
             s = base64.b64encode(v.bytes_value).decode()
         else:
@@ -229,110 +145,6 @@ def _pb_attrs(kvs: Any, check: bool) -> tuple[dict[str, str], str | None]:
             if w != want or items is not None:
                 problem = type_problem(key, w, items)
     return out, problem
-
-
-# ---------------------------------------------------------------- span assembly
-
-_NO_EVENTS: Final[tuple[list, list, list]] = ([], [], [])
-_NO_LINKS: Final[tuple[list, list, list, list]] = ([], [], [], [])
-
-
-def _finish(
-    batch: DecodedBatch,
-    res: dict[str, str],
-    service: str,
-    scope_name: str,
-    scope_version: str,
-    trace_id: str,
-    span_id: str,
-    parent_id: str,
-    trace_state: str,
-    name: str,
-    kind: int,
-    start: int,
-    end: int,
-    attrs: dict[str, str],
-    problem: str | None,
-    status_code: int,
-    status_message: str,
-    events: tuple[list, list, list],
-    links: tuple[list, list, list, list],
-    raw: Any,
-) -> None:
-    batch.spans += 1
-    if problem is None:
-        if len(trace_id) != 32 or trace_id == _ZERO_TRACE:
-            problem = f"traceId must be 16 non-zero bytes, got {trace_id!r}"
-        elif len(span_id) != 16 or span_id == _ZERO_SPAN:
-            problem = f"spanId must be 8 non-zero bytes, got {span_id!r}"
-        elif parent_id and len(parent_id) != 16:
-            problem = f"parentSpanId must be 8 bytes or empty, got {parent_id!r}"
-        elif start <= 0:
-            problem = "startTimeUnixNano is missing or zero"
-        elif start >= _MAX_NS or (events[0] and max(events[0]) >= _MAX_NS):
-            problem = "a timestamp is past 2262-04-11 (the largest DateTime64(9) value)"
-        elif len(attrs) > MAX_ATTRIBUTES:
-            problem = f"{len(attrs)} attributes on one span; the limit is {MAX_ATTRIBUTES}"
-        elif attrs and max(map(len, attrs.values())) > MAX_VALUE_CHARS:
-            problem = f"an attribute value is longer than {MAX_VALUE_CHARS} characters"
-    is_handoff = False
-    if problem is None:
-        result = check_handoff_span(attrs, tenant=batch.tenant)
-        problem, is_handoff = result.reject_reason, result.is_handoff
-        if result.flags:
-            attrs.update(result.flags)
-            batch.flagged += 1
-    if problem is not None:
-        batch.rejects.append(Reject(trace_id, span_id, problem, _span_json_text(raw)))
-        return
-    rows = batch.rows
-    if is_handoff:
-        h = span_row_hash(batch.tenant, start, trace_id, span_id, attrs)
-        batch.ledger.append((len(rows), attrs["handoff.handoff_id"], h))
-    rows.append(
-        (  # OTEL_COLUMNS order
-            start,
-            trace_id,
-            span_id,
-            parent_id,
-            trace_state,
-            name,
-            _KINDS[kind] if 0 <= kind < 6 else "Unspecified",
-            service,
-            res,
-            scope_name,
-            scope_version,
-            attrs,
-            end - start if end > start else 0,
-            _STATUS[status_code] if 0 <= status_code < 3 else "Unset",
-            status_message,
-            events[0],
-            events[1],
-            events[2],
-            links[0],
-            links[1],
-            links[2],
-            links[3],
-        )
-    )
-
-
-_ZERO_TRACE: Final = "0" * 32
-_MAX_NS: Final = 2**63  # DateTime64(9) is Int64 nanoseconds
-_ZERO_SPAN: Final = "0" * 16
-
-
-def _span_json_text(raw: Any) -> str:
-    try:
-        if isinstance(raw, dict):
-            text = json.dumps(raw, default=str)
-        else:
-            from google.protobuf.json_format import MessageToJson
-
-            text = MessageToJson(raw, indent=None)
-    except Exception:  # a reject must still be recorded even if its copy fails
-        text = ""
-    return text[:MAX_SPAN_JSON]
 
 
 # ---------------------------------------------------------------- protobuf
@@ -350,65 +162,57 @@ def decode_protobuf(body: bytes, *, tenant: str) -> DecodedBatch:
     batch = DecodedBatch(tenant=tenant)
     for rs in req.resource_spans:
         res = _pb_attrs(rs.resource.attributes, False)[0]
-        service = res.get("service.name", "")
         for ss in rs.scope_spans:
-            scope_name, scope_version = ss.scope.name, ss.scope.version
+            scope = SpanScope.of(res, ss.scope.name, ss.scope.version)
             for sp in ss.spans:
                 attrs, problem = _pb_attrs(sp.attributes, True)
                 ev = sp.events
                 lk = sp.links
                 st = sp.status
-                _finish(
+                add_span(
                     batch,
-                    res,
-                    service,
-                    scope_name,
-                    scope_version,
-                    sp.trace_id.hex(),
-                    sp.span_id.hex(),
-                    sp.parent_span_id.hex(),
-                    sp.trace_state,
-                    sp.name,
-                    sp.kind,
-                    sp.start_time_unix_nano,
-                    sp.end_time_unix_nano,
-                    attrs,
-                    problem,
-                    st.code,
-                    st.message,
-                    (
-                        [e.time_unix_nano for e in ev],
-                        [e.name for e in ev],
-                        [_pb_attrs(e.attributes, False)[0] for e in ev],
-                    )
-                    if ev
-                    else _NO_EVENTS,
-                    (
-                        [x.trace_id.hex() for x in lk],
-                        [x.span_id.hex() for x in lk],
-                        [x.trace_state for x in lk],
-                        [_pb_attrs(x.attributes, False)[0] for x in lk],
-                    )
-                    if lk
-                    else _NO_LINKS,
-                    sp,
+                    SpanParts(
+                        scope,
+                        sp.trace_id.hex(),
+                        sp.span_id.hex(),
+                        sp.parent_span_id.hex(),
+                        sp.trace_state,
+                        sp.name,
+                        sp.kind,
+                        sp.start_time_unix_nano,
+                        sp.end_time_unix_nano,
+                        attrs,
+                        problem,
+                        st.code,
+                        st.message,
+                        (
+                            [e.time_unix_nano for e in ev],
+                            [e.name for e in ev],
+                            [_pb_attrs(e.attributes, False)[0] for e in ev],
+                        )
+                        if ev
+                        else NO_EVENTS,
+                        (
+                            [x.trace_id.hex() for x in lk],
+                            [x.span_id.hex() for x in lk],
+                            [x.trace_state for x in lk],
+                            [_pb_attrs(x.attributes, False)[0] for x in lk],
+                        )
+                        if lk
+                        else NO_LINKS,
+                        sp,
+                    ),
                 )
     return batch
 
 
 # ---------------------------------------------------------------- dispatch
 
-PROTOBUF: Final = "protobuf"
-JSON: Final = "json"
-
-
 def decode_request(body: bytes, fmt: str, *, tenant: str) -> DecodedBatch:
     """Decode `body` in format `fmt` ('protobuf' or 'json'); raises DecodeError."""
     if fmt == PROTOBUF:
         return decode_protobuf(body, tenant=tenant)
     if fmt == JSON:
-        from ingest._decode_json import decode_json
-
         try:
             return decode_json(body, tenant=tenant)
         except RecursionError:

@@ -10,21 +10,16 @@ from __future__ import annotations
 
 import base64
 import json
-from typing import Any
+import re
+from typing import Any, Final
 
-from ingest._decode import (
-    _KIND_NAMES,
-    _STATUS_NAMES,
-    _SURROGATE,
-    DecodedBatch,
-    DecodeError,
-    _dumps,
-    _finish,
-    _fmt_double,
-)
+from ingest._model import DecodedBatch, DecodeError, SpanParts, SpanScope, add_span
 from ingest._validate import EXPECTED_TAG, type_problem
+from ingest._wire_rules import KIND_IDS, STATUS_IDS, dumps, fmt_double
 
 __all__ = ["decode_json"]
+
+_SURROGATE: Final = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 def _jerr(path: str, what: str) -> DecodeError:
@@ -132,9 +127,9 @@ def _jencode(tag: str | None, v: Any) -> str:
     if tag == "bool_value":
         return "true" if v else "false"
     if tag == "double_value":
-        return _fmt_double(v)
+        return fmt_double(v)
     if tag in ("array_value", "kvlist_value"):
-        return _dumps(v)
+        return dumps(v)
     return ""
 
 
@@ -158,8 +153,8 @@ def _jattrs(kvs: Any, path: str, check: bool = False) -> tuple[dict[str, str], s
 
 
 def _jkind(v: Any, path: str) -> int:
-    if isinstance(v, str) and v in _KIND_NAMES:
-        return _KIND_NAMES[v]
+    if isinstance(v, str) and v in KIND_IDS:
+        return KIND_IDS[v]
     return _jint(v, path)
 
 
@@ -193,7 +188,6 @@ def decode_json(body: bytes | str | dict, *, tenant: str) -> DecodedBatch:
         rs = _jobj(rs, rp)
         resource = _jobj(rs.get("resource") or {}, f"{rp}.resource")
         res, _ = _jattrs(resource.get("attributes"), f"{rp}.resource.attributes")
-        service = res.get("service.name", "")
         scope_key = "scopeSpans" if "scopeSpans" in rs else "instrumentationLibrarySpans"
         for si, ss in enumerate(_jlist(rs, scope_key, rp)):
             sp_path = f"{rp}.{scope_key}[{si}]"
@@ -201,7 +195,7 @@ def decode_json(body: bytes | str | dict, *, tenant: str) -> DecodedBatch:
             sc = _jobj(
                 ss.get("scope") or ss.get("instrumentationLibrary") or {}, f"{sp_path}.scope"
             )
-            scope = (str(sc.get("name", "")), str(sc.get("version", "")))
+            scope = SpanScope.of(res, str(sc.get("name", "")), str(sc.get("version", "")))
             for pi, sp in enumerate(_jlist(ss, "spans", sp_path)):
                 p = f"{sp_path}.spans[{pi}]"
                 sp = _jobj(sp, p)
@@ -231,32 +225,31 @@ def decode_json(body: bytes | str | dict, *, tenant: str) -> DecodedBatch:
                     lk_a.append(_jattrs(x.get("attributes"), f"{p}.links[{li}].attributes")[0])
                 status = _jobj(sp.get("status") or {}, f"{p}.status")
                 code = status.get("code", 0)
-                code = _STATUS_NAMES.get(code, code) if isinstance(code, str) else code
+                code = STATUS_IDS.get(code, code) if isinstance(code, str) else code
                 name = sp.get("name", "")
                 if not isinstance(name, str):
                     raise _jerr(f"{p}.name", "expected a string")
                 if problem is None:  # a malformed id rejects the span, as in ingest._decode
                     problem = next((bad for bad in bad_ids if bad is not None), None)
-                _finish(
+                add_span(
                     batch,
-                    res,
-                    service,
-                    scope[0],
-                    scope[1],
-                    trace_id,
-                    span_id,
-                    parent_id,
-                    str(sp.get("traceState", "")),
-                    name,
-                    _jkind(sp.get("kind", 0), f"{p}.kind"),
-                    _jint(sp.get("startTimeUnixNano"), f"{p}.startTimeUnixNano"),
-                    _jint(sp.get("endTimeUnixNano"), f"{p}.endTimeUnixNano"),
-                    attrs,
-                    problem,
-                    _jint(code, f"{p}.status.code"),
-                    str(status.get("message", "")),
-                    (ev_ts, ev_names, ev_attrs),
-                    (lk_t, lk_s, lk_ts, lk_a),
-                    sp,
+                    SpanParts(
+                        scope,
+                        trace_id,
+                        span_id,
+                        parent_id,
+                        str(sp.get("traceState", "")),
+                        name,
+                        _jkind(sp.get("kind", 0), f"{p}.kind"),
+                        _jint(sp.get("startTimeUnixNano"), f"{p}.startTimeUnixNano"),
+                        _jint(sp.get("endTimeUnixNano"), f"{p}.endTimeUnixNano"),
+                        attrs,
+                        problem,
+                        _jint(code, f"{p}.status.code"),
+                        str(status.get("message", "")),
+                        (ev_ts, ev_names, ev_attrs),
+                        (lk_t, lk_s, lk_ts, lk_a),
+                        sp,
+                    ),
                 )
     return batch

@@ -3,8 +3,8 @@
 Types and required attributes come from collector.semconv.WIRE_ATTRIBUTES; legality from
 collector.contract. A span breaking the *shape* (wrong type, required attribute missing)
 is rejected; a well-formed but *illegal* transition is kept and flagged
-(`handoff.valid=false`, `handoff.invalid_reason`), as is a `handoff.tenant` claim that
-differs from the credential's tenant (`handoff.tenant_mismatch=true`).
+(`handoff.valid=false`, `handoff.invalid_reason`), as is a `handoff.tenant` claim (the span's, else
+its resource's) that differs from the credential's tenant (`handoff.tenant_mismatch=true`).
 
 Decoders call `type_problem` per `handoff.*` attribute while they encode values (type tags
 are OTLP AnyValue field names: string_value, int_value, bool_value, double_value,
@@ -55,6 +55,8 @@ class CheckResult:
     is_handoff: bool
     reject_reason: str | None = None
     flags: dict[str, str] | None = None  # attributes to add to the stored span
+    #: a `handoff.tenant` claim made on the resource only, to record on the stored span
+    claim: str = ""
 
 
 def type_problem(name: str, tag: str | None, items: list[Any] | None = None) -> str | None:
@@ -87,11 +89,15 @@ _NOT_HANDOFF: Final = CheckResult(is_handoff=False)
 _HANDOFF_OK: Final = CheckResult(is_handoff=True)
 
 
-def check_handoff_span(attrs: dict[str, str], *, tenant: str) -> CheckResult:
+def check_handoff_span(
+    attrs: dict[str, str], *, tenant: str, resource_tenant: str = ""
+) -> CheckResult:
     """Check a span's encoded attributes (after type checks) against the contract.
 
     A span is a handoff transition when it carries any identifying attribute
     (semconv.REQUIRED_ON_EVERY); other spans pass through untouched (is_handoff False).
+    The tenant a transition claims is its own `handoff.tenant`, else `resource_tenant`
+    (its resource's); a resource-only claim comes back as `claim`, to be stored.
     """
     present = [n for n in _IDENTIFYING if n in attrs]
     if not present:
@@ -118,7 +124,12 @@ def check_handoff_span(attrs: dict[str, str], *, tenant: str) -> CheckResult:
         if not attrs.get(semconv.INVALID_REASON):
             flags[semconv.INVALID_REASON] = reason
     claimed = attrs.get(semconv.TENANT)
+    claim = ""
+    if not claimed and resource_tenant:
+        claimed = claim = resource_tenant
     if claimed and claimed != tenant:
         flags = flags or {}
         flags[TENANT_MISMATCH] = "true"
-    return CheckResult(is_handoff=True, flags=flags) if flags else _HANDOFF_OK
+    if flags or claim:
+        return CheckResult(is_handoff=True, flags=flags, claim=claim)
+    return _HANDOFF_OK

@@ -219,7 +219,7 @@ def test_deep_nesting_is_a_decode_error_not_a_crash():
 
 
 def test_too_many_attributes_or_too_long_a_value_rejects_the_span():
-    from ingest._decode import MAX_ATTRIBUTES, MAX_VALUE_CHARS
+    from ingest._wire_rules import MAX_ATTRIBUTES, MAX_VALUE_CHARS
 
     spans = _spans()
     spans[2]["attributes"] = [
