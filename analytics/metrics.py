@@ -29,8 +29,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "COUNT_COLUMNS",
+    "RATES",
     "RATE_COLUMNS",
     "STAGES",
+    "add_rates",
     "find_handoffs",
     "funnel",
     "handoffs_behind",
@@ -51,15 +53,18 @@ COUNT_COLUMNS: Final = (
     "unresolved_now",
     "volume",
 )
-RATE_COLUMNS: Final = (
-    "p_accept",
-    "p_execute",
-    "p_evidence",
-    "p_commit",
-    "p_e2e",
-    "unknown_rate",
-    "escalation_rate",
-)
+#: rate column -> (numerator count, denominator count), the metric contract's one table
+#: (docs/metrics.md); an empty denominator gives NaN. The dashboard's roll-ups use it too.
+RATES: Final = {
+    "p_accept": ("accepted", "settled"),
+    "p_execute": ("executed", "accepted"),
+    "p_evidence": ("evidenced", "executed"),
+    "p_commit": ("committed", "evidenced"),
+    "p_e2e": ("committed", "settled"),
+    "unknown_rate": ("unknown", "settled"),
+    "escalation_rate": ("escalated", "settled"),
+}
+RATE_COLUMNS: Final = tuple(RATES)
 
 #: handoffs_behind stages -> SQL condition over the cohort flags (see analytics._common).
 STAGES: Final = {
@@ -108,6 +113,18 @@ def _dim_columns(by: tuple[str, ...]) -> list[str]:
 def rate(num: float, den: float) -> float:
     """num/den, or NaN when den is 0 (an undefined rate is never shown as 0)."""
     return float(num) / float(den) if den else math.nan
+
+
+def add_rates(df: pd.DataFrame) -> pd.DataFrame:
+    """Set every rate column of `df` (float64, NaN where undefined) from its count columns,
+    as RATES says; returns `df`."""
+    for col, (num, den) in RATES.items():
+        df[col] = pd.Series(
+            [rate(n, d) for n, d in zip(df[num], df[den], strict=True)],
+            index=df.index,
+            dtype="float64",
+        )
+    return df
 
 
 def _params(tenant: str | None) -> dict[str, Any]:
@@ -196,18 +213,7 @@ def _with_rates(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     for c in COUNT_COLUMNS:
         df[c] = df[c].astype("int64") if len(df) else pd.Series(dtype="int64")
 
-    def col(num: str, den: str) -> list[float]:
-        return [rate(n, d) for n, d in zip(df[num], df[den], strict=True)]
-
-    df["p_accept"] = col("accepted", "settled")
-    df["p_execute"] = col("executed", "accepted")
-    df["p_evidence"] = col("evidenced", "executed")
-    df["p_commit"] = col("committed", "evidenced")
-    df["p_e2e"] = col("committed", "settled")
-    df["unknown_rate"] = col("unknown", "settled")
-    df["escalation_rate"] = col("escalated", "settled")
-    for c in RATE_COLUMNS:
-        df[c] = df[c].astype("float64")
+    add_rates(df)
     if "bucket" in df and len(df):
         df["bucket"] = pd.to_datetime(df["bucket"]).dt.tz_localize(None).dt.tz_localize("UTC")
     return df[[*keys, *COUNT_COLUMNS, *RATE_COLUMNS]].reset_index(drop=True)
