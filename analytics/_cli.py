@@ -25,10 +25,6 @@ class _Usage(Exception):
     """Bad input: message printed, exit 2."""
 
 
-class _Unavailable(Exception):
-    """Store unreachable or query failed: message printed, exit 3."""
-
-
 def _time(value: str | None, name: str) -> datetime | None:
     if value is None:
         return None
@@ -52,7 +48,7 @@ def _window(args):
 
 
 def _client(args):
-    from foundation.store import StoreError, connect, parse_store
+    from foundation.store import StoreError, StoreUnavailable, connect, parse_store
 
     # the driver logs connection failures itself; the CLI prints one line instead
     logging.getLogger("clickhouse_connect").setLevel(logging.CRITICAL)
@@ -62,7 +58,7 @@ def _client(args):
         raise _Usage(str(exc)) from None
     if spec.embedded and not Path(spec.path or ".").is_dir():
         # these commands only read: opening the engine would create an empty store there
-        raise _Unavailable(
+        raise StoreUnavailable(
             f"no store at {spec.path}: nothing was ever stored there; pass --store (or set "
             "HANDOFFS_STORE) to the store `handoffs serve` writes, e.g. --store "
             "http://127.0.0.1:8124 while it runs"
@@ -73,7 +69,7 @@ def _client(args):
         hint = ""
         if spec.embedded:
             hint = " (is `handoffs serve` holding it? then use --store http://127.0.0.1:8124)"
-        raise _Unavailable(f"{str(exc).splitlines()[0][:300]}{hint}") from None
+        raise StoreUnavailable(f"{str(exc).splitlines()[0][:300]}{hint}") from None
 
 
 def _write(path: str, text: str) -> None:
@@ -327,12 +323,14 @@ def _guard(func):
     def run(args) -> int:
         from clickhouse_connect.driver.exceptions import ClickHouseError
 
+        from foundation.store import StoreUnavailable
+
         try:
             return func(args)
         except _Usage as exc:
             print(f"error: {exc}", file=sys.stderr)
             return EXIT_USAGE
-        except _Unavailable as exc:
+        except StoreUnavailable as exc:
             print(f"error: {exc}", file=sys.stderr)
             return EXIT_UNAVAILABLE
         except ValueError as exc:  # bad argument values refused by the analytics API

@@ -20,16 +20,12 @@ from typing import TYPE_CHECKING
 from clickhouse_connect import common
 
 from foundation import settings
-from foundation.store import StoreError, StoreSpec, connect, parse_store
+from foundation.store import StoreError, StoreSpec, StoreUnavailable, connect, parse_store
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
 
 __all__ = ["StoreTarget", "StoreUnavailable", "chdb_lock_holder", "open_client", "resolve_target"]
-
-
-class StoreUnavailable(RuntimeError):
-    """The store cannot be used; the message is meant for the user, as shown."""
 
 
 @dataclass(frozen=True, slots=True)

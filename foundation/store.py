@@ -25,10 +25,13 @@ __all__ = [
     "SQL_DIR",
     "StoreError",
     "StoreSpec",
+    "StoreUnavailable",
     "apply_schema",
     "connect",
     "parse_store",
     "schema_statements",
+    "split_sql",
+    "store_locked",
 ]
 
 SQL_DIR = Path(__file__).resolve().parent.parent / "sql"
@@ -37,6 +40,11 @@ _DB_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 
 class StoreError(RuntimeError):
     """The store URL is malformed or the store cannot be reached."""
+
+
+class StoreUnavailable(StoreError):
+    """The store cannot be used now (unreachable, locked, failing writes, no schema yet); the
+    message is meant for the user as shown. Readers exit 3 on it; serve answers 503."""
 
 
 @dataclass(frozen=True, slots=True)
