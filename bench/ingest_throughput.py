@@ -2,7 +2,11 @@
 (embedded chDB, spool fsync on) -> stored; and, in the same run, protobuf parsing alone.
 
 Prints figures and a last line
-`RESULT spans_per_s=<e2e> parse_ratio=<e2e/parse> rss_mb=<serve peak RSS>`.
+`RESULT spans_per_s=<e2e> parse_ratio=<e2e/parse> rss_mb=<serve peak RSS> anon_mb=<serve peak
+anonymous memory>`. anon_mb is the memory serve itself holds (RssAnon, sampled every 10 ms
+from the warm-up to the last span stored): what other processes cannot get back. rss_mb
+(VmHWM) also counts file-backed pages (RssFile: mostly the chDB library's code, shared with
+the page cache and reclaimable) and RssShmem; those are printed apart.
 e2e is measured from the first request sent to the moment serve reports nothing queued
 (every span in otel_traces, handoff_transitions, transition_ledger). Sizes are flags.
 
@@ -18,6 +22,7 @@ sender), each round also running them over HTTP on a fresh serve, and adds
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import sys
@@ -180,6 +185,53 @@ def _peak_rss_mb(pid: int, field: str = "VmHWM") -> float:
     return float("nan")
 
 
+_MEMORY_FIELDS: Final = ("RssAnon", "RssFile", "RssShmem")
+
+
+def _memory_kb(pid: int) -> dict[str, int]:
+    """RssAnon, RssFile and RssShmem of a process now, kB (/proc/PID/status)."""
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        name, _, rest = line.partition(":")
+        if name in _MEMORY_FIELDS:
+            out[name] = int(rest.split()[0])
+    return out
+
+
+class MemorySampler:
+    """Samples a process's RssAnon / RssFile / RssShmem every `every_s` seconds on a thread
+    and keeps each one's peak (the kernel keeps a peak only of their sum, VmHWM). A peak
+    shorter than `every_s` can be missed; at 10 ms a sample costs ~0.2% of a core."""
+
+    def __init__(self, pid: int, every_s: float = 0.01) -> None:
+        self.pid, self.every_s = pid, every_s
+        self.peak_kb = dict.fromkeys(_MEMORY_FIELDS, 0)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="memory-sampler", daemon=True)
+
+    def _sample(self) -> None:
+        with contextlib.suppress(OSError, ValueError, IndexError):  # the process ended
+            for name, kb in _memory_kb(self.pid).items():
+                self.peak_kb[name] = max(self.peak_kb[name], kb)
+
+    def _run(self) -> None:
+        self._sample()
+        while not self._stop.wait(self.every_s):
+            self._sample()
+
+    def __enter__(self) -> MemorySampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+    def peak_mb(self, name: str) -> float:
+        return self.peak_kb[name] / 1024
+
+
 #: one sender's connection: send(body) -> None when acknowledged, else what went wrong;
 #: close() when done
 Sender = tuple[Callable[[bytes], str | None], Callable[[], None]]
@@ -236,63 +288,64 @@ def _e2e(
     with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
         serve = start_serve(Path(tmp), extra_args=("--decoder", decoder))
         try:
-            connect = _SENDERS[transport]
-            # warm-up request (schema parts, first insert, the decoder's first query) not
-            # counted: 1,000 spans (~350 KB) so that `auto` sends it the way it sends the
-            # measured requests (chDB decodes bodies of 256 KiB and more)
-            warm = build_request(random.Random(999), _WARM_SPANS, base - 10**12)
-            send, close = connect(serve)
-            warm_error = send(warm)
-            close()
-            if warm_error:
-                print("warm-up request refused:", warm_error)
-                return None
-            serve.wait_stored(120)
-            queue = list(bodies)
-            lock = threading.Lock()
-            errors: list[str] = []
-            # made before the clock starts; a session and a channel both connect on their
-            # first request, in the measured time
-            connections = [connect(serve) for _ in range(args.concurrency)]
-
-            def sender(send: Callable[[bytes], str | None]) -> None:
-                while True:
-                    with lock:
-                        if not queue:
-                            return
-                        body = queue.pop()
-                    error = send(body)
-                    if error:
-                        errors.append(error)
-
-            cpu0 = _cpu_s(serve.process.pid)
-            threads0 = _thread_cpu_s(serve.process.pid)
-            ticks0 = _cpu_ticks()
-            t0 = time.perf_counter()
-            threads = [threading.Thread(target=sender, args=(c[0],)) for c in connections]
-            for th in threads:
-                th.start()
-            for th in threads:
-                th.join()
-            acked = time.perf_counter() - t0
-            for _, close in connections:
+            with MemorySampler(serve.process.pid) as sampler:
+                connect = _SENDERS[transport]
+                # warm-up request (schema parts, first insert, the decoder's first query) not
+                # counted: 1,000 spans (~350 KB) so that `auto` sends it the way it sends the
+                # measured requests (chDB decodes bodies of 256 KiB and more)
+                warm = build_request(random.Random(999), _WARM_SPANS, base - 10**12)
+                send, close = connect(serve)
+                warm_error = send(warm)
                 close()
-            # serve answers /health?wait_s= once the last acknowledged request is stored
-            # (polling /health every 10 ms instead took ~1 ms of serve's CPU and a new
-            # connection and thread each time, in the busiest part of the run)
-            health = serve.wait_stored(600, poll_s=0.01)
-            e2e_s = time.perf_counter() - t0
-            cpu = _cpu_s(serve.process.pid) - cpu0
-            split = _cpu_split(threads0, _thread_cpu_s(serve.process.pid), cpu)
-            machine = _machine_note(ticks0, _cpu_ticks())
-            if errors:
-                print("errors:", errors[:3])
-                return None
-            ch = serve.client()
-            stored = ch.query("SELECT count() FROM handoff_transitions").result_rows[0][0]
-            ch.close()
-            rss = _peak_rss_mb(serve.process.pid)
-            rss_file = _peak_rss_mb(serve.process.pid, "RssFile")
+                if warm_error:
+                    print("warm-up request refused:", warm_error)
+                    return None
+                serve.wait_stored(120)
+                queue = list(bodies)
+                lock = threading.Lock()
+                errors: list[str] = []
+                # made before the clock starts; a session and a channel both connect on their
+                # first request, in the measured time
+                connections = [connect(serve) for _ in range(args.concurrency)]
+
+                def sender(send: Callable[[bytes], str | None]) -> None:
+                    while True:
+                        with lock:
+                            if not queue:
+                                return
+                            body = queue.pop()
+                        error = send(body)
+                        if error:
+                            errors.append(error)
+
+                cpu0 = _cpu_s(serve.process.pid)
+                threads0 = _thread_cpu_s(serve.process.pid)
+                ticks0 = _cpu_ticks()
+                t0 = time.perf_counter()
+                threads = [threading.Thread(target=sender, args=(c[0],)) for c in connections]
+                for th in threads:
+                    th.start()
+                for th in threads:
+                    th.join()
+                acked = time.perf_counter() - t0
+                for _, close in connections:
+                    close()
+                # serve answers /health?wait_s= once the last acknowledged request is stored
+                # (polling /health every 10 ms instead took ~1 ms of serve's CPU and a new
+                # connection and thread each time, in the busiest part of the run)
+                health = serve.wait_stored(600, poll_s=0.01)
+                e2e_s = time.perf_counter() - t0
+                cpu = _cpu_s(serve.process.pid) - cpu0
+                split = _cpu_split(threads0, _thread_cpu_s(serve.process.pid), cpu)
+                machine = _machine_note(ticks0, _cpu_ticks())
+                if errors:
+                    print("errors:", errors[:3])
+                    return None
+                ch = serve.client()
+                stored = ch.query("SELECT count() FROM handoff_transitions").result_rows[0][0]
+                ch.close()
+                rss = _peak_rss_mb(serve.process.pid)
+            anon, rss_file, shmem = (sampler.peak_mb(f) for f in _MEMORY_FIELDS)
         finally:
             serve.stop()
     e2e = total / e2e_s
@@ -303,8 +356,11 @@ def _e2e(
     )
     print(f"serve CPU by thread: {split}")
     print(machine)
+    print(f"stored transitions: {stored - _WARM_SPANS} of {total}; {health['batches']} batches")
     print(
-        f"stored transitions: {stored - _WARM_SPANS} of {total}; serve peak RSS {rss:.0f} MB (now {rss_file:.0f} MB of it file-backed: the chDB library); {health['batches']} batches"
+        f"serve peak memory: anonymous {anon:.0f} MB (RssAnon); file-backed {rss_file:.0f} MB "
+        f"(RssFile: mostly the chDB library), shared {shmem:.0f} MB (RssShmem); "
+        f"RSS {rss:.0f} MB (VmHWM, all three at once)"
     )
     print(
         "serve stage seconds (wall, overlapping):",
@@ -320,6 +376,8 @@ def _e2e(
         "acked": total / acked,
         "cpu_s": cpu,
         "rss": rss,
+        "anon": anon,
+        "file": rss_file,
         "health": health,
     }
 
@@ -402,15 +460,19 @@ def main() -> int:
     run = done[len(done) // 2]  # the median round (upper median for an even count)
     if len(done) > 1:
         met = sum(1 for r in done if r["e2e"] >= _TARGET_SPANS_S and r["rss"] <= _TARGET_RSS_MB)
-        rss_sorted = sorted(r["rss"] for r in done)
+
+        def spread(key: str) -> str:
+            v = sorted(r[key] for r in done)
+            return f"{v[0]:.0f} / {v[len(v) // 2]:.0f} / {v[-1]:.0f} MB"
+
         print(
             f"\n{len(done)} rounds: end to end {done[0]['e2e']:,.0f} / {run['e2e']:,.0f} / "
-            f"{done[-1]['e2e']:,.0f} spans/s (min / median / max), peak RSS "
-            f"{rss_sorted[0]:.0f} / {rss_sorted[len(done) // 2]:.0f} / {rss_sorted[-1]:.0f} MB; "
+            f"{done[-1]['e2e']:,.0f} spans/s (min / median / max), peak anonymous memory "
+            f"{spread('anon')}, peak file-backed {spread('file')}, peak RSS {spread('rss')}; "
             f"{met} of {len(done)} rounds met both targets (>= {_TARGET_SPANS_S:,} spans/s "
             f"and <= {_TARGET_RSS_MB} MB in the same round)"
         )
-    e2e, rss = run["e2e"], run["rss"]
+    e2e, rss, anon = run["e2e"], run["rss"], run["anon"]
     ratio = f" vs_python={e2e / base_run['e2e']:.2f}" if base_run else ""
     if http_runs:
         http = sorted((r for r in http_runs if r is not None), key=lambda r: r["e2e"])
@@ -428,7 +490,8 @@ def main() -> int:
             f"\n{args.decoder} decoder vs python decoder in this run: {e2e / base_run['e2e']:.2f}x"
         )
     print(
-        f"RESULT spans_per_s={e2e:.0f} parse_ratio={e2e / parse_rate:.4f} rss_mb={rss:.0f}{ratio}"
+        f"RESULT spans_per_s={e2e:.0f} parse_ratio={e2e / parse_rate:.4f} rss_mb={rss:.0f} "
+        f"anon_mb={anon:.0f}{ratio}"
     )
     return 0
 

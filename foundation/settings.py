@@ -73,6 +73,12 @@ TOKENS: Final = Setting(
     "",
     "bearer tokens and their tenants, 'token1=tenantA,token2=tenantB'; empty = no auth, tenant 'default'",
 )
+QUERY_TOKENS: Final = Setting(
+    "HANDOFFS_QUERY_TOKENS",
+    "",
+    "read tokens of serve's query port and the tenant each reads, 'token1=tenantA,token2=*' "
+    "('*' reads every tenant); empty = the port is open to every local user",
+)
 SPOOL_DIR: Final = Setting(
     "HANDOFFS_SPOOL_DIR", "", "spool directory (default: <store dir>/spool, or ./handoffs-spool)"
 )
@@ -101,6 +107,49 @@ MERGE_NICE: Final = Setting(
     "embedded store: nice value (0-19) of ClickHouse's background merge threads, so storing "
     "spans goes first under full load and merges catch up when it eases; 0 = same as serve",
 )
+QUERY_THREAD_NICE: Final = Setting(
+    "HANDOFFS_QUERY_THREAD_NICE",
+    "10",
+    "nice value (0-19) of the threads running a query on serve's query port, so ingest goes "
+    "first on a busy machine (the engine applies it only with CAP_SYS_NICE); 0 = same as serve",
+)
+MALLOC_ARENAS: Final = Setting(
+    "HANDOFFS_MALLOC_ARENAS",
+    "2",
+    "glibc malloc arenas of serve (M_ARENA_MAX), so freed request memory is not kept per "
+    "thread; 0 = glibc's default",
+)
+MMAP_THRESHOLD: Final = Setting(
+    "HANDOFFS_MMAP_THRESHOLD",
+    str(1 << 20),
+    "bytes from which serve's glibc malloc maps a buffer of its own and unmaps it when freed "
+    "(also the trim threshold); 0 = glibc's threshold, which rises to the largest buffer freed",
+)
+ENGINE_MALLOC_CONF: Final = Setting(
+    "HANDOFFS_ENGINE_MALLOC_CONF",
+    "dirty_decay_ms:200,tcache_max:1024",
+    "embedded store: jemalloc options of the engine, set as JE_MALLOC_CONF before chDB loads "
+    "(an operator's own JE_MALLOC_CONF wins); 'off' = jemalloc's defaults",
+)
+ENGINE_PURGE: Final = Setting(
+    "HANDOFFS_ENGINE_PURGE",
+    "auto",
+    "embedded store: when serve hands the engine's freed pages back to the OS: 'idle' after a "
+    "write when nothing arrives, 'load' also under load, 'auto' = 'load' only when the engine "
+    "runs with other jemalloc options than serve's, 'off' never",
+)
+OVERLAP_MAX_RSS_BYTES: Final = Setting(
+    "HANDOFFS_OVERLAP_MAX_RSS_BYTES",
+    str(450 << 20),
+    "embedded store: serve's RSS from which a write no longer runs alongside another, bytes; "
+    "0 = no limit",
+)
+KEEP_DATAFRAME_LIBS_OUT: Final = Setting(
+    "HANDOFFS_KEEP_DATAFRAME_LIBS_OUT",
+    "1",
+    "1 = serve's process refuses to import pandas, pyarrow, polars and numpy (chDB and "
+    "clickhouse-connect would load them, serve needs none); 0 = allow",
+)
 USER: Final = Setting("HANDOFFS_USER", "default", "ClickHouse user for an http(s) store")
 PASSWORD: Final = Setting("HANDOFFS_PASSWORD", "", "ClickHouse password for an http(s) store")
 
@@ -118,12 +167,20 @@ ENV: Final = (
     QUERY_MAX_THREADS,
     QUERY_CONCURRENCY,
     TOKENS,
+    QUERY_TOKENS,
     SPOOL_DIR,
     MAX_BODY_BYTES,
     SPOOL_MAX_BYTES,
     DECODER,
     MIN_FREE_DISK_BYTES,
     MERGE_NICE,
+    QUERY_THREAD_NICE,
+    MALLOC_ARENAS,
+    MMAP_THRESHOLD,
+    ENGINE_MALLOC_CONF,
+    ENGINE_PURGE,
+    OVERLAP_MAX_RSS_BYTES,
+    KEEP_DATAFRAME_LIBS_OUT,
     USER,
     PASSWORD,
 )
@@ -145,13 +202,14 @@ def resolve_int(setting: Setting, value: int | str | None = None) -> int:
         raise ValueError(f"{setting.env} must be an integer, got {raw!r}") from None
 
 
-def parse_tokens(spec: str) -> dict[str, str]:
-    """Parse 'token=tenant,...' into {token: tenant}; raises ValueError on a malformed pair."""
+def parse_tokens(spec: str, setting: Setting = TOKENS) -> dict[str, str]:
+    """Parse 'token=tenant,...' into {token: tenant}; raises ValueError (naming `setting`'s
+    variable) on a malformed pair."""
     out: dict[str, str] = {}
     for part in filter(None, (p.strip() for p in spec.split(","))):
         token, sep, tenant = part.partition("=")
         if not sep or not token.strip() or not tenant.strip():
-            raise ValueError(f"{TOKENS.env}: expected 'token=tenant', got {part!r}")
+            raise ValueError(f"{setting.env}: expected 'token=tenant', got {part!r}")
         out[token.strip()] = tenant.strip()
     return out
 

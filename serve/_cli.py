@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from pathlib import Path
 
 from foundation import settings
@@ -17,6 +18,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "serve",
         help="receive OTLP/HTTP spans into the store; in embedded mode also answer read-only "
         "ClickHouse HTTP queries on loopback",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=_tuning_help(),
     )
     p.add_argument("--store", help=f"chdb:///dir or http://host:port (env {settings.STORE.env})")
     p.add_argument("--database", help=f"database (env {settings.DATABASE.env}, default handoffs)")
@@ -79,6 +82,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 DECODERS = ("auto", "sql", "python")
 
 
+def _tuning_help() -> str:
+    from serve._tuning import SETTINGS
+
+    lines = ["process tuning (each off at 0 / 'off'; docs/operators.md, Process tuning):"]
+    for s in SETTINGS:
+        lines += [f"  {s.env} (default {s.default})", *textwrap.wrap(s.doc, 76, initial_indent="    ", subsequent_indent="    ")]  # fmt: skip
+    return "\n".join(lines)
+
+
 def _non_negative(name: str, value: int) -> int:
     if value < 0:
         raise ValueError(f"--{name} must be 0 or more bytes, got {value}")
@@ -91,12 +103,6 @@ def _port(name: str, value: int) -> int:
     return value
 
 
-def _nice(value: int) -> int:
-    if not 0 <= value <= 19:
-        raise ValueError(f"--merge-nice must be 0 to 19, got {value}")
-    return value
-
-
 def _decoder(value: str) -> str:
     if value not in DECODERS:
         raise ValueError(f"decoder {value!r}: use one of {', '.join(DECODERS)}")
@@ -104,11 +110,9 @@ def _decoder(value: str) -> str:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from serve._run import keep_dataframe_libs_out
-
-    keep_dataframe_libs_out()  # this process is serve: before chdb / clickhouse-connect load
     from foundation.store import StoreError, parse_store
     from serve._run import ServeConfig, run_serve
+    from serve._tuning import Tuning
 
     try:
         spec = parse_store(args.store, database=args.database)
@@ -131,7 +135,8 @@ def _serve(args: argparse.Namespace) -> int:
                 "min-free-disk-bytes",
                 settings.resolve_int(settings.MIN_FREE_DISK_BYTES, args.min_free_disk_bytes),
             ),
-            merge_nice=_nice(settings.resolve_int(settings.MERGE_NICE, args.merge_nice)),
+            # this process is serve: its tuning may act on the whole process
+            tuning=Tuning.resolve(merge_nice=args.merge_nice),
         )
     except (ValueError, StoreError) as exc:
         print(f"handoffs serve: {exc}", file=sys.stderr)

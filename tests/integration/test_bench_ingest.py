@@ -31,10 +31,15 @@ def test_bench_runs_and_prints_its_result_line() -> None:
     )
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.strip().splitlines()
-    assert re.fullmatch(r"RESULT spans_per_s=\d+ parse_ratio=[0-9.]+ rss_mb=\d+", lines[-1]), lines[
-        -1
-    ]
+    last = re.fullmatch(
+        r"RESULT spans_per_s=\d+ parse_ratio=[0-9.]+ rss_mb=(\d+) anon_mb=(\d+)", lines[-1]
+    )
+    assert last, lines[-1]
+    rss_mb, anon_mb = map(int, last.groups())
+    assert 0 < anon_mb <= rss_mb  # anonymous memory is part of the RSS
     text = out.stdout
+    # anonymous and file-backed memory reported apart
+    assert re.search(r"serve peak memory: anonymous \d+ MB \(RssAnon\); file-backed \d+ MB", text)
     # the measured requests (~700 KB) take the SQL path, as does the warm-up request
     decoded = re.search(r"requests decoded by chDB: (\d+) in \d+ queries, declined: 0", text)
     assert decoded and int(decoded.group(1)) >= 3, text
@@ -42,7 +47,11 @@ def test_bench_runs_and_prints_its_result_line() -> None:
     assert split and "decoding streams" in split.group(1), text
     assert re.search(r"machine during the run: \d+% idle, \d+% stolen", text), text
     # two rounds: a summary of the spread, and RESULT is one round's own figures
-    summary = re.search(r"2 rounds: end to end ([\d,]+) / ([\d,]+) / ([\d,]+) spans/s", text)
+    summary = re.search(
+        r"2 rounds: end to end ([\d,]+) / ([\d,]+) / ([\d,]+) spans/s .*peak anonymous memory "
+        r"\d+ / \d+ / \d+ MB",
+        text,
+    )
     assert summary, text
     rates = [int(x.replace(",", "")) for x in summary.groups()]
     assert rates[0] <= rates[1] <= rates[2]

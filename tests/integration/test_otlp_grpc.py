@@ -553,7 +553,7 @@ def test_bench_compares_grpc_with_http_in_one_run():
     assert re.search(r"OTLP/gRPC vs OTLP/HTTP in this run .*= [0-9.]+x", text), text
     last = text.strip().splitlines()[-1]
     assert re.fullmatch(
-        r"RESULT spans_per_s=\d+ parse_ratio=[0-9.]+ rss_mb=\d+ "
+        r"RESULT spans_per_s=\d+ parse_ratio=[0-9.]+ rss_mb=\d+ anon_mb=\d+ "
         r"http_spans_per_s=\d+ grpc_vs_http=[0-9.]+",
         last,
     ), last

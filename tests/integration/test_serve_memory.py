@@ -1,7 +1,7 @@
 """serve's process stays lean: the dataframe libraries never load in it (a smaller RSS).
 
 chDB imports pyarrow/numpy when installed and clickhouse-connect imports pandas/numpy on
-every insert; serve blocks those optional imports (serve._run.keep_dataframe_libs_out).
+every insert; serve blocks those optional imports (serve._tuning, HANDOFFS_KEEP_DATAFRAME_LIBS_OUT).
 This checks the real serve process after it stored a request and answered a query.
 """
 

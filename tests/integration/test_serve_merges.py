@@ -1,5 +1,5 @@
 """serve runs the embedded ClickHouse's background merge threads at a lower CPU priority
-(serve._run.MergePriority): stored spans first under full load, merges catch up after."""
+(serve._tuning.MergePriority): stored spans first under full load, merges catch up after."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from serve._run import MERGE_THREAD
+from serve._tuning import MERGE_THREAD
 from serve.testing import start_serve
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="Linux /proc only")
