@@ -28,7 +28,7 @@ _WHERE = {
     "GrpcConfig": "_otlp_grpc",
     "start_grpc_server": "_otlp_grpc",
     "Telemetry": "_telemetry",
-    "Stager": "_fast",
+    "Stager": "chdb",
     "StoreUnavailable": "_service",
     "Spool": "_spool",
     "SpoolFull": "_spool",
@@ -61,7 +61,6 @@ if TYPE_CHECKING:
         decode_request,
     )
     from ingest._decode_json import decode_json
-    from ingest._fast import Stager
     from ingest._files import IngestSummary, ingest_requests, read_requests
     from ingest._otlp_grpc import GrpcConfig, start_grpc_server
     from ingest._otlp_http import OtlpConfig, make_otlp_server
@@ -71,6 +70,7 @@ if TYPE_CHECKING:
     from ingest._validate import TENANT_MISMATCH, CheckResult, check_handoff_span
     from ingest._verify import ChainReport, verify_chain
     from ingest._writer import BatchResult, last_chain_hash, make_token, write_batch
+    from ingest.chdb import Stager
 
 __all__ = [
     "OVERLAP_MAX_RSS",

@@ -208,6 +208,7 @@ def decode_protobuf(body: bytes, *, tenant: str) -> DecodedBatch:
 
 # ---------------------------------------------------------------- dispatch
 
+
 def decode_request(body: bytes, fmt: str, *, tenant: str) -> DecodedBatch:
     """Decode `body` in format `fmt` ('protobuf' or 'json'); raises DecodeError."""
     if fmt == PROTOBUF:

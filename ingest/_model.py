@@ -197,7 +197,9 @@ def add_span(batch: DecodedBatch, s: SpanParts) -> None:
     attrs = s.attrs
     is_handoff = False
     if problem is None:
-        result = check_handoff_span(attrs, tenant=batch.tenant, resource_tenant=s.scope.tenant_claim)
+        result = check_handoff_span(
+            attrs, tenant=batch.tenant, resource_tenant=s.scope.tenant_claim
+        )
         problem, is_handoff = result.reject_reason, result.is_handoff
         if result.claim:  # claimed on the resource only: recorded on the transition
             attrs[semconv.TENANT] = result.claim

@@ -42,7 +42,7 @@ from ingest._writer import (
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
 
-    from ingest._fast import Staged, Stager
+    from ingest.chdb import Staged, Stager
 
 __all__ = ["SQL_MIN_BYTES", "Ingestor", "StoreUnavailable"]
 

@@ -20,8 +20,8 @@ from collector import semconv
 from foundation.integrity import HASHED_COLUMNS
 
 __all__ = [
-    "KIND_IDS",
     "KINDS",
+    "KIND_IDS",
     "MAX_ATTRIBUTES",
     "MAX_NS",
     "MAX_VALUE_CHARS",

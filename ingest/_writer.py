@@ -20,7 +20,7 @@ from ingest._decode import OTEL_COLUMNS, DecodedBatch
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
 
-    from ingest._fast import Staged
+    from ingest.chdb import Staged
 
 __all__ = [
     "BatchResult",
@@ -318,7 +318,7 @@ def write_staged_group(
 
 
 def _staged_settings(token: str, table: str) -> str:
-    from ingest._fast import LEAN, inline_settings
+    from ingest.chdb import LEAN, inline_settings
 
     # optimize_on_insert 0: the summary view's rows are already one per handoff (GROUP BY)
     # and the task view's distinct (DISTINCT), so merging each insert block of those
@@ -341,8 +341,8 @@ def write_staged_data(
     """The spans and ledger rows of a staged group (otel_traces, whose materialized views
     fill the handoff tables, and transition_ledger). Idempotent under `token`; independent
     of other groups, so two groups' data may be written at once (see write_staged_chain)."""
-    from ingest._fast import OTEL_FROM_STAGE
-    from ingest._fast import sql_string as _quote
+    from ingest.chdb import OTEL_FROM_STAGE
+    from ingest.chdb import sql_string as _quote
 
     if not members:
         raise ValueError("write_staged_data: no members")
@@ -380,7 +380,7 @@ def write_staged_chain(
     after the group's data (write_staged_data) and the previous group's chain rows: a chain
     row without its data, or ahead of its predecessor, would break verification after a
     crash."""
-    from ingest._fast import sql_string as _quote
+    from ingest.chdb import sql_string as _quote
 
     values: list[str] = []
     results: list[BatchResult] = []

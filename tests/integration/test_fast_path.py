@@ -1,4 +1,4 @@
-"""The SQL decoding path (ingest._fast) stores exactly what the Python decoder stores.
+"""The SQL decoding path (ingest.chdb) stores exactly what the Python decoder stores.
 
 Each request goes both ways into two databases of one real chDB store: through
 Stager (chDB parses the protobuf, computes columns, checks and row hashes) +
@@ -22,8 +22,8 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyVa
 from foundation.integrity import GENESIS
 from foundation.store import StoreSpec, apply_schema, connect
 from ingest._decode import decode_protobuf
-from ingest._fast import Stager
 from ingest._writer import Member, write_group, write_staged_group
+from ingest.chdb import Stager
 
 AWKWARD = [
     "plain",
@@ -336,7 +336,7 @@ def test_sql_path_stores_what_python_stores(chdb_client, two_dbs, stager):
     assert n > 50
 
 
-#: characters whose JSON escapes differ between ClickHouse and Python (ingest._fast)
+#: characters whose JSON escapes differ between ClickHouse and Python (ingest.chdb)
 _DIFFERS = set("\x0b\x0e\x0f\x1a\x1b\x1c\x1d\x1e\x1f\u2028\u2029")
 
 
@@ -494,17 +494,16 @@ def test_simulator_traffic_is_stored_the_same_both_ways(chdb_client, two_dbs, st
     _assert_same(chdb_client, two_dbs, prefix="sim")
 
 
-def test_a_decoding_query_that_cannot_start_turns_the_sql_path_off(
-    chdb_path, tmp_path, monkeypatch
-):
+def test_a_decoding_query_that_cannot_start_turns_the_sql_path_off(chdb_path, tmp_path):
     """A decoding query that fails before it reads (here: not valid SQL; in life a schema
     file or a library that does not fit) is retried a few times, then every request goes
     the Python way at once instead of waiting or starting queries for ever."""
-    import ingest._fast as fast
-
-    monkeypatch.setattr(fast, "stream_select", lambda path: "SELECT FROM nowhere at all")
     spec = StoreSpec(kind="chdb", path=str(chdb_path), database="default")
-    stager = Stager(lambda: connect(spec, database=""), tmp_path / "stage-off")
+    stager = Stager(
+        lambda: connect(spec, database=""),
+        tmp_path / "stage-off",
+        stream_query=lambda path: "SELECT FROM nowhere at all",
+    )
     stager.setup()
     try:
         body = build(random.Random(3), 1).SerializeToString()

@@ -16,10 +16,10 @@ import pytest
 import ingest._service as service
 from foundation.store import StoreSpec, connect
 from ingest._decode import PROTOBUF
-from ingest._fast import Stager
 from ingest._service import Ingestor
 from ingest._spool import Spool
 from ingest._verify import verify_chain
+from ingest.chdb import Stager
 from ingest.testing import request_protobuf, span_json, transition
 
 if TYPE_CHECKING:

@@ -1,4 +1,4 @@
-"""ingest._fast._row_hashes: the row hashes of a request read from a Native String column
+"""ingest.chdb._native.row_hashes: the row hashes of a request read from a Native String column
 split in C must be exactly what reading the column row by row gives, for every column,
 including ones the fast split must refuse."""
 
@@ -9,11 +9,12 @@ import random
 
 import pytest
 
-from ingest._fast import _row_hashes, _varint
+from ingest.chdb._framing import varint
+from ingest.chdb._native import row_hashes
 
 
 def _cells(values: list[bytes]) -> bytes:
-    return b"".join(_varint(len(v)) + v for v in values)
+    return b"".join(varint(len(v)) + v for v in values)
 
 
 def _reference(column: bytes, rows: int, flags: bytes) -> list[bytes]:
@@ -42,7 +43,7 @@ def _check(values: list[bytes], flags: list[int], tail: bytes = b"\x09Timestamp"
     # the next column's header follows in a real block: the split must not read into it
     prefix = b"\x01\x02junk"
     block = prefix + _cells(values) + tail
-    got = _row_hashes(memoryview(block), len(prefix), len(values), bytes(flags))
+    got = row_hashes(memoryview(block), len(prefix), len(values), bytes(flags))
     want = _reference(block[len(prefix) :], len(values), bytes(flags))
     assert got == want
     return got

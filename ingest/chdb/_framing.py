@@ -1,0 +1,75 @@
+"""Framing of requests for the decoding stream, and varints (both ways). Pure.
+
+A stream reads length-delimited records, each the request body with extra fields appended
+(15001 ingest_batch, 15002 received_at_ms, 15003 tenant, 15004 its JSON form): protobuf
+merges concatenated fields, and the real OTLP messages do not use these numbers.
+"""
+
+from __future__ import annotations
+
+import functools
+from json.encoder import encode_basestring  # type: ignore[attr-defined]
+from typing import Final
+
+__all__ = ["MARKER", "MARKER_ID", "frame", "frame_parts", "uvarint", "varint"]
+
+
+def varint(n: int) -> bytes:
+    """`n` (>= 0) as a protobuf / ClickHouse Native unsigned varint."""
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def uvarint(b: bytes | memoryview, pos: int) -> tuple[int, int]:
+    """(value, position after it) of the unsigned varint at `pos` of `b`."""
+    n = shift = 0
+    while True:
+        x = b[pos]
+        pos += 1
+        n |= (x & 0x7F) << shift
+        if x < 0x80:
+            return n, pos
+        shift += 7
+
+
+def frame_parts(body: bytes, batch_id: str, received_at_ms: int, tenant: str = "") -> list[bytes]:
+    """One length-delimited record in pieces (for os.writev, no copy of the body): its length,
+    the request, then its batch id, receive time (ms since the epoch) and tenant as extra
+    fields."""
+    extra = b"".join(
+        varint((num << 3) | 2) + varint(len(v)) + v
+        for num, v in (
+            (15001, batch_id.encode()),
+            (15003, tenant.encode()),
+            (15004, encode_basestring(tenant).encode()),
+        )
+    )
+    extra += varint(15002 << 3) + varint(received_at_ms)
+    return [varint(len(body) + len(extra)), body, extra]
+
+
+def frame(body: bytes, batch_id: str, received_at_ms: int, tenant: str = "") -> bytes:
+    """One length-delimited record: the request plus its batch id, receive time and tenant."""
+    return b"".join(frame_parts(body, batch_id, received_at_ms, tenant))
+
+
+#: batch id of the one-span record written after each request: its block marks the end of
+#: the request's blocks (a request of no spans has none)
+MARKER_ID: Final = "\x00end"
+MARKER: Final = frame(
+    # ExportTraceServiceRequest{resource_spans{scope_spans{spans{trace_id, span_id, start}}}}
+    functools.reduce(
+        lambda inner, tag: tag + varint(len(inner)) + inner,
+        (b"\x12", b"\x12", b"\x0a"),  # ScopeSpans.spans, ResourceSpans.scope_spans, Request
+        b"\x0a\x10" + b"\x01" * 16 + b"\x12\x08" + b"\x01" * 8 + b"\x39" + b"\x01" * 8,
+    ),
+    MARKER_ID,
+    0,
+)
