@@ -6,10 +6,9 @@ UTC datetimes; `database` defaults to HANDOFFS_DATABASE. Contract: docs/metrics.
 
 from __future__ import annotations
 
-import importlib
-import sys
-import types
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from foundation.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from analytics._common import DIMENSIONS, Window
@@ -52,37 +51,7 @@ _LAZY: dict[str, str] = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'analytics' has no attribute {name!r}")
-    mod = importlib.import_module(module)
-    value = getattr(mod, name)
-    globals()[name] = value
-    # importing analytics.anomalies binds the package attribute `anomalies` to the module,
-    # shadowing the function of the same name: rebind it to the public function
-    short = module.rsplit(".", 1)[1]
-    if _LAZY.get(short) == module:
-        globals()[short] = getattr(mod, short)
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
-
-
-class _Package(types.ModuleType):
-    """Keeps a public function named like its submodule (`anomalies`) bound to the function
-    when that submodule is imported directly (`from analytics.anomalies import ...`), as the
-    eager imports this package had did: the import system sets the submodule attribute last."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if isinstance(value, types.ModuleType) and _LAZY.get(name) == value.__name__:
-            value = getattr(value, name)
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
+lazy_exports(__name__, _LAZY)
 
 
 __all__ = [

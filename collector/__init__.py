@@ -7,8 +7,9 @@ that the tracer and the recorder bring in (~6 MB of serve's memory, ~60 ms of st
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from foundation.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from collector._redact import InputFilter
@@ -68,14 +69,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'collector' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # once: later lookups do not come here
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+lazy_exports(__name__, _WHERE)

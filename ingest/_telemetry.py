@@ -121,7 +121,8 @@ class LatencyHistogram:
 class Watched(Protocol):
     """What telemetry reads at scrape time (ingest.Ingestor is one)."""
 
-    write_latency: LatencyHistogram
+    @property
+    def write_latency(self) -> LatencyHistogram: ...
 
     def health(self) -> dict[str, Any]: ...
 

@@ -5,18 +5,15 @@ Public: ServeConfig, run_serve; serve.testing runs a serve as a subprocess (test
 benchmarks).
 """
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from foundation.lazy import lazy_exports
 
 # Lazy (PEP 562): the CLI's routing imports serve._cli without the servers and the engine.
-_WHERE = {"ServeConfig": "_run", "run_serve": "_run"}
+_WHERE = {"ServeConfig": "serve._run", "run_serve": "serve._run"}
 
 
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        return getattr(import_module(f"serve.{_WHERE[name]}"), name)
-    raise AttributeError(f"module 'serve' has no attribute {name!r}")
-
+lazy_exports(__name__, _WHERE)
 
 if TYPE_CHECKING:
     from serve._run import ServeConfig, run_serve

@@ -14,27 +14,17 @@ then; an ImportError names the extra to install.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from foundation.lazy import lazy_exports
 
 __all__ = ["A2AServerObserver", "HandoffClientInterceptor", "HandoffTracingProcessor"]
 
-_LAZY = {
-    "HandoffTracingProcessor": ("collector.adapters.openai_agents", "openai-agents"),
-    "A2AServerObserver": ("collector.adapters.a2a", "a2a"),
-    "HandoffClientInterceptor": ("collector.adapters.a2a", "a2a"),
+_WHERE = {
+    "HandoffTracingProcessor": "collector.adapters.openai_agents",
+    "A2AServerObserver": "collector.adapters.a2a",
+    "HandoffClientInterceptor": "collector.adapters.a2a",
 }
-
-
-def __getattr__(name: str) -> Any:
-    target = _LAZY.get(name)
-    if target is None:
-        raise AttributeError(f"module 'collector.adapters' has no attribute {name!r}")
-    module, extra = target
-    try:
-        mod = importlib.import_module(module)
-    except ImportError as exc:  # the framework is an optional extra
-        raise ImportError(
-            f"{name} needs the optional extra: pip install 'handoff-observatory[{extra}]' ({exc})"
-        ) from exc
-    return getattr(mod, name)
+lazy_exports(
+    __name__,
+    _WHERE,
+    extras={"collector.adapters.openai_agents": "openai-agents", "collector.adapters.a2a": "a2a"},
+)
