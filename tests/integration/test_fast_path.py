@@ -513,3 +513,39 @@ def test_a_decoding_query_that_cannot_start_turns_the_sql_path_off(chdb_path, tm
         assert stager.fallbacks == 6
     finally:
         stager.close()
+
+
+def _claimed_on_resource(tenant: str) -> ExportTraceServiceRequest:
+    """build()'s request with every span's handoff.tenant moved to its resource."""
+    req = build(random.Random(11), 2)
+    for rs in req.resource_spans:
+        rs.resource.attributes.append(_kv("handoff.tenant", tenant))
+        for ss in rs.scope_spans:
+            for sp in ss.spans:
+                keep = [kv for kv in sp.attributes if kv.key != "handoff.tenant"]
+                del sp.attributes[:]
+                sp.attributes.extend(keep)
+    return req
+
+
+def test_a_tenant_claimed_on_the_resource_is_recorded_by_both_paths(chdb_client, two_dbs, stager):
+    body = _claimed_on_resource(TENANT).SerializeToString()
+    (taken,) = _store_both(chdb_client, two_dbs, stager, [body], "rclaim")
+    assert taken
+    _assert_same(chdb_client, two_dbs, "rclaim")
+    for db in two_dbs:
+        claims = chdb_client.query(
+            f"SELECT DISTINCT claimed_tenant FROM {db}.handoff_transitions "
+            "WHERE startsWith(ingest_batch, 'rclaim-')"
+        ).result_rows
+        assert claims == [(TENANT,)]
+    # a foreign claim on the resource is a flag: Python stores it
+    other = _claimed_on_resource("other-tenant").SerializeToString()
+    (taken,) = _store_both(chdb_client, two_dbs, stager, [other], "rforeign")
+    assert not taken
+    flagged = chdb_client.query(
+        f"SELECT countIf(claimed_tenant = 'other-tenant'), "
+        f"countIf(attributes['handoff.tenant_mismatch'] = 'true'), count() "
+        f"FROM {two_dbs[1]}.handoff_transitions WHERE startsWith(ingest_batch, 'rforeign-')"
+    ).result_rows[0]
+    assert flagged[0] == flagged[1] == flagged[2] > 0

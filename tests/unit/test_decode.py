@@ -233,3 +233,61 @@ def test_too_many_attributes_or_too_long_a_value_rejects_the_span():
     assert b.stored == 1 and len(reasons) == 2
     assert reasons[0].startswith(f"{MAX_ATTRIBUTES + 1} attributes on one span")
     assert "longer than" in reasons[1]
+
+
+def _resource_claim(span_claim: str | None, resource_claim: str) -> dict:
+    attrs = transition("h-9", "create", "", "created")
+    attrs.pop("handoff.tenant", None)
+    if span_claim is not None:
+        attrs["handoff.tenant"] = span_claim
+    doc = request_json(
+        [span_json(trace_id=TID, span_id="c7ad6b7169203331", attributes=attrs, start_ns=T0)]
+    )
+    doc["resourceSpans"][0]["resource"]["attributes"].append(
+        {"key": "handoff.tenant", "value": {"stringValue": resource_claim}}
+    )
+    return doc
+
+
+def _decoded_both(doc: dict, tenant: str):
+    """The same request through the JSON and the protobuf decoder."""
+    import base64
+    import copy
+
+    from google.protobuf.json_format import ParseDict
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    pb_doc = copy.deepcopy(doc)
+    for rs in pb_doc["resourceSpans"]:
+        for ss in rs["scopeSpans"]:
+            for sp in ss["spans"]:
+                for key in ("traceId", "spanId", "parentSpanId"):
+                    sp[key] = base64.b64encode(bytes.fromhex(sp[key])).decode()
+    body = ParseDict(pb_doc, ExportTraceServiceRequest()).SerializeToString()
+    return decode_json(json.dumps(doc).encode(), tenant=tenant), decode_protobuf(
+        body, tenant=tenant
+    )
+
+
+def test_a_tenant_claimed_on_the_resource_only_is_recorded_and_checked():
+    for batch in _decoded_both(_resource_claim(None, "other"), tenant="acme"):
+        (attrs,) = batch.columns["SpanAttributes"]
+        assert attrs["handoff.tenant"] == "other"
+        assert attrs["handoff.tenant_mismatch"] == "true"
+        assert batch.flagged == 1
+    for batch in _decoded_both(_resource_claim(None, "acme"), tenant="acme"):
+        (attrs,) = batch.columns["SpanAttributes"]
+        assert attrs["handoff.tenant"] == "acme"
+        assert "handoff.tenant_mismatch" not in attrs
+        assert batch.flagged == 0
+
+
+def test_the_span_claim_wins_over_the_resource_claim():
+    for batch in _decoded_both(_resource_claim("acme", "other"), tenant="acme"):
+        (attrs,) = batch.columns["SpanAttributes"]
+        assert attrs["handoff.tenant"] == "acme"
+        assert "handoff.tenant_mismatch" not in attrs
+    for batch in _decoded_both(_resource_claim("other", "acme"), tenant="acme"):
+        (attrs,) = batch.columns["SpanAttributes"]
+        assert attrs["handoff.tenant"] == "other"
+        assert attrs["handoff.tenant_mismatch"] == "true"
