@@ -365,7 +365,8 @@ def _e2e(
     print(
         "serve stage seconds (wall, overlapping):",
         {k: health[k] for k in ("decode_s", "spool_s", "queue_wait_s", "store_s")},
-        f"writes {health['writes']}",
+        f"writes {health['writes']}, overlapped {health.get('overlapped_writes', 0)}, "
+        f"overlaps skipped for memory {health.get('overlaps_skipped_for_memory', 0)}",
     )
     print(
         f"requests decoded by chDB: {health['sql_decoded']} in {health['sql_decode_queries']} "

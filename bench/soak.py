@@ -9,15 +9,19 @@
    spans/s), each request --spans-per-request raw OTLP protobuf spans (create + accept
    transitions of fresh handoffs), retried like an OTLP exporter on 429/502/503/504 and on
    refused/timed-out connections; any other status is an error and the request is dropped.
-4. Every --sample-s: serve's RSS (/proc/<pid>/status VmRSS), its /health counters.
+4. Every --sample-s: serve's memory (/proc/<pid>/status: VmRSS, and apart RssAnon, the
+   memory serve holds, and RssFile, file-backed pages such as the chDB library's code,
+   shared and reclaimable), its /health counters.
 5. End: stop clients, wait for serve to store everything, read every stored SpanId back
    through serve's read-only ClickHouse HTTP port and compare with the acknowledged ones.
 
 Asserts nothing; prints the samples, then the figures, last line:
-`RESULT acked=<n> stored=<n> duplicates=<n> rss_growth_mb=<n> ...` where stored counts the
-acknowledged span ids found, duplicates the extra rows of any span id, and rss_growth_mb
-the median RSS of the last fifth of the soak minus that of its first fifth (after warm-up).
-The growth is printed as within or OVER --rss-bound-mb (default 100 MiB).
+`RESULT acked=<n> stored=<n> duplicates=<n> rss_growth_mb=<n> ... anon_growth_mb=<n>
+anon_max_mb=<n>` where stored counts the acknowledged span ids found, duplicates the extra
+rows of any span id, and a growth is the median of the last fifth of the soak minus that of
+its first fifth (after warm-up), of RSS or of anonymous memory. A leak is anonymous memory
+(file-backed pages come and go with the code that runs), so the anonymous growth is printed
+as within or OVER --rss-bound-mb (default 100 MiB).
 
     python bench/soak.py [--duration 600] [--clients 4] [--load 0.8 | --rate N]
 """
@@ -178,15 +182,29 @@ class Client(threading.Thread):
                     nxt = max(nxt, now - self.interval)  # behind: no catch-up burst beyond one
 
 
-def rss_mb(pid: int) -> float:
-    """Resident set size of `pid` in MiB (from /proc; 0.0 when the process is gone)."""
+def memory_mb(pid: int) -> dict[str, float]:
+    """VmRSS, RssAnon, RssFile and RssShmem of `pid` in MiB (from /proc; 0.0 each when the
+    process is gone)."""
+    out = dict.fromkeys(("VmRSS", "RssAnon", "RssFile", "RssShmem"), 0.0)
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
+            name, _, rest = line.partition(":")
+            if name in out:
+                out[name] = int(rest.split()[0]) / 1024
     except OSError:
         pass
-    return 0.0
+    return out
+
+
+def rss_mb(pid: int) -> float:
+    """Resident set size of `pid` in MiB (0.0 when the process is gone)."""
+    return memory_mb(pid)["VmRSS"]
+
+
+def _growth(values: list[float]) -> float:
+    """Median of the last fifth minus median of the first fifth (0.0 without samples)."""
+    k = max(1, len(values) // 5)
+    return statistics.median(values[-k:]) - statistics.median(values[:k]) if values else 0.0
 
 
 def _acked(clients: list[Client]) -> int:
@@ -259,15 +277,19 @@ def main(argv: list[str] | None = None) -> int:
         t_start = time.monotonic()
         for c in soak:
             c.start()
-        samples: list[tuple[float, float, dict]] = []
-        print("t_s rss_mib acked stored spool_backlog_kib queued store_errors", flush=True)
+        samples: list[tuple[float, dict[str, float], dict]] = []
+        print(
+            "t_s rss_mib anon_mib file_mib acked stored spool_backlog_kib queued store_errors",
+            flush=True,
+        )
         while (el := time.monotonic() - t_start) < args.duration:
             time.sleep(min(args.sample_s, max(0.0, args.duration - el)))
             h = serve.health()
-            r = rss_mb(pid)
-            samples.append((time.monotonic() - t_start, r, h))
+            m = memory_mb(pid)
+            samples.append((time.monotonic() - t_start, m, h))
             print(
-                f"{samples[-1][0]:.0f} {r:.1f} {_acked(clients)} {h['stored']} "
+                f"{samples[-1][0]:.0f} {m['VmRSS']:.1f} {m['RssAnon']:.1f} {m['RssFile']:.1f} "
+                f"{_acked(clients)} {h['stored']} "
                 f"{h['spool_backlog_bytes'] // 1024} {h['queued']} {h['store_errors']}",
                 flush=True,
             )
@@ -303,9 +325,11 @@ def main(argv: list[str] | None = None) -> int:
         statuses.update(c.stats.statuses)
     dropped = sum(c.stats.dropped_requests for c in clients)
     soak_acked = len(acked_ids) - acked_before
-    rss = [s[1] for s in samples]
+    rss = [s[1]["VmRSS"] for s in samples]
+    anon = [s[1]["RssAnon"] for s in samples]
+    file_backed = [s[1]["RssFile"] for s in samples]
     k = max(1, len(rss) // 5)
-    growth = statistics.median(rss[-k:]) - statistics.median(rss[:k]) if rss else 0.0
+    growth, anon_growth = _growth(rss), _growth(anon)
     backlog_max = max((s[2]["spool_backlog_bytes"] for s in samples), default=0)
     print()
     print(f"soak {elapsed:.0f} s at target {rate:.0f} spans/s: achieved {soak_acked / elapsed:.0f}")
@@ -328,6 +352,12 @@ def main(argv: list[str] | None = None) -> int:
         f"{statistics.median(rss[-k:]) if rss else 0:.1f}"
     )
     print(
+        f"anonymous MiB (RssAnon): min {min(anon, default=0):.1f}, max {max(anon, default=0):.1f}, "
+        f"growth {anon_growth:.1f}; file-backed MiB (RssFile): min "
+        f"{min(file_backed, default=0):.1f}, max {max(file_backed, default=0):.1f}, growth "
+        f"{_growth(file_backed):.1f}"
+    )
+    print(
         f"spool backlog max {backlog_max / 1024:.0f} KiB; serve stored {final['stored']} spans, "
         f"store_errors {final['store_errors']}; serve exit code {code}"
     )
@@ -335,13 +365,17 @@ def main(argv: list[str] | None = None) -> int:
         f"acknowledged span ids {len(acked_set)}, stored {stored_acked}, missing {missing}, "
         f"duplicate rows {duplicates}, stored but never acknowledged {unacked_stored}"
     )
-    verdict = "within" if growth <= args.rss_bound_mb else "OVER"
-    print(f"RSS growth {growth:.1f} MiB: {verdict} the bound of {args.rss_bound_mb:.0f} MiB")
+    verdict = "within" if anon_growth <= args.rss_bound_mb else "OVER"
+    print(
+        f"anonymous memory growth {anon_growth:.1f} MiB (RSS {growth:.1f} MiB): {verdict} the "
+        f"bound of {args.rss_bound_mb:.0f} MiB"
+    )
     print(
         f"RESULT acked={len(acked_set)} stored={stored_acked} duplicates={duplicates} "
         f"rss_growth_mb={growth:.1f} rss_bound_mb={args.rss_bound_mb:.0f} missing={missing} backpressure={statuses[429] + statuses[503]} "
         f"errors={dropped} rate={rate:.0f} achieved={soak_acked / elapsed:.0f} "
-        f"duration_s={elapsed:.0f}"
+        f"duration_s={elapsed:.0f} anon_growth_mb={anon_growth:.1f} "
+        f"anon_max_mb={max(anon, default=0):.1f}"
     )
     return 0
 
