@@ -16,10 +16,26 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ServeHandle", "free_port", "start_serve"]
+__all__ = ["ServeHandle", "free_port", "start_serve", "wait_until"]
+
+
+def wait_until(
+    cond: Callable[[], object], timeout: float, what: str, *, every: float = 0.05
+) -> object:
+    """Check `cond` every `every` seconds until it returns something truthy, and return that;
+    TimeoutError naming `what` after `timeout` seconds. The one way tests wait for a state."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(every)
 
 
 def free_port() -> int:
@@ -52,6 +68,8 @@ class ServeHandle:
     query_port: int
     tokens: str | None = None
     grpc_port: int = 0  # OTLP/gRPC (TraceService/Export) on 127.0.0.1; 0 = off
+    #: the read token client() sends (as the password); None = none
+    query_token: str | None = None
 
     @property
     def grpc_target(self) -> str:
@@ -70,9 +88,12 @@ class ServeHandle:
             return json.loads(r.read())
 
     def client(self, **kwargs):
-        """A clickhouse-connect HTTP client on the query port (read-only)."""
+        """A clickhouse-connect HTTP client on the query port (read-only), sending
+        `query_token` as its password unless `password=` is given."""
         import clickhouse_connect
 
+        if self.query_token is not None:
+            kwargs.setdefault("password", self.query_token)
         return clickhouse_connect.get_client(
             host="127.0.0.1", port=self.query_port, database=self.database, **kwargs
         )
@@ -122,13 +143,16 @@ def start_serve(
     otlp_port: int | None = None,
     query_port: int | None = None,
     grpc_port: int | None = None,
+    query_tokens: str | None = None,
     extra_args: tuple[str, ...] = (),
     env: dict[str, str] | None = None,
     timeout: float = 90.0,
 ) -> ServeHandle:
     """Start `handoffs serve --store chdb://<store_dir>` and wait until /health answers.
 
-    `tokens` is 'token=tenant,...' (None = no auth). Ports None pick free ones; `grpc_port`
+    `tokens` is 'token=tenant,...' (None = no auth); `query_tokens` the query port's read
+    tokens, the same form with `*` for every tenant (None = open; ServeHandle.client() then
+    sends the first one). Ports None pick free ones; `grpc_port`
     0 runs serve without OTLP/gRPC. Reusing `store_dir` (and the ports)
     restarts serve on the same store, e.g. after kill(). Raises RuntimeError with serve's log
     when it exits or does not answer within `timeout` seconds.
@@ -171,6 +195,11 @@ def start_serve(
     full_env = {**os.environ, **(env or {})}
     if tokens is None:
         full_env.pop("HANDOFFS_TOKENS", None)
+    if query_tokens:
+        # in the environment, not argv: other local users can read a process's argv
+        full_env["HANDOFFS_QUERY_TOKENS"] = query_tokens
+    elif "HANDOFFS_QUERY_TOKENS" not in (env or {}):
+        full_env.pop("HANDOFFS_QUERY_TOKENS", None)
     with open(log_path, "wb") as logf:
         proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=full_env)
     handle = ServeHandle(
@@ -184,6 +213,7 @@ def start_serve(
         query_port=query_port,
         tokens=tokens,
         grpc_port=grpc_port,
+        query_token=query_tokens.split(",")[0].partition("=")[0] if query_tokens else None,
     )
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -44,7 +43,7 @@ from starlette.applications import Starlette
 
 import analytics
 from collector.adapters.a2a import A2AServerObserver, HandoffClientInterceptor
-from serve.testing import free_port
+from serve.testing import free_port, wait_until
 
 
 class ScriptedExecutor(AgentExecutor):
@@ -112,11 +111,8 @@ def a2a_server(serve):
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        assert thread.is_alive(), "uvicorn thread died"
-        time.sleep(0.02)
+    wait_until(lambda: server.started or not thread.is_alive(), 30, "uvicorn to start")
+    assert thread.is_alive(), "uvicorn thread died"
     yield url, observer
     server.should_exit = True
     thread.join(30)

@@ -15,7 +15,7 @@ import pytest
 import requests
 
 from ingest.testing import request_protobuf, span_json, transition
-from serve.testing import free_port, start_serve
+from serve.testing import free_port, start_serve, wait_until
 
 KILLS = 3
 SPANS_PER_REQUEST = 20
@@ -78,14 +78,6 @@ class _Client:
             self.error = exc
 
 
-def _wait(cond, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("decoder", ["auto", "sql"])
 def test_kill_9_loses_and_doubles_nothing_acknowledged(tmp_path, decoder):
@@ -111,13 +103,13 @@ def test_kill_9_loses_and_doubles_nothing_acknowledged(tmp_path, decoder):
     try:
         for k in range(KILLS):
             target = acked_requests() + 5
-            _wait(lambda t=target: acked_requests() >= t or failed(), 120, "acks")
+            wait_until(lambda t=target: acked_requests() >= t or failed(), 120, "acks")
             assert failed() is None, failed()
             serve.kill()  # SIGKILL: no drain, requests may be in flight
             serve = start_serve(tmp_path, store_dir=store, **ports)
             assert serve.process.pid, k
         target = acked_requests() + 5
-        _wait(lambda: acked_requests() >= target or failed(), 120, "acks after restarts")
+        wait_until(lambda: acked_requests() >= target or failed(), 120, "acks after restarts")
     finally:
         for c in clients:
             c.stop.set()

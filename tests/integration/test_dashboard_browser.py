@@ -11,7 +11,6 @@ import json
 import shutil
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -20,7 +19,7 @@ from urllib.parse import urlencode
 import pytest
 from _dashboard_seed import WEEK, WINDOW, send
 
-from serve.testing import free_port
+from serve.testing import free_port, wait_until
 
 CHROMIUM = "/usr/bin/chromium"
 SHOTS = Path("/tmp/dashboard-shots")
@@ -69,18 +68,19 @@ def _playwright():
 
 
 def _wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def up() -> bool:
         if proc.poll() is not None:
             raise RuntimeError(f"streamlit exited with {proc.returncode}:\n{log.read_text()}")
         try:
             with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return
+                return r.status == 200
         except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"streamlit did not answer {url} within {timeout}s:\n{log.read_text()}")
+            return False
+
+    try:
+        wait_until(up, timeout, f"streamlit to answer {url}", every=0.1)
+    except TimeoutError as exc:
+        raise RuntimeError(f"{exc}:\n{log.read_text()}") from None
 
 
 @pytest.fixture

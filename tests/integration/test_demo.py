@@ -9,6 +9,7 @@ the live phase: it must exit 0 with everything it sent stored.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from serve.testing import free_port
+from serve.testing import free_port, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -152,11 +153,13 @@ def test_sigint_stops_cleanly_with_everything_stored(tmp_path):
             .split("attempts, ")[1]
             .split()[0]
         )
-        while time.monotonic() < deadline:
+
+        def live_traffic() -> bool:
             with urllib.request.urlopen(f"{otlp}/health", timeout=5) as r:
-                if json.loads(r.read())["spans"] > backfilled + 20:
-                    break
-            time.sleep(0.2)
+                return json.loads(r.read())["spans"] > backfilled + 20
+
+        with contextlib.suppress(TimeoutError):  # the assertions below say what was missing
+            wait_until(live_traffic, max(deadline - time.monotonic(), 0), "live traffic", every=0.2)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=120)
     finally:

@@ -14,7 +14,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,17 +99,6 @@ def post_until_acked(
             raise AssertionError(f"non-retryable {r.status_code}: {r.text[:300]}")
         time.sleep(min(float(r.headers.get("Retry-After", 0.1)), 0.5))
     raise TimeoutError(f"not acknowledged within {timeout}s; statuses {seen[-10:]}")
-
-
-def wait_for(cond: Callable[[], object], timeout: float, what: str) -> object:
-    """Poll `cond` every 50 ms until truthy; returns its value or raises TimeoutError."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = cond()
-        if v:
-            return v
-        time.sleep(0.05)
-    raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
 
 
 def stored_span_ids(handle, table: str = "otel_traces") -> Counter:

@@ -25,6 +25,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from ingest import Spool, make_token
 from ingest.testing import request_protobuf, span_json, transition
+from serve.testing import wait_until
 from tests.reliability._helpers import (
     fill,
     handoff_request,
@@ -33,7 +34,6 @@ from tests.reliability._helpers import (
     post_until_acked,
     stored_span_ids,
     tmpfs,
-    wait_for,
 )
 
 # ------------------------------------------------------------------ store disk full
@@ -378,7 +378,7 @@ def test_span_the_store_cannot_hold_does_not_block_ingest(start_serve, tmp_path:
         ok = handoff_request(random.Random(7006), 3)
         # Either refused up front (4xx/partial_success) or stored; later traffic must flow.
         post_until_acked(h.otlp_url, ok.body, timeout=20)
-        wait_for(lambda: set(ok.span_ids) <= set(stored_span_ids(h)), 20, "later spans stored")
+        wait_until(lambda: set(ok.span_ids) <= set(stored_span_ids(h)), 20, "later spans stored")
         assert first.status_code == 200  # the span alone is rejected (OTLP partial success)
         resp = ExportTraceServiceResponse.FromString(first.content)
         assert resp.partial_success.rejected_spans == 1

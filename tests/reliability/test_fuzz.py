@@ -28,8 +28,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from collector import semconv
 from ingest.testing import request_json, request_protobuf, span_json, transition
-from serve.testing import start_serve
-from tests.reliability._helpers import ACME, JS, PB, explains, wait_for
+from serve.testing import start_serve, wait_until
+from tests.reliability._helpers import ACME, JS, PB, explains
 
 FUZZ_EXAMPLES = int(os.environ.get("HANDOFFS_FUZZ_EXAMPLES", "200"))
 FUZZ = settings(
@@ -217,7 +217,7 @@ def _check(h, body: bytes, fmt: str, headers: dict) -> None:
         assert isinstance(r.json(), dict)
     if r.status_code == 200:
         # the writer stores it (or the store rejects it and serve says so) — never wedges
-        health = wait_for(
+        health = wait_until(
             lambda: (hh := h.health()) and hh["queued"] == 0 and hh,
             30,
             "serve to store the batch",

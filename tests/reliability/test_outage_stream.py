@@ -12,7 +12,8 @@ import os
 import time
 from pathlib import Path
 
-from tests.reliability._helpers import Streamer, fill, stored_span_ids, tmpfs, wait_for
+from serve.testing import wait_until
+from tests.reliability._helpers import Streamer, fill, stored_span_ids, tmpfs
 
 
 def test_streaming_clients_lose_nothing_across_a_store_outage(start_serve, tmp_path: Path):
@@ -26,14 +27,14 @@ def test_streaming_clients_lose_nothing_across_a_store_outage(start_serve, tmp_p
         try:
             acked = lambda: sum(len(c.acked) for c in clients)  # noqa: E731
             refused = lambda: sum(c.statuses[503] for c in clients)  # noqa: E731
-            wait_for(lambda: acked() >= 50, 60, "traffic before the outage")
+            wait_until(lambda: acked() >= 50, 60, "traffic before the outage")
             ballast = fill(mnt)
             t_fault = time.monotonic()
-            wait_for(lambda: refused() >= 20, 60, "503s while the store's disk is full")
+            wait_until(lambda: refused() >= 20, 60, "503s while the store's disk is full")
             os.unlink(ballast)
             t_free = time.monotonic()
             after = acked()
-            wait_for(lambda: acked() >= after + 100, 60, "traffic after the outage")
+            wait_until(lambda: acked() >= after + 100, 60, "traffic after the outage")
         finally:
             for c in clients:
                 c.stop.set()
