@@ -18,19 +18,22 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/handoffs demo $(ARGS)
 
-## Lint (ruff, pinned), type-check (mypy, pinned), then the whole test suite
+## Lint (ruff, pinned), type-check (mypy, pinned), the layer contracts (import-linter), then
+## the whole test suite
 ## (installs Debian's chromium for the browser tests if missing)
 test: $(STAMP)
 	bash scripts/ensure-chromium
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 	$(BIN)/pytest $(ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 bench: $(STAMP)
 	for b in bench/*.py; do $(BIN)/python $$b || exit 1; done
