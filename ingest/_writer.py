@@ -29,6 +29,8 @@ __all__ = [
     "make_token",
     "write_batch",
     "write_group",
+    "write_group_chain",
+    "write_group_data",
     "write_staged_chain",
     "write_staged_data",
     "write_staged_group",
@@ -167,96 +169,141 @@ def write_group(
     Each member keeps its own ingest batch (IngestBatch / ingest_batch columns, one chained
     ingest_batches row each, in the given order); `token` (deterministic for the member set)
     deduplicates a repeated write of the group. Raises what the client raises.
+    write_group_data, then write_group_chain.
     """
-    if not members:
-        raise ValueError("write_group: no members")
-    tenant = members[0].decoded.tenant
-    if any(m.decoded.tenant != tenant for m in members):
-        raise ValueError("write_group: members must share a tenant")
-    rows: list[tuple[Any, ...]] = []
-    batch_col: list[str] = []
-    ledger_rows: list[list[Any]] = []
-    reject_rows: list[list[Any]] = []
-    batch_rows: list[list[Any]] = []
-    results: list[BatchResult] = []
-    link = prev_chain
-    for m in members:
-        p, bid, at = m.decoded, m.batch_id, m.received_at_ms
-        hashes = []
-        prows = p.rows
-        for idx, handoff_id, h in p.ledger:
-            row = prows[idx]
-            ledger_rows.append([tenant, handoff_id, row[_SPAN_ID], row[_TRACE_ID], h, bid, at])
-            hashes.append(h)
-        for r in p.rejects:
-            reject_rows.append([at, tenant, bid, r.trace_id, r.span_id, r.reason, r.span_json])
-        rows.extend(prows)
-        batch_col.extend([bid] * p.stored)
-        bh = batch_hash(sorted(hashes))  # sorted: an auditor can recompute it from the ledger
-        ch = chain(link, bh)
-        batch_rows.append(
-            [bid, tenant, at, p.spans, len(hashes), len(p.rejects), bh, link, ch, source]
-        )
-        results.append(BatchResult(bid, p.spans, p.stored, len(hashes), len(p.rejects), bh, ch))
-        link = ch
-    stored = len(batch_col)
+    rows = _GroupRows(members, prev_chain, source)
+    rows.insert_data(client, database, token)
+    rows.insert_chain(client, database, token)
+    return rows.results
 
-    def settings(table: str) -> dict[str, str]:
-        return {
-            "insert_deduplication_token": f"{token}:{table}",
-            "input_format_native_allow_types_conversion": "1",
-        }
 
-    if stored:
-        # rows -> columns in C (zip), then the two columns serve adds
-        data = [*zip(*rows, strict=True), [tenant] * stored, batch_col]
-        names: tuple[str, ...] = _OTEL_INSERT_COLUMNS
-        # Event and link columns that are empty for every span are left out: the table's
-        # default is the same empty array, and clickhouse-connect encodes arrays in Python
-        # (a span's event/link columns are parallel arrays: the first one tells for all).
-        drop: set[int] = set()
-        for group in (_EVENT_COLS, _LINK_COLS):
-            if not any(data[group[0]]):
-                drop.update(group)
-        if drop:
-            data = [c for i, c in enumerate(data) if i not in drop]
-            names = tuple(n for i, n in enumerate(names) if i not in drop)
+def write_group_data(
+    client: Client, database: str, members: Sequence[Member], *, token: str
+) -> None:
+    """The spans, ledger rows and rejects of a group (write_group without its chain rows)."""
+    _GroupRows(members, GENESIS, "").insert_data(client, database, token)
+
+
+def write_group_chain(
+    client: Client,
+    database: str,
+    members: Sequence[Member],
+    *,
+    token: str,
+    prev_chain: str,
+    source: str,
+) -> list[BatchResult]:
+    """The ingest_batches rows of a group whose data are stored, linked from `prev_chain`."""
+    rows = _GroupRows(members, prev_chain, source)
+    rows.insert_chain(client, database, token)
+    return rows.results
+
+
+def _settings(token: str, table: str) -> dict[str, str]:
+    return {
+        "insert_deduplication_token": f"{token}:{table}",
+        "input_format_native_allow_types_conversion": "1",
+    }
+
+
+class _GroupRows:
+    """The rows one group inserts into each table, and its chain results."""
+
+    def __init__(self, members: Sequence[Member], prev_chain: str, source: str) -> None:
+        if not members:
+            raise ValueError("write_group: no members")
+        tenant = members[0].decoded.tenant
+        if any(m.decoded.tenant != tenant for m in members):
+            raise ValueError("write_group: members must share a tenant")
+        self.tenant = tenant
+        self.members = members
+        self.ledger_rows: list[list[Any]] = []
+        self.reject_rows: list[list[Any]] = []
+        self.batch_rows: list[list[Any]] = []
+        self.results: list[BatchResult] = []
+        link = prev_chain
+        for m in members:
+            p, bid, at = m.decoded, m.batch_id, m.received_at_ms
+            hashes = []
+            prows = p.rows
+            for idx, handoff_id, h in p.ledger:
+                row = prows[idx]
+                self.ledger_rows.append(
+                    [tenant, handoff_id, row[_SPAN_ID], row[_TRACE_ID], h, bid, at]
+                )
+                hashes.append(h)
+            for r in p.rejects:
+                self.reject_rows.append(
+                    [at, tenant, bid, r.trace_id, r.span_id, r.reason, r.span_json]
+                )
+            bh = batch_hash(sorted(hashes))  # sorted: an auditor can recompute it from the ledger
+            ch = chain(link, bh)
+            self.batch_rows.append(
+                [bid, tenant, at, p.spans, len(hashes), len(p.rejects), bh, link, ch, source]
+            )
+            self.results.append(
+                BatchResult(bid, p.spans, p.stored, len(hashes), len(p.rejects), bh, ch)
+            )
+            link = ch
+
+    def insert_data(self, client: Client, database: str, token: str) -> None:
+        rows: list[tuple[Any, ...]] = []
+        batch_col: list[str] = []
+        for m in self.members:
+            rows.extend(m.decoded.rows)
+            batch_col.extend([m.batch_id] * m.decoded.stored)
+        stored = len(batch_col)
+        if stored:
+            # rows -> columns in C (zip), then the two columns serve adds
+            data = [*zip(*rows, strict=True), [self.tenant] * stored, batch_col]
+            names: tuple[str, ...] = _OTEL_INSERT_COLUMNS
+            # Event and link columns that are empty for every span are left out: the table's
+            # default is the same empty array, and clickhouse-connect encodes arrays in Python
+            # (a span's event/link columns are parallel arrays: the first one tells for all).
+            drop: set[int] = set()
+            for group in (_EVENT_COLS, _LINK_COLS):
+                if not any(data[group[0]]):
+                    drop.update(group)
+            if drop:
+                data = [c for i, c in enumerate(data) if i not in drop]
+                names = tuple(n for i, n in enumerate(names) if i not in drop)
+            _insert(
+                client,
+                database,
+                "otel_traces",
+                data,
+                names,
+                column_oriented=True,
+                settings=_settings(token, "otel_traces"),
+            )
+        if self.ledger_rows:
+            _insert(
+                client,
+                database,
+                "transition_ledger",
+                self.ledger_rows,
+                _LEDGER_COLUMNS,
+                settings=_settings(token, "transition_ledger"),
+            )
+        if self.reject_rows:
+            _insert(
+                client,
+                database,
+                "ingest_rejects",
+                self.reject_rows,
+                _REJECT_COLUMNS,
+                settings=_settings(token, "ingest_rejects"),
+            )
+
+    def insert_chain(self, client: Client, database: str, token: str) -> None:
         _insert(
             client,
             database,
-            "otel_traces",
-            data,
-            names,
-            column_oriented=True,
-            settings=settings("otel_traces"),
+            "ingest_batches",
+            self.batch_rows,
+            _BATCH_COLUMNS,
+            settings=_settings(token, "ingest_batches"),
         )
-    if ledger_rows:
-        _insert(
-            client,
-            database,
-            "transition_ledger",
-            ledger_rows,
-            _LEDGER_COLUMNS,
-            settings=settings("transition_ledger"),
-        )
-    if reject_rows:
-        _insert(
-            client,
-            database,
-            "ingest_rejects",
-            reject_rows,
-            _REJECT_COLUMNS,
-            settings=settings("ingest_rejects"),
-        )
-    _insert(
-        client,
-        database,
-        "ingest_batches",
-        batch_rows,
-        _BATCH_COLUMNS,
-        settings=settings("ingest_batches"),
-    )
-    return results
 
 
 _LEDGER_COLUMNS = (

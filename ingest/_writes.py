@@ -1,0 +1,255 @@
+"""Executing write plans (ingest._planner) against the store: one group with retries, two
+groups' data at once on two connections, chain rows in order, parking.
+
+The Ingestor's writer thread is the only caller, so the chain head and the known batch ids
+are touched by one thread (the overlapped data writes run on helper threads but return
+their exceptions instead of touching state).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from ingest._planner import Failure, on_failure
+from ingest._refusals import is_about_data
+from ingest._store_writer import Pending, StoreWriter
+from ingest._telemetry import LatencyHistogram
+from ingest._writer import BatchResult, make_token
+
+if TYPE_CHECKING:
+    from clickhouse_connect.driver.client import Client
+
+    from ingest._spool import Spool
+    from ingest.chdb import Stager
+
+__all__ = ["KNOWN_BATCHES", "Writes"]
+
+log = logging.getLogger("handoffs.ingest")
+KNOWN_BATCHES = 50_000  # batch ids remembered to keep a retried request off the chain
+
+_Outcome = tuple[list[Pending], str, BaseException | None]
+
+
+class Writes:
+    """The write side's state (chain head, known batch ids, counters) and its operations."""
+
+    def __init__(
+        self,
+        client: Client,
+        database: str,
+        spool: Spool,
+        *,
+        writer: StoreWriter,
+        stager: Stager | None,
+        source: str,
+        max_refusals: int,
+        stop_retrying: threading.Event,
+        stats: dict[str, int],
+        timings: dict[str, float],
+        lock: threading.Lock,
+    ) -> None:
+        self.client, self.database, self.spool = client, database, spool
+        self.writer, self.stager, self.source = writer, stager, source
+        self.max_refusals = max_refusals
+        self._stop_retrying = stop_retrying
+        self.stats, self.timings, self._lock = stats, timings, lock
+        self.known: OrderedDict[str, str] = OrderedDict()
+        self.chain = ""
+        self.store_error: str | None = None
+        self.write_latency = LatencyHistogram()
+        self.extra: list[Client] = []
+        self.extra_lock = threading.Lock()
+
+    def count(self, key: str, n: int = 1) -> None:
+        with self._lock:
+            self.stats[key] += n
+
+    # ------------------------------------------------------------ bookkeeping
+
+    def token(self, group: Sequence[Pending], *, log_group: bool = True) -> str:
+        """The dedup token of a group: the batch id of a single request; for several, a
+        token of their ids, logged in the spool first when `log_group` (a replay regroups
+        them exactly; a replayed group is already logged)."""
+        if len(group) == 1:
+            return group[0].batch_id
+        if log_group:
+            self.spool.log_group([x.seq for x in group])
+        return make_token("group", *(x.batch_id for x in group))
+
+    def discard(self, item: Pending) -> None:
+        """A request already stored: drop its staging table, mark it done in the spool."""
+        if item.stage is not None and self.stager is not None:
+            self.stager.release([item.stage])
+        self.spool.commit(item.seq)
+
+    def stored(self, group: Sequence[Pending], results: list[BatchResult]) -> None:
+        """Bookkeeping after a group's data and chain rows are in the store."""
+        for res in results:
+            self.known[res.ingest_batch] = res.chain_hash
+            self.chain = res.chain_hash
+            with self._lock:
+                self.stats["stored"] += res.stored
+                self.stats["rejected"] += res.rejected
+                self.stats["batches"] += 1
+        while len(self.known) > KNOWN_BATCHES:
+            self.known.popitem(last=False)
+        self.count("writes")
+        if self.stager is not None:
+            self.stager.release([x.stage for x in group if x.stage])
+        for x in group:
+            self.spool.commit(x.seq)
+
+    # ------------------------------------------------------------ one group
+
+    def write(self, group: list[Pending], token: str) -> None:
+        """Write `group` until stored; back off between failures (0.05 s doubling to 2 s).
+        Raises the store's error only once retrying stopped (stop() was called): the
+        records stay in the spool. Parks the group per ingest._planner.on_failure."""
+        delay, refused = 0.05, 0
+        while True:
+            try:
+                t0 = time.perf_counter()
+                results = self.writer.write(
+                    self.client, self.database, group, token=token,
+                    prev_chain=self.chain, source=self.source,
+                )  # fmt: skip
+                took = time.perf_counter() - t0
+                self.timings["store_s"] += took
+                self.write_latency.observe(took)
+                self.stored(group, results)
+                self.store_error = None
+                return
+            except Exception as exc:  # the store failed: keep the records, retry, never drop
+                self.store_error = str(exc)[:500]
+                self.count("store_errors")
+                log.warning(
+                    "store write failed (%d request(s), token %s), retrying: %s",
+                    len(group), token, exc,
+                )  # fmt: skip
+                about_data = is_about_data(exc)
+                refused += about_data
+                decision = on_failure(
+                    about_data=about_data,
+                    refusals=refused,
+                    max_refusals=self.max_refusals,
+                    nothing_visible=(
+                        refused >= self.max_refusals
+                        and all(x.body is not None for x in group)
+                        and self._nothing_visible(group)
+                    ),
+                    stopping=self._stop_retrying.is_set(),
+                )
+                if decision is Failure.PARK:
+                    self._park(group, exc)
+                    self.store_error = None
+                    return
+                if decision is Failure.GIVE_UP:
+                    raise
+                self._stop_retrying.wait(delay)
+                delay = min(delay * 2, 2.0)
+
+    def _nothing_visible(self, group: Sequence[Pending]) -> bool:
+        """No row of `group` is in the tables readers see (otel_traces and through it the
+        handoff tables, transition_ledger, ingest_rejects). False when it cannot be told."""
+        from ingest.chdb import sql_string
+
+        ids = ", ".join(sql_string(x.batch_id) for x in group)
+        db = self.database
+        try:
+            rows = self.client.query(
+                f"SELECT (SELECT count() FROM {db}.otel_traces WHERE IngestBatch IN ({ids}))"
+                f" + (SELECT count() FROM {db}.transition_ledger WHERE ingest_batch IN ({ids}))"
+                f" + (SELECT count() FROM {db}.ingest_rejects WHERE ingest_batch IN ({ids}))"
+            ).result_rows
+        except Exception as exc:
+            log.warning("could not check whether a refused group is partly stored: %s", exc)
+            return False
+        return int(rows[0][0]) == 0
+
+    def _park(self, group: Sequence[Pending], exc: Exception) -> None:
+        """Keep refused requests on disk (spool/dead: body + JSON meta), count them, commit."""
+        dead = self.spool.dir / "dead"
+        dead.mkdir(exist_ok=True)
+        for item in group:
+            meta = {
+                "batch": item.batch_id,
+                "seq": item.seq,
+                "tenant": item.decoded.tenant,
+                "fmt": item.fmt,
+                "received_at_ms": item.received_at_ms,
+                "error": str(exc)[:2000],
+            }
+            (dead / f"{item.batch_id}.body").write_bytes(item.body or b"")
+            (dead / f"{item.batch_id}.json").write_text(json.dumps(meta, indent=1))
+            log.error(
+                "batch %s refused %d times by the store; parked in %s: %s",
+                item.batch_id, self.max_refusals, dead, exc,
+            )  # fmt: skip
+            self.count("parked_batches")
+            self.spool.commit(item.seq)
+        if self.stager is not None:
+            self.stager.release([x.stage for x in group if x.stage])
+
+    # ------------------------------------------------------------ data at once
+
+    def data(self, client: Client, group: list[Pending], token: str) -> BaseException | None:
+        """The data of a group on `client`; the exception instead of raising it."""
+        try:
+            self.writer.write_data(client, self.database, group, token=token)
+        except BaseException as exc:
+            return exc
+        return None
+
+    def data_at_once(
+        self, planned: list[tuple[list[Pending], str]], clients: Callable[[int], Client]
+    ) -> list[_Outcome]:
+        """The data of up to two groups written at once, on clients(0) and clients(1) (the
+        second on a thread of its own); each with its token and the exception its write
+        raised (None when stored), in order, for chain_in_order."""
+        errors: list[BaseException | None] = [None] * len(planned)
+
+        def one(i: int) -> None:
+            group, token = planned[i]
+            try:
+                errors[i] = self.data(clients(i), group, token)
+            except Exception as exc:  # no connection: the group is written the usual way
+                errors[i] = exc
+
+        threads = [
+            threading.Thread(target=one, args=(i,), name=f"ingest-writer-{'bc'[i]}", daemon=True)
+            for i in range(1, len(planned))
+        ]
+        for t in threads:
+            t.start()
+        one(0)
+        for t in threads:
+            t.join()
+        return [(g, tok, errors[i]) for i, (g, tok) in enumerate(planned)]
+
+    def chain_in_order(self, parts: list[_Outcome]) -> bool:
+        """After data written at once: each group's chain rows, in order. A group whose data
+        write failed (the exception given) or whose chain rows fail is written again the
+        usual way (write: retries; its token makes the data that did get in count once),
+        before the next group's chain rows. True when nothing had to be written again."""
+        clean = True
+        for group, token, error in parts:
+            try:
+                if error is not None:
+                    raise error
+                res = self.writer.write_chain(
+                    self.client, self.database, group, token=token,
+                    prev_chain=self.chain, source=self.source,
+                )  # fmt: skip
+            except Exception as exc:
+                log.warning("write of %d request(s) failed, writing again: %s", len(group), exc)
+                clean = False
+                self.write(group, token)
+                continue
+            self.stored(group, res)
+        return clean
