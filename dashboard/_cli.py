@@ -12,6 +12,7 @@ import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 from foundation import settings
 from foundation.store import StoreError, parse_store
@@ -67,6 +68,15 @@ def streamlit_env(
     return env
 
 
+def _without_password(url: str) -> str:
+    """`url` with the password of its user info (a read token) replaced by `***`."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
+
+
 def _run(args: argparse.Namespace) -> int:
     try:
         env = streamlit_env(store=args.store, database=args.database)
@@ -83,7 +93,7 @@ def _run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     print(
-        f"Dashboard on http://{args.host}:{args.port} reading {store} "
+        f"Dashboard on http://{args.host}:{args.port} reading {_without_password(store)} "
         f"(database {env[settings.DATABASE.env]})",
         flush=True,
     )
@@ -107,7 +117,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--store",
         default=None,
-        help=f"store URL (env {settings.STORE.env}); e.g. http://127.0.0.1:8124",
+        help=f"store URL (env {settings.STORE.env}); e.g. http://127.0.0.1:8124; serve's read "
+        f"token as its password (http://reader:TOKEN@127.0.0.1:8124) or as {settings.PASSWORD.env}",
     )
     p.add_argument(
         "--database",

@@ -125,14 +125,20 @@ def open_client(target: StoreTarget, *, pid: int | None = None) -> Client:
         client = _connect_shared(spec)
     except StoreError as exc:
         hint = "" if spec.embedded else " Is `handoffs serve` (or the ClickHouse server) running?"
+        if "AUTHENTICATION_FAILED" in str(exc) or "Code: 516" in str(exc):
+            hint = (
+                " The store refused the credential: give serve's read token (or the ClickHouse "
+                f"password) as {settings.PASSWORD.env} or in the URL, "
+                "--store http://reader:TOKEN@127.0.0.1:8124."
+            )
         raise StoreUnavailable(
             f"Cannot reach the store ({spec.describe()}): {_short(exc)}.{hint}"
         ) from exc
     try:
-        found = client.query(
-            "SELECT count() FROM system.tables WHERE database = {db:String} AND name = 'handoff_transitions'",
-            parameters={"db": target.database},
-        ).result_rows[0][0]
+        # EXISTS, not system.tables: a tenant's read token on serve's query port sees no
+        # system.tables rows (their row counts span every tenant); the name is a plain
+        # identifier (parse_store checked it)
+        found = client.command(f"EXISTS TABLE `{target.database}`.handoff_transitions")
     except Exception as exc:  # clickhouse-connect raises several types for one cause
         raise StoreUnavailable(
             f"The store ({spec.describe()}) did not answer a query: {_short(exc)}"

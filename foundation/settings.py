@@ -73,6 +73,12 @@ TOKENS: Final = Setting(
     "",
     "bearer tokens and their tenants, 'token1=tenantA,token2=tenantB'; empty = no auth, tenant 'default'",
 )
+QUERY_TOKENS: Final = Setting(
+    "HANDOFFS_QUERY_TOKENS",
+    "",
+    "read tokens of serve's query port and the tenant each reads, 'token1=tenantA,token2=*' "
+    "('*' reads every tenant); empty = the port is open to every local user",
+)
 SPOOL_DIR: Final = Setting(
     "HANDOFFS_SPOOL_DIR", "", "spool directory (default: <store dir>/spool, or ./handoffs-spool)"
 )
@@ -161,6 +167,7 @@ ENV: Final = (
     QUERY_MAX_THREADS,
     QUERY_CONCURRENCY,
     TOKENS,
+    QUERY_TOKENS,
     SPOOL_DIR,
     MAX_BODY_BYTES,
     SPOOL_MAX_BYTES,
@@ -195,13 +202,14 @@ def resolve_int(setting: Setting, value: int | str | None = None) -> int:
         raise ValueError(f"{setting.env} must be an integer, got {raw!r}") from None
 
 
-def parse_tokens(spec: str) -> dict[str, str]:
-    """Parse 'token=tenant,...' into {token: tenant}; raises ValueError on a malformed pair."""
+def parse_tokens(spec: str, setting: Setting = TOKENS) -> dict[str, str]:
+    """Parse 'token=tenant,...' into {token: tenant}; raises ValueError (naming `setting`'s
+    variable) on a malformed pair."""
     out: dict[str, str] = {}
     for part in filter(None, (p.strip() for p in spec.split(","))):
         token, sep, tenant = part.partition("=")
         if not sep or not token.strip() or not tenant.strip():
-            raise ValueError(f"{TOKENS.env}: expected 'token=tenant', got {part!r}")
+            raise ValueError(f"{setting.env}: expected 'token=tenant', got {part!r}")
         out[token.strip()] = tenant.strip()
     return out
 

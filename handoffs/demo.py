@@ -1,7 +1,8 @@
 """`handoffs demo`: serve on the embedded store + simulated agents + the dashboard.
 
-Starts `handoffs serve --store chdb://<data>` as a subprocess with one demo token per tenant,
-waits for /health, backfills a past window (default 7 days), then keeps a live trickle going
+Starts `handoffs serve --store chdb://<data>` as a subprocess with one demo token per tenant
+and a fresh operator read token for its query port (given to the dashboard it starts, in
+its environment), waits for /health, backfills a past window (default 7 days), then keeps a live trickle going
 and (unless disabled) runs `handoffs dashboard` against serve's query port. Stops after
 `duration_s` or on SIGINT/SIGTERM: the exporters are flushed first, then serve gets SIGTERM
 and drains, so everything sent is stored and the CLI can open the same data directory.
@@ -9,6 +10,8 @@ and drains, so everything sent is stored and the CLI can open the same data dire
 
 from __future__ import annotations
 
+import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -94,6 +97,7 @@ def run_demo(
     (data / "logs").mkdir(parents=True, exist_ok=True)
     tokens = demo_tokens()
     spec = ",".join(f"{tok}={tenant}" for tenant, tok in tokens.items())
+    read_token = secrets.token_urlsafe(18)  # reads every tenant; lives as long as this demo
     t0 = time.monotonic()
     print(f"starting serve on chdb://{data} ...", file=out, flush=True)
     try:
@@ -103,6 +107,7 @@ def run_demo(
             store_dir=data,
             otlp_port=opts.otlp_port or free_port(),
             query_port=opts.query_port or free_port(),
+            query_tokens=f"{read_token}=*",
         )
     except RuntimeError as exc:
         print(f"handoffs demo: serve did not start: {str(exc).splitlines()[0]}", file=sys.stderr)
@@ -119,7 +124,9 @@ def run_demo(
     try:
         if opts.dashboard and not stop.is_set():
             # started first (not awaited): the page fills in while the backfill runs
-            dash = _start_dashboard(serve.query_url, opts.dashboard_port, data / "logs")
+            dash = _start_dashboard(
+                serve.query_url, opts.dashboard_port, data / "logs", read_token=read_token
+            )
             print(f"dashboard: http://127.0.0.1:{opts.dashboard_port}", file=out, flush=True)
         emitter = Emitter(
             exporter_factory=otlp_exporter_factory(serve.otlp_url),
@@ -228,12 +235,16 @@ def _check_dashboard(
     return dash
 
 
-def _start_dashboard(query_url: str, port: int, logs: Path) -> subprocess.Popen:
+def _start_dashboard(query_url: str, port: int, logs: Path, *, read_token: str) -> subprocess.Popen:
     log = open(logs / "dashboard.log", "wb")  # noqa: SIM115 - the child keeps writing to it
+    # the token goes in the environment (HANDOFFS_PASSWORD), not argv, which any local user
+    # can read
+    env = {**os.environ, "HANDOFFS_PASSWORD": read_token}
     proc = subprocess.Popen(
         [sys.executable, "-m", "handoffs", "dashboard", "--store", query_url, "--port", str(port)],
         stdout=log,
         stderr=subprocess.STDOUT,
+        env=env,
     )
     log.close()
     return proc

@@ -44,6 +44,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--tokens",
         help=f"'token=tenant,...' bearer tokens (env {settings.TOKENS.env}); none = no auth",
     )
+    p.add_argument(
+        "--query-tokens",
+        help="'token=tenant,...' read tokens of the query port, a tenant '*' reads every tenant "
+        f"(env {settings.QUERY_TOKENS.env}); none = every local user reads every tenant",
+    )
     p.add_argument("--spool-dir", help=f"spool directory (env {settings.SPOOL_DIR.env})")
     p.add_argument(
         "--max-body-bytes", type=int, help=f"largest OTLP body (env {settings.MAX_BODY_BYTES.env})"
@@ -117,6 +122,9 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         spec = parse_store(args.store, database=args.database)
         tokens = settings.parse_tokens(settings.resolve(settings.TOKENS, args.tokens))
+        query_tokens = settings.parse_tokens(
+            settings.resolve(settings.QUERY_TOKENS, args.query_tokens), settings.QUERY_TOKENS
+        )
         query_port = settings.resolve_int(settings.QUERY_PORT, args.query_port)
         grpc_port = settings.resolve_int(settings.GRPC_PORT, args.grpc_port)
         spool_dir = settings.resolve(settings.SPOOL_DIR, args.spool_dir)
@@ -127,6 +135,7 @@ def _serve(args: argparse.Namespace) -> int:
             grpc_port=_port("grpc-port", grpc_port) or None,
             query_port=query_port if (spec.embedded and query_port) else None,
             tokens=tokens,
+            query_tokens=query_tokens,
             spool_dir=Path(spool_dir).resolve() if spool_dir else None,
             max_body_bytes=settings.resolve_int(settings.MAX_BODY_BYTES, args.max_body_bytes),
             spool_max_bytes=settings.resolve_int(settings.SPOOL_MAX_BYTES, args.spool_max_bytes),

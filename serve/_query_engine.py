@@ -13,13 +13,18 @@ Per request, in one of `QueryLimits.concurrency` slots (a request that finds non
 3. check the canonical text (serve._sql_guard: one read-only statement, no INTO OUTFILE, its
    SETTINGS within serve._query_policy) and its `EXPLAIN AST` (table functions, functions
    that reach out);
-4. apply the client's URL settings (checked the same way) and run the canonical text, named by
+4. for a reader bound to one tenant, give the handle `additional_table_filters` from
+   serve._query_policy.tenant_filters over the tables the engine has at that moment (the
+   engine applies it to every read of those tables: joins, subqueries, view(), views);
+5. apply the client's URL settings (checked the same way) and run the canonical text, named by
    a leading comment, while a watchdog thread cancels it (`KILL QUERY`) once the client goes
    away or `KILL_GRACE_S` after its time limit passes.
 """
 
 from __future__ import annotations
 
+import itertools
+import json
 import logging
 import re
 import threading
@@ -29,7 +34,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from serve._query_policy import QueryLimits, setting_problem, valid_name
+from serve._query_policy import (
+    QueryLimits,
+    ReadAccess,
+    setting_problem,
+    tenant_filters,
+    valid_name,
+)
 from serve._query_request import QueryRequest
 from serve._sql_guard import (
     SqlLexError,
@@ -37,6 +48,7 @@ from serve._sql_guard import (
     settings_clauses,
     split_format,
     statement_problem,
+    tokens,
 )
 
 __all__ = ["KILL_GRACE_S", "QueryEngine", "QueryError", "QueryResult"]
@@ -57,6 +69,16 @@ _SYNTAX: Final = 62
 _CONSTRAINT: Final = 452  # SETTING_CONSTRAINT_VIOLATION
 _BUSY: Final = 202  # TOO_MANY_SIMULTANEOUS_QUERIES
 _CANCELLED: Final = 394  # QUERY_WAS_CANCELLED
+#: EXPLAIN kinds and options that show storage statistics (rows, parts, granules of every
+#: tenant): refused with a tenant's read token
+_STATS_EXPLAIN: Final = frozenset({"ESTIMATE", "INDEXES", "PROJECTIONS"})
+_LIST_TABLES: Final = (
+    "SELECT t.database, t.name, groupArrayIf(c.name, c.name IN ('tenant', 'Tenant')) "
+    "FROM system.tables AS t LEFT JOIN "
+    "(SELECT database, table, name FROM system.columns WHERE name IN ('tenant', 'Tenant')) AS c "
+    "ON t.database = c.database AND t.name = c.table GROUP BY t.database, t.name "
+    "FORMAT JSONCompactEachRow"
+)
 _ESCAPES: Final = str.maketrans(
     {"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r", "\0": "\\0", "\b": "\\b", "\f": "\\f"}
 )
@@ -206,21 +228,24 @@ class QueryEngine:
         *,
         database: str,
         client_gone: Callable[[], bool] | None = None,
+        access: ReadAccess | None = None,
     ) -> QueryResult:
         """Check and run one read-only statement; returns its output bytes and format.
 
         `database` is used when the request names none; `client_gone` (polled while the
-        query runs) returning True cancels it. Raises QueryError: 403 for a statement or
+        query runs) returning True cancels it; `access` (default: every tenant) bounds what
+        the query reads. Raises QueryError: 403 for a statement or
         setting the port refuses, 400 for a bad name, 503 when every slot stays busy for
         `limits.queue_wait_s`, 500 for an engine error (its ClickHouse code kept).
         """
+        access = access or ReadAccess()
         problem = statement_problem(request.sql)
         if problem:
             raise _refused(problem)
         for name, value in request.settings.items():
             if not valid_name(name):
                 raise QueryError(115, f"Unknown setting {name!r}. (UNKNOWN_SETTING)", 400)
-            if problem := setting_problem(name, value, self.limits):
+            if problem := setting_problem(name, value, self.limits, scoped=access.scoped):
                 raise _constrained(problem)
         for name in request.params:
             if not valid_name(name):
@@ -243,17 +268,32 @@ class QueryEngine:
                 {"Retry-After": "1"},
             )
         try:
-            return self._run(request, db, fmt, client_gone)
+            return self._run(request, db, fmt, client_gone, access)
         finally:
             self._slots.release()
 
     def _run(
-        self, request: QueryRequest, db: str, fmt: str, client_gone: Callable[[], bool] | None
+        self,
+        request: QueryRequest,
+        db: str,
+        fmt: str,
+        client_gone: Callable[[], bool] | None,
+        access: ReadAccess,
     ) -> QueryResult:
         conn = self._connect(self._path)
         why = ""  # why the watchdog cancelled the query, if it did
         try:
             conn.query(self._setup, "TabSeparated")
+            if access.tenant is not None:
+                # listed per request: the engine creates some system tables (its logs) lazily
+                rows = conn.query(_LIST_TABLES, "JSONCompactEachRow").bytes().decode()
+                tables = [
+                    (d, t, frozenset(cols)) for d, t, cols in map(json.loads, rows.splitlines())
+                ]
+                conn.query(
+                    f"SET additional_table_filters = {tenant_filters(tables, access.tenant)}",
+                    "TabSeparated",
+                )
             conn.query("SET readonly = 2", "TabSeparated")
             conn.query(f"USE `{db}`", "TabSeparated")
             canonical = (
@@ -265,7 +305,7 @@ class QueryEngine:
                 .bytes()
                 .decode("utf-8")
             )
-            text, clause_fmt = self._check(conn, canonical, request.params)
+            text, clause_fmt = self._check(conn, canonical, request.params, access)
             if request.settings:
                 conn.query(
                     "SET " + ", ".join(f"{k} = '{_quote(v)}'" for k, v in request.settings.items()),
@@ -296,21 +336,32 @@ class QueryEngine:
                 log.debug("error closing a query handle", exc_info=True)
         return QueryResult(data, clause_fmt or fmt)
 
-    def _check(self, conn: Any, canonical: str, params: dict[str, str]) -> tuple[str, str | None]:
+    def _check(
+        self, conn: Any, canonical: str, params: dict[str, str], access: ReadAccess
+    ) -> tuple[str, str | None]:
         """The canonical statement without its FORMAT clause, and that clause's format;
         raises QueryError when the port refuses the statement."""
         try:
             problem = statement_problem(canonical)
             text, clause_fmt = split_format(canonical)
             pairs = settings_clauses(text)
+            head = list(
+                itertools.takewhile(lambda t: t.upper not in ("SELECT", "WITH"), tokens(text))
+            )
         except SqlLexError as exc:
             raise _refused(f"cannot read the canonical statement: {exc}") from None
         if problem:
             raise _refused(problem)
+        explain = bool(head) and head[0].upper == "EXPLAIN"
+        if access.scoped and explain and any(t.upper in _STATS_EXPLAIN for t in head):
+            raise _refused(
+                "with a tenant's read token EXPLAIN may show the query, its plan or its "
+                "pipeline, not storage statistics (ESTIMATE, indexes, projections)"
+            )
         if clause_fmt is not None and not _FORMAT_NAME.match(clause_fmt):
             raise QueryError(73, f"Unknown format {clause_fmt!r}. (UNKNOWN_FORMAT)", 400)
         for name, value in pairs:
-            if problem := setting_problem(name, value, self.limits):
+            if problem := setting_problem(name, value, self.limits, scoped=access.scoped):
                 raise _constrained(problem)
         ast = conn.query(f"EXPLAIN AST {text}", "TabSeparatedRaw", params=params)
         if problem := ast_problem(ast.bytes().decode("utf-8", "replace")):

@@ -12,6 +12,13 @@ bytes). A body that cannot be read whole is answered with `Connection: close`, a
 client still sends is discarded (up to _DRAIN_MAX bytes) so it reads the answer. A query the
 client abandons (closes its connection) is cancelled. Errors answer HTTP 4xx/5xx with
 `X-ClickHouse-Exception-Code` and a `Code: N. DB::Exception: ...` body.
+
+With read tokens configured every query needs one (serve._query_policy.read_access): a
+missing or unknown token is answered 401, code 516 (AUTHENTICATION_FAILED), and logged
+without the token; a tenant's token reads only its tenant's rows. GET /ping stays open.
+A connection that sends no complete request line and headers within HEADER_TIMEOUT_S
+seconds (between two requests too) is closed; once a request is read, each read or write
+of its body and answer may take BODY_TIMEOUT_S (the query itself runs unbounded by them).
 """
 
 from __future__ import annotations
@@ -21,7 +28,10 @@ import json
 import logging
 import select
 import socket
+import threading
+import time
 import uuid
+from collections.abc import Mapping
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Final
@@ -29,6 +39,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from foundation.http_body import BodyError, BodyReader, framing
 from serve._query_engine import QueryEngine, QueryError
+from serve._query_policy import Unauthorized, read_access
 from serve._query_request import RequestError, decode_request
 
 __all__ = ["MAX_QUERY_BODY", "QueryEngine", "make_query_server"]
@@ -44,6 +55,35 @@ _DRAIN_MAX: Final = 64 * 1024 * 1024  # bytes of a refused body discarded before
 #: own limit, 64 KiB, refused 5,000 ids).
 MAX_URL_BYTES: Final = 1024 * 1024
 _SYNTAX_CODE: Final = 62
+_AUTH_CODE: Final = 516  # AUTHENTICATION_FAILED
+#: Seconds a connection may take to send a request's line and headers (or stay idle
+#: between two requests) before it is closed.
+HEADER_TIMEOUT_S: Final = 15.0
+#: Seconds one read of a request body or one write of an answer may wait on the client.
+BODY_TIMEOUT_S: Final = 120.0
+
+
+class _LogLimit:
+    """At most `burst` log lines per `window_s` seconds; says how many it held back."""
+
+    def __init__(self, burst: int = 5, window_s: float = 10.0) -> None:
+        self._burst, self._window = burst, window_s
+        self._lock = threading.Lock()
+        self._start = -window_s
+        self._count = self._held = 0
+
+    def take(self) -> int | None:
+        """None: do not log; else how many lines were held back before this one."""
+        with self._lock:
+            now = time.monotonic()
+            if now - self._start >= self._window:
+                self._start, self._count = now, 0
+            if self._count >= self._burst:
+                self._held += 1
+                return None
+            self._count += 1
+            held, self._held = self._held, 0
+            return held
 
 
 def _client_gone(sock: socket.socket) -> bool:
@@ -64,6 +104,8 @@ class _Handler(BaseHTTPRequestHandler):
     disable_nagle_algorithm = True
     engine: QueryEngine
     default_database: str
+    tokens: Mapping[str, str]
+    refusals: _LogLimit
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s " + format, self.address_string(), *args)
@@ -71,6 +113,7 @@ class _Handler(BaseHTTPRequestHandler):
     def handle_one_request(self) -> None:
         """BaseHTTPRequestHandler's, with a request line of up to MAX_URL_BYTES."""
         try:
+            self.connection.settimeout(HEADER_TIMEOUT_S)
             self.raw_requestline = self.rfile.readline(MAX_URL_BYTES + 1)
             if len(self.raw_requestline) > MAX_URL_BYTES:
                 self.requestline = self.request_version = self.command = ""
@@ -82,6 +125,7 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             if not self.parse_request():
                 return
+            self.connection.settimeout(BODY_TIMEOUT_S)
             method = getattr(self, "do_" + self.command, None)
             if method is None:
                 self.send_error(
@@ -90,8 +134,8 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             method()
             self.wfile.flush()
-        except TimeoutError as exc:
-            self.log_error("Request timed out: %r", exc)
+        except TimeoutError:
+            log.debug("%s: connection closed: no request within its time", self.address_string())
             self.close_connection = True
 
     def _send(self, status: int, body: bytes, headers: dict[str, str]) -> None:
@@ -153,10 +197,34 @@ class _Handler(BaseHTTPRequestHandler):
 
     do_GET = do_POST = do_HEAD = _handle
 
+    def _unauthorized(self, exc: Unauthorized, qid: str) -> None:
+        held = self.refusals.take()
+        if held is not None:
+            log.warning(
+                "query port: refused %s from %s (user agent %r): %s%s",
+                exc.credential or "a request without a read token",
+                self.address_string(),
+                self.headers.get("User-Agent", ""),
+                exc.message,
+                f" ({held} more refusals not logged)" if held else "",
+            )
+        user = self.headers.get("X-ClickHouse-User", "") or "default"
+        self._error(
+            401,
+            _AUTH_CODE,
+            f"{user}: Authentication failed: {exc.message}. (AUTHENTICATION_FAILED)",
+            {"X-ClickHouse-Query-Id": qid, "WWW-Authenticate": 'Basic realm="handoffs-serve"'},
+        )
+
     def _query(self, body: bytes) -> None:
         qid = str(uuid.uuid4())
+        headers = {k.lower(): v for k, v in self.headers.items()}
         try:
-            headers = {k.lower(): v for k, v in self.headers.items()}
+            access = read_access(headers, self.tokens)
+        except Unauthorized as exc:
+            self._unauthorized(exc, qid)
+            return
+        try:
             request = decode_request(
                 self.command, self.path, headers, body, max_body=MAX_QUERY_BODY
             )
@@ -165,6 +233,7 @@ class _Handler(BaseHTTPRequestHandler):
                 request,
                 database=self.default_database,
                 client_gone=lambda: _client_gone(self.connection),
+                access=access,
             )
         except (RequestError, QueryError) as exc:
             extra = exc.headers if isinstance(exc, QueryError) else {}
@@ -198,8 +267,23 @@ class _Server(ThreadingHTTPServer):
 
 
 def make_query_server(
-    host: str, port: int, engine: QueryEngine, *, database: str
+    host: str,
+    port: int,
+    engine: QueryEngine,
+    *,
+    database: str,
+    tokens: Mapping[str, str] | None = None,
 ) -> ThreadingHTTPServer:
-    """Bind the read-only query endpoint (default database `database`)."""
-    handler = type("QueryHandler", (_Handler,), {"engine": engine, "default_database": database})
+    """Bind the read-only query endpoint (default database `database`). `tokens`: read
+    token -> tenant (`*` = every tenant); none = every local client reads every tenant."""
+    handler = type(
+        "QueryHandler",
+        (_Handler,),
+        {
+            "engine": engine,
+            "default_database": database,
+            "tokens": dict(tokens or {}),
+            "refusals": _LogLimit(),
+        },
+    )
     return _Server((host, port), handler)

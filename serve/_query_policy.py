@@ -6,17 +6,41 @@ parameters or in a statement's SETTINGS clause; `setting_problem` decides each o
 may be lowered but not raised or lifted, and settings that reach past the request (other
 queries' accounting, the shared query cache), change how text is parsed, read schema or
 template files, or unlock introspection are refused outright.
+
+Who may read what: `read_access` decides a request's credential against the port's read
+tokens (`token -> tenant`, `*` = every tenant) and `tenant_filters` is the engine filter that
+keeps a tenant-bound reader to its tenant's rows (ClickHouse's `additional_table_filters`,
+applied by the engine to every read of a table, however the query names it). Such a reader
+may not set that filter itself, reads only the system tables a client needs to connect
+(`SCOPED_SYSTEM_TABLES`), and may EXPLAIN only without storage statistics.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
 from foundation import settings
 
-__all__ = ["DENIED_SETTINGS", "QUERY_THREAD_NICE", "QueryLimits", "setting_problem", "valid_name"]
+__all__ = [
+    "ALL_TENANTS",
+    "DENIED_SETTINGS",
+    "QUERY_THREAD_NICE",
+    "SCOPED_DENIED_SETTINGS",
+    "SCOPED_SYSTEM_TABLES",
+    "QueryLimits",
+    "ReadAccess",
+    "Unauthorized",
+    "read_access",
+    "setting_problem",
+    "tenant_filters",
+    "valid_name",
+]
 
 #: Settings no client may set on the query port, by lower-cased name.
 DENIED_SETTINGS: Final = frozenset(
@@ -40,6 +64,21 @@ DENIED_SETTINGS: Final = frozenset(
         "enable_writes_to_query_cache",
     }
 )
+#: Settings a tenant-bound reader may not send: they would replace or lift its tenant filter.
+SCOPED_DENIED_SETTINGS: Final = frozenset({"additional_table_filters"})
+#: The only system tables a tenant-bound reader sees rows of (clickhouse-connect reads
+#: system.settings when it connects): no table, part, column, query or process statistics,
+#: which count every tenant's rows or show other readers' queries. Every other table of the
+#: `system` and information schema databases reads as empty for it.
+SCOPED_SYSTEM_TABLES: Final = frozenset(
+    {"one", "numbers", "numbers_mt", "zeros", "zeros_mt", "settings", "functions",
+     "table_functions", "formats", "data_type_families", "time_zones", "collations",
+     "aggregate_function_combinators", "table_engines", "build_options", "databases"}
+)  # fmt: skip
+#: The tenant column of a table, by preference (otel_traces has `Tenant`, the rest `tenant`).
+TENANT_COLUMNS: Final = ("tenant", "Tenant")
+#: A read token's tenant meaning "every tenant" (an operator's token).
+ALL_TENANTS: Final = "*"
 #: Prefixes and suffixes of refused names: schema and template files a format reads or
 #: writes, the query cache, and limits shared by every query of the engine's one user.
 _DENIED_PREFIXES: Final = (
@@ -137,15 +176,20 @@ def _number(value: str) -> float | None:
         return None
 
 
-def setting_problem(name: str, value: str, limits: QueryLimits) -> str | None:
+def setting_problem(
+    name: str, value: str, limits: QueryLimits, *, scoped: bool = False
+) -> str | None:
     """Why a client may not set `name` to `value` (a URL parameter's text or a SETTINGS
     clause's literal), or None. A capped limit must be a number from above 0 up to its cap
-    (0 would lift it); the overflow modes may be 'throw' or 'break'."""
+    (0 would lift it); the overflow modes may be 'throw' or 'break'. `scoped`: the reader is
+    bound to one tenant (SCOPED_DENIED_SETTINGS are refused too)."""
     low = name.lower()
     if not valid_name(name):
         return f"setting name {name!r} is not a ClickHouse setting name"
     if low in DENIED_SETTINGS or low.startswith(_DENIED_PREFIXES) or low.endswith(_DENIED_SUFFIXES):
         return f"setting {name} cannot be changed on the query port"
+    if scoped and low in SCOPED_DENIED_SETTINGS:
+        return f"setting {name} cannot be changed with a tenant's read token"
     caps = limits.caps
     if low in caps:
         n = _number(value)
@@ -159,3 +203,84 @@ def setting_problem(name: str, value: str, limits: QueryLimits) -> str | None:
         if mode not in _OVERFLOW_MODES:
             return f"setting {name} must be 'throw' or 'break' on the query port, got {value!r}"
     return None
+
+
+class Unauthorized(ValueError):
+    """No read credential, or one the port does not know; the message never holds it."""
+
+    def __init__(self, message: str, *, credential: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        #: how logs may name what was shown: "" (nothing) or "sha256:<8 hex>" of the token
+        self.credential = credential
+
+
+@dataclass(frozen=True, slots=True)
+class ReadAccess:
+    """What a request may read: `tenant` None = every tenant (an operator's token, or a port
+    without read tokens, `authenticated` False then)."""
+
+    tenant: str | None = None
+    authenticated: bool = False
+
+    @property
+    def scoped(self) -> bool:
+        return self.tenant is not None
+
+
+def _shown_token(headers: Mapping[str, str]) -> str | None:
+    """The token a request shows (lower-cased header names): the password of HTTP basic
+    auth (any user name), `Authorization: Bearer`, or `X-ClickHouse-Key`; None if none."""
+    auth = headers.get("authorization", "").strip()
+    scheme, _, rest = auth.partition(" ")
+    rest = rest.strip()
+    if scheme.lower() == "basic" and rest:
+        try:
+            _user, _, password = base64.b64decode(rest, validate=True).decode().partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            return None
+        return password or None
+    if scheme.lower() == "bearer" and rest:
+        return rest
+    return headers.get("x-clickhouse-key") or None
+
+
+def read_access(headers: Mapping[str, str], tokens: Mapping[str, str]) -> ReadAccess:
+    """The read access of a request with these headers (names lower-cased) on a port whose
+    read tokens are `tokens` (token -> tenant, ALL_TENANTS = every tenant). No tokens: the
+    port is open, every tenant. Raises Unauthorized for a missing or unknown token."""
+    if not tokens:
+        return ReadAccess()
+    token = _shown_token(headers)
+    if token is None:
+        raise Unauthorized(
+            "no read token: send it as the password (HTTP basic auth, any user name, or "
+            "X-ClickHouse-Key) or as Authorization: Bearer <token>"
+        )
+    tenant = tokens.get(token)
+    if tenant is None:
+        digest = hashlib.sha256(token.encode()).hexdigest()[:8]
+        raise Unauthorized("unknown read token", credential=f"sha256:{digest}")
+    return ReadAccess(None if tenant == ALL_TENANTS else tenant, authenticated=True)
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def tenant_filters(tables: Iterable[tuple[str, str, frozenset[str]]], tenant: str) -> str:
+    """The `additional_table_filters` value (a SQL map literal) that keeps a reader to
+    `tenant`'s rows, over `tables` as (database, table, column names): a table with a
+    tenant column (TENANT_COLUMNS) shows only that tenant's rows; a system table outside
+    SCOPED_SYSTEM_TABLES and any other table without such a column show none."""
+    entries = []
+    for database, table, columns in tables:
+        column = next((c for c in TENANT_COLUMNS if c in columns), None)
+        if column is not None:
+            condition = f"`{column}` = {_literal(tenant)}"
+        elif database == "system" and table in SCOPED_SYSTEM_TABLES:
+            continue
+        else:
+            condition = "0"
+        entries.append(f"{_literal(f'{database}.{table}')}: {_literal(condition)}")
+    return "{" + ", ".join(entries) + "}"

@@ -47,6 +47,8 @@ class ServeConfig:
     query_host: str = "127.0.0.1"
     query_port: int | None = 8124
     tokens: dict[str, str] = field(default_factory=dict)
+    #: read tokens of the query port: token -> tenant ("*" = every tenant); empty = open
+    query_tokens: dict[str, str] = field(default_factory=dict)
     spool_dir: Path | None = None
     max_body_bytes: int = 16 * 1024 * 1024
     spool_max_bytes: int = 1024 * 1024 * 1024
@@ -136,7 +138,13 @@ def run_serve(
     if spec.embedded and cfg.query_port is not None:
         limits = dataclasses.replace(cfg.query_limits, thread_nice=tuned.query_thread_nice)
         engine = QueryEngine(spec.path or ".", limits=limits)
-        qs = make_query_server(cfg.query_host, cfg.query_port, engine, database=spec.database)
+        qs = make_query_server(
+            cfg.query_host,
+            cfg.query_port,
+            engine,
+            database=spec.database,
+            tokens=cfg.query_tokens,
+        )
         servers.append(qs)
         query_url = f"http://{cfg.query_host}:{qs.server_address[1]}"
     threads = [
@@ -158,10 +166,18 @@ def run_serve(
         f"serve: {spec.describe()}, database {spec.database}; OTLP http://{host}:{port}/v1/traces"
         + (f"; OTLP gRPC {grpc_rx.address}" if grpc_rx else "")
         + (f"; ClickHouse HTTP (read-only) {query_url}" if query_url else "")
-        + f"; spool {spool.dir}; auth {'on' if cfg.tokens else 'off'}",
+        + f"; spool {spool.dir}; auth {'on' if cfg.tokens else 'off'}"
+        + (f"; query auth {'on' if cfg.query_tokens else 'off'}" if query_url else ""),
         file=sys.stderr,
         flush=True,
     )
+    if query_url and not cfg.query_tokens:
+        print(
+            f"serve: warning: the query port {query_url} has no read tokens "
+            "(--query-tokens / HANDOFFS_QUERY_TOKENS): every local user reads every tenant",
+            file=sys.stderr,
+            flush=True,
+        )
     if ready is not None:
         ready.set()
     merges = MergePriority(tuned.merge_nice)
