@@ -16,11 +16,11 @@ import pytest
 
 from foundation.store import StoreSpec, connect
 from ingest._decode import PROTOBUF
-from ingest.chdb import Stager
 from ingest._purge import Purger
 from ingest._service import Ingestor
 from ingest._spool import Spool
 from ingest._verify import verify_chain
+from ingest.chdb import Stager
 from ingest.testing import request_protobuf, span_json, transition
 from tests.integration._store_writers import Held
 

@@ -13,10 +13,11 @@ import clickhouse_connect
 import pytest
 import requests
 
-from ingest import Ingestor, Spool
+from ingest import Ingestor, Spool, verify_chain
 from ingest._otlp_http import OtlpConfig, make_otlp_server
 from ingest.testing import request_protobuf, span_json, transition
 from serve._query_http import QueryEngine, make_query_server
+from tests.integration._store_writers import Observed, Refusing
 
 PB = {"Content-Type": "application/x-protobuf"}
 
@@ -84,22 +85,21 @@ def test_store_down_answers_503_and_replays_the_spool_later(
     )
     spool_dir = tmp_path / "spool"
     spool = Spool(spool_dir, max_bytes=1 << 30)
-    ing = Ingestor(remote, fresh_db, spool)
+    writer = Observed()
+    ing = Ingestor(remote, fresh_db, spool, store_writer=writer)
     ing.start()
     qsrv.shutdown()
     qsrv.server_close()
     engine.close()
     url = serve_on(ing)
     assert requests.post(url, data=_body(10), headers=PB, timeout=30).status_code == 200
-    deadline = time.monotonic() + 30
-    while ing.health()["status"] == "ok" and time.monotonic() < deadline:
-        time.sleep(0.01)
+    assert writer.wait_failures(2)  # the first failure is recorded: the store is failing
     r = requests.post(url, data=_body(11), headers=PB, timeout=30)
     assert r.status_code == 503 and r.headers["Retry-After"] == "1"
     assert "store is failing" in r.text
     health = requests.get(url.replace("/v1/traces", "/health"), timeout=10)
     assert health.status_code == 503 and health.json()["status"] == "store_unavailable"
-    ing._stopping.set()  # let the writer give up; the record stays in the spool
+    assert not ing.stop(timeout=10)  # the writer gives up; the record stays in the spool
     spool.close()
     # The next start (a new Spool + Ingestor on a live store) replays it.
     spool2 = Spool(spool_dir, max_bytes=1 << 30)
@@ -110,13 +110,74 @@ def test_store_down_answers_503_and_replays_the_spool_later(
     assert rows == [(f"{11:016x}",)]
 
 
+def _ledger_matches(client, db: str, spans: int, batches: int) -> None:
+    """Every span stored once, one ledger row per span, and the chain verifies."""
+    got = client.query(f"SELECT count(), uniqExact(SpanId) FROM {db}.otel_traces").result_rows
+    ledger = client.query(f"SELECT count(), uniqExact(span_id) FROM {db}.transition_ledger")
+    assert got == [(spans, spans)] and ledger.result_rows == [(spans, spans)]
+    report = verify_chain(client, db)
+    assert report.ok and report.batches == batches, report
+
+
+def test_a_store_that_cannot_write_for_a_while_is_back_pressure_not_poison(
+    chdb_client, fresh_db, tmp_path, serve_on
+):
+    """The ledger table away (UNKNOWN_TABLE) after the spans went in, many more times than
+    max_refusals: 503 + Retry-After meanwhile, nothing parked, and once the table is back
+    the batch is stored once with its ledger rows and chain row."""
+    writer = Observed()
+    spool = Spool(tmp_path / "spool", max_bytes=1 << 30)
+    ing = Ingestor(chdb_client, fresh_db, spool, max_refusals=2, store_writer=writer)
+    ing.start()
+    chdb_client.command(f"RENAME TABLE {fresh_db}.transition_ledger TO {fresh_db}.ledger_away")
+    url = serve_on(ing)
+    assert requests.post(url, data=_body(20), headers=PB, timeout=30).status_code == 200
+    assert writer.wait_failures(5)
+    h = ing.health()
+    assert h["parked_batches"] == 0 and h["status"] == "store_unavailable", h
+    assert not (tmp_path / "spool" / "dead").exists()
+    r = requests.post(url, data=_body(21), headers=PB, timeout=30)
+    assert r.status_code == 503 and r.headers["Retry-After"] == "1"
+    chdb_client.command(f"RENAME TABLE {fresh_db}.ledger_away TO {fresh_db}.transition_ledger")
+    assert ing.wait_idle(60)
+    assert requests.post(url, data=_body(21), headers=PB, timeout=30).status_code == 200
+    assert ing.wait_idle(60)
+    assert ing.stop()
+    assert ing.health()["parked_batches"] == 0
+    _ledger_matches(chdb_client, fresh_db, spans=2, batches=2)
+
+
+@pytest.mark.parametrize(
+    "code", [164, 497, 76, 1000, 999_999], ids=["readonly", "denied", "open", "poco", "unknown"]
+)
+def test_refusals_that_are_not_about_the_data_are_retried_never_parked(
+    chdb_client, fresh_db, tmp_path, code
+):
+    """A store that refuses writes with a read-only / permission / I/O / unknown error many
+    more times than max_refusals, then takes them: nothing parked, everything stored once."""
+    writer = Refusing(code, times=6)
+    spool = Spool(tmp_path / "spool", max_bytes=1 << 30)
+    ing = Ingestor(chdb_client, fresh_db, spool, max_refusals=2, store_writer=writer)
+    ing.start()
+    ing.submit(_body(30), "protobuf", tenant="default")
+    assert writer.wait_failures(3)
+    assert ing.health()["status"] == "store_unavailable"
+    assert ing.wait_idle(60) and ing.stop()
+    h = ing.health()
+    assert (h["parked_batches"], h["store_errors"], h["status"]) == (0, 6, "ok")
+    assert not (tmp_path / "spool" / "dead").exists()
+    _ledger_matches(chdb_client, fresh_db, spans=1, batches=1)
+
+
 def test_a_batch_the_store_always_refuses_is_parked_not_lost(
     chdb_client, fresh_db, tmp_path, serve_on
 ):
+    """Data the store refuses every time (TYPE_MISMATCH), none of it visible: parked in
+    spool/dead after max_refusals, counted, and the requests after it flow."""
+    writer = Refusing(53, times=2)
     spool = Spool(tmp_path / "spool", max_bytes=1 << 30)
-    ing = Ingestor(chdb_client, fresh_db, spool, max_refusals=2)
+    ing = Ingestor(chdb_client, fresh_db, spool, max_refusals=2, store_writer=writer)
     ing.start()
-    chdb_client.command(f"RENAME TABLE {fresh_db}.transition_ledger TO {fresh_db}.ledger_away")
     url = serve_on(ing)
     body = _body(20)
     assert requests.post(url, data=body, headers=PB, timeout=30).status_code == 200
@@ -124,13 +185,28 @@ def test_a_batch_the_store_always_refuses_is_parked_not_lost(
     h = ing.health()
     assert h["parked_batches"] == 1 and h["status"] == "ok"
     (meta,) = (tmp_path / "spool" / "dead").glob("*.json")
-    assert "transition_ledger" in meta.read_text()
+    assert "Code: 53" in meta.read_text()
     assert meta.with_suffix(".body").read_bytes() == body
-    chdb_client.command(f"RENAME TABLE {fresh_db}.ledger_away TO {fresh_db}.transition_ledger")
     assert requests.post(url, data=_body(21), headers=PB, timeout=30).status_code == 200
     assert ing.wait_idle(60)
-    ing.stop()
+    assert ing.stop()
     assert ing.health()["batches"] == 1
+    _ledger_matches(chdb_client, fresh_db, spans=1, batches=1)
+
+
+def test_refused_data_of_which_some_is_visible_is_never_parked(chdb_client, fresh_db, tmp_path):
+    """A data error after part of the group went in: parking it would leave rows in
+    otel_traces with no ingest_batches row. It is retried instead, and stored once."""
+    writer = Refusing(53, times=4, after_data=True)
+    spool = Spool(tmp_path / "spool", max_bytes=1 << 30)
+    ing = Ingestor(chdb_client, fresh_db, spool, max_refusals=2, store_writer=writer)
+    ing.start()
+    ing.submit(_body(40), "protobuf", tenant="default")
+    assert ing.wait_idle(60) and ing.stop()
+    h = ing.health()
+    assert (h["parked_batches"], h["store_errors"], h["batches"]) == (0, 4, 1)
+    assert not (tmp_path / "spool" / "dead").exists()
+    _ledger_matches(chdb_client, fresh_db, spans=1, batches=1)
 
 
 def test_the_same_request_sent_concurrently_is_stored_once(chdb_client, fresh_db, tmp_path):
@@ -172,21 +248,19 @@ def test_a_full_disk_makes_the_writer_wait_not_park(
     full = connect(spec, settings_={"min_free_disk_bytes_to_perform_insert": str(1 << 60)})
     spool_dir = tmp_path / "spool"
     spool = Spool(spool_dir, max_bytes=1 << 30)
-    ing = Ingestor(full, fresh_db, spool, max_refusals=2)
+    writer = Observed()
+    ing = Ingestor(full, fresh_db, spool, max_refusals=2, store_writer=writer)
     ing.start()
     url = serve_on(ing)
     assert requests.post(url, data=_body(20), headers=PB, timeout=30).status_code == 200
-    deadline = time.monotonic() + 30
-    while ing.stats["store_errors"] < 4 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    assert writer.wait_failures(5)
     health = ing.health()
     assert health["status"] == "store_unavailable", health
     assert "243" in health["store_error"] and "free space" in health["store_error"]
     assert health["parked_batches"] == 0 and not (spool_dir / "dead").exists()
     r = requests.post(url, data=_body(21), headers=PB, timeout=30)
     assert r.status_code == 503 and r.headers["Retry-After"] == "1"
-    ing._stopping.set()
-    ing.stop(timeout=5)
+    assert not ing.stop(timeout=5)  # a failing write is not retried once stopping
     spool.close()
     full.close()
     spool2 = Spool(spool_dir, max_bytes=1 << 30)  # space is back: the next start stores it
