@@ -24,7 +24,7 @@ import contextlib
 import json
 import logging
 import urllib.parse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, Final
 
@@ -72,11 +72,13 @@ _DRAIN_MAX: Final = 256 * 1024 * 1024  # bytes of a refused body discarded befor
 
 @dataclass(frozen=True, slots=True)
 class OtlpConfig:
-    """`tokens` maps bearer token -> tenant; empty means no auth and tenant 'default'."""
+    """`tokens` maps bearer token -> tenant; empty means no auth and tenant 'default'.
+    `health_info`: fields the process adds to every /health answer (e.g. `query_auth`)."""
 
     max_body_bytes: int
     tokens: dict[str, str]
     default_tenant: str = "default"
+    health_info: dict[str, str] = field(default_factory=dict)
 
 
 class _HttpError(Exception):
@@ -256,7 +258,11 @@ class _Handler(BaseHTTPRequestHandler):
             raise BodyError(413, f"a /health request body over {self.config.max_body_bytes} bytes")
         if wait_s:
             self.ingestor.wait_idle(wait_s)
-        h = {**self.ingestor.health(), "refused": self.telemetry.refusal_counts()}
+        h = {
+            **self.ingestor.health(),
+            **self.config.health_info,
+            "refused": self.telemetry.refusal_counts(),
+        }
         status = 200 if h["status"] == "ok" else 503
         self._send(status, json.dumps(h).encode(), "application/json")
 

@@ -78,6 +78,14 @@ def _spool_dir(cfg: ServeConfig) -> Path:
     return Path("handoffs-spool").resolve()
 
 
+def _query_health(cfg: ServeConfig) -> dict[str, str]:
+    """What /health says of the query port: `query_auth` on (read tokens), off, or none
+    (no query port)."""
+    if not (cfg.store.embedded and cfg.query_port is not None):
+        return {"query_auth": "none"}
+    return {"query_auth": "on" if cfg.query_tokens else "off"}
+
+
 def run_serve(
     cfg: ServeConfig, *, ready: threading.Event | None = None, stop: threading.Event | None = None
 ) -> int:
@@ -121,7 +129,11 @@ def run_serve(
         cfg.otlp_host,
         cfg.otlp_port,
         ingestor,
-        OtlpConfig(cfg.max_body_bytes, dict(cfg.tokens)),
+        OtlpConfig(
+            cfg.max_body_bytes,
+            dict(cfg.tokens),
+            health_info=_query_health(cfg),
+        ),
         telemetry=telemetry,
     )
     grpc_rx = None

@@ -175,8 +175,9 @@ def operator(serve):
     c.close()
 
 
-def test_the_start_up_line_says_query_auth_is_on(serve):
+def test_the_start_up_line_and_health_say_query_auth_is_on(serve):
     assert "query auth on" in serve.log()
+    assert serve.health()["query_auth"] == "on"
 
 
 @pytest.mark.parametrize(
@@ -338,6 +339,7 @@ def test_without_read_tokens_serve_says_so_at_start(open_serve):
     log = open_serve.log()
     assert "query auth off" in log
     assert "no read tokens" in log
+    assert open_serve.health()["query_auth"] == "off"
 
 
 def _closed_within(sock: socket.socket, seconds: float) -> float:
