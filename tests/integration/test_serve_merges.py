@@ -48,16 +48,9 @@ def test_merge_threads_run_at_nice_10_by_default(tmp_path: Path) -> None:
         assert serve.stop() == 0
 
 
-def test_merge_nice_option_and_zero_turns_it_off(tmp_path: Path) -> None:
-    serve = start_serve(tmp_path, extra_args=("--merge-nice", "0"))
-    try:
-        time.sleep(1.5)  # three polls of the main loop
-        nices = _nice_of(serve.process.pid, MERGE_THREAD)
-        assert nices and set(nices) == {0}
-    finally:
-        serve.stop()
-    (tmp_path / "b").mkdir()
-    serve = start_serve(tmp_path / "b", env={"HANDOFFS_MERGE_NICE": "15"})
+def test_merge_nice_from_the_environment(tmp_path: Path) -> None:
+    # (0 turning it off is decided without a process: tests/unit/test_serve_tuning.py)
+    serve = start_serve(tmp_path, env={"HANDOFFS_MERGE_NICE": "15"})
     try:
         assert set(_wait_nice(serve.process.pid, 15)) == {15}
     finally:

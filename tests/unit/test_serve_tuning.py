@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -16,7 +17,9 @@ from serve._tuning import (
     M_ARENA_MAX,
     M_MMAP_THRESHOLD,
     M_TRIM_THRESHOLD,
+    MERGE_THREAD,
     SETTINGS,
+    MergePriority,
     Plan,
     Tuning,
     plan,
@@ -170,3 +173,21 @@ def test_apply_sets_the_engine_options_and_blocks_the_libraries() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
     )
     assert out.stdout.splitlines() == [f"[] {JEMALLOC_CONF}", "pandas blocked"], out.stderr
+
+
+def _tasks(root: Path, names: dict[int, str]) -> Path:
+    """A /proc/self/task look-alike: one directory per thread id with its `comm`."""
+    for tid, name in names.items():
+        (root / str(tid)).mkdir(parents=True)
+        (root / str(tid) / "comm").write_text(name + "\n")
+    return root
+
+
+def test_merge_priority_finds_merge_threads_and_zero_is_off(tmp_path: Path) -> None:
+    # thread ids no process has: renicing them fails, and MergePriority carries on
+    tasks = _tasks(
+        tmp_path, {2**22 + 1: MERGE_THREAD, 2**22 + 2: "python", 2**22 + 3: MERGE_THREAD}
+    )
+    assert MergePriority(10, tasks=tasks).poll() == 2
+    assert MergePriority(0, tasks=tasks).poll() == 0
+    assert MergePriority(10, tasks=tmp_path / "no-proc").poll() == 0
