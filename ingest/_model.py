@@ -10,12 +10,20 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from collector import semconv
 from foundation.integrity import span_row_hash
 from ingest._validate import check_handoff_span
-from ingest._wire_rules import MAX_ATTRIBUTES, MAX_NS, MAX_VALUE_CHARS, kind_name, status_name
+from ingest._wire_rules import (
+    KIND_NAMES,
+    KINDS,
+    MAX_ATTRIBUTES,
+    MAX_NS,
+    MAX_VALUE_CHARS,
+    STATUS,
+    STATUS_NAMES,
+)
 
 __all__ = [
     "JSON",
@@ -140,12 +148,15 @@ NO_EVENTS: Final[EventColumns] = ([], [], [])
 NO_LINKS: Final[LinkColumns] = ([], [], [], [])
 
 
-@dataclass(frozen=True, slots=True)
-class SpanParts:
+class SpanParts(NamedTuple):
     """One span as a decoder read it: ids in lowercase hex, times in ns since the epoch,
     kind and status code as OTLP numbers, attributes already encoded. `problem` is the
     decoder's own reason to reject it (a wrong attribute type, a malformed id), else None;
-    `raw` is the span as received (a protobuf message or a JSON dict), copied into a reject."""
+    `raw` is the span as received (a protobuf message or a JSON dict), copied into a reject.
+
+    An immutable record like the frozen dataclasses elsewhere, but a NamedTuple: one is
+    built per span, and a frozen dataclass's __init__ (one object.__setattr__ per field)
+    cost ~1.5 µs of the Python decoder's ~17 µs per span, a NamedTuple ~0.3 µs (measured)."""
 
     scope: SpanScope
     trace_id: str
@@ -165,6 +176,8 @@ class SpanParts:
     raw: Any
 
 
+_UNSPECIFIED: Final = KINDS[0]
+_UNSET: Final = STATUS[0]
 _ZERO_TRACE: Final = "0" * 32
 _ZERO_SPAN: Final = "0" * 16
 
@@ -193,13 +206,14 @@ def add_span(batch: DecodedBatch, s: SpanParts) -> None:
     """Store span `s` in `batch` as a row (and a ledger entry when it is a handoff
     transition), or as a Reject with the first reason it breaks the rules."""
     batch.spans += 1
-    problem = s.problem if s.problem is not None else _span_problem(s)
-    attrs = s.attrs
+    # one unpack instead of a field lookup per use: this runs once per span
+    (scope, trace_id, span_id, parent_id, trace_state, name, kind, start, end, attrs,
+     problem, status_code, status_message, events, links, raw) = s  # fmt: skip
+    if problem is None:
+        problem = _span_problem(s)
     is_handoff = False
     if problem is None:
-        result = check_handoff_span(
-            attrs, tenant=batch.tenant, resource_tenant=s.scope.tenant_claim
-        )
+        result = check_handoff_span(attrs, tenant=batch.tenant, resource_tenant=scope.tenant_claim)
         problem, is_handoff = result.reject_reason, result.is_handoff
         if result.claim:  # claimed on the resource only: recorded on the transition
             attrs[semconv.TENANT] = result.claim
@@ -207,30 +221,29 @@ def add_span(batch: DecodedBatch, s: SpanParts) -> None:
             attrs.update(result.flags)
             batch.flagged += 1
     if problem is not None:
-        batch.rejects.append(Reject(s.trace_id, s.span_id, problem, _span_json_text(s.raw)))
+        batch.rejects.append(Reject(trace_id, span_id, problem, _span_json_text(raw)))
         return
     rows = batch.rows
     if is_handoff:
-        h = span_row_hash(batch.tenant, s.start, s.trace_id, s.span_id, attrs)
+        h = span_row_hash(batch.tenant, start, trace_id, span_id, attrs)
         batch.ledger.append((len(rows), attrs[semconv.HANDOFF_ID], h))
-    scope, events, links = s.scope, s.events, s.links
     rows.append(
         (  # OTEL_COLUMNS order
-            s.start,
-            s.trace_id,
-            s.span_id,
-            s.parent_id,
-            s.trace_state,
-            s.name,
-            kind_name(s.kind),
+            start,
+            trace_id,
+            span_id,
+            parent_id,
+            trace_state,
+            name,
+            KIND_NAMES.get(kind, _UNSPECIFIED),
             scope.service,
             scope.resource,
             scope.scope_name,
             scope.scope_version,
             attrs,
-            s.end - s.start if s.end > s.start else 0,
-            status_name(s.status_code),
-            s.status_message,
+            end - start if end > start else 0,
+            STATUS_NAMES.get(status_code, _UNSET),
+            status_message,
             events[0],
             events[1],
             events[2],

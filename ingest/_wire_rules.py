@@ -22,17 +22,17 @@ from foundation.integrity import HASHED_COLUMNS
 __all__ = [
     "KINDS",
     "KIND_IDS",
+    "KIND_NAMES",
     "MAX_ATTRIBUTES",
     "MAX_NS",
     "MAX_VALUE_CHARS",
     "ROW_HASH_ATTRIBUTE",
     "STATUS",
     "STATUS_IDS",
+    "STATUS_NAMES",
     "TAG_IDS",
     "dumps",
     "fmt_double",
-    "kind_name",
-    "status_name",
 ]
 
 #: A span with more attributes than this is rejected whole (never truncated: what is stored
@@ -77,14 +77,11 @@ if set(HASHED_COLUMNS) != _SPAN_FIELDS | set(ROW_HASH_ATTRIBUTE):  # pragma: no 
     raise ImportError("ingest._wire_rules: ROW_HASH_ATTRIBUTE does not cover HASHED_COLUMNS")
 
 
-def kind_name(kind: int) -> str:
-    """The stored SpanKind of OTLP kind number `kind`."""
-    return KINDS[kind] if 0 <= kind < len(KINDS) else KINDS[0]
-
-
-def status_name(code: int) -> str:
-    """The stored StatusCode of OTLP status code `code`."""
-    return STATUS[code] if 0 <= code < len(STATUS) else STATUS[0]
+#: OTLP kind number -> stored SpanKind (`.get(kind, KINDS[0])`: a C call per span, not a
+#: Python function)
+KIND_NAMES: Final = dict(enumerate(KINDS))
+#: OTLP status code -> stored StatusCode (`.get(code, STATUS[0])`)
+STATUS_NAMES: Final = dict(enumerate(STATUS))
 
 
 def fmt_double(v: float) -> str:
