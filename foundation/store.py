@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import clickhouse_connect
 
@@ -101,8 +101,9 @@ def parse_store(store: str | None = None, *, database: str | None = None) -> Sto
             host=parts.hostname,
             port=port,
             secure=secure,
-            username=parts.username or settings.resolve(settings.USER),
-            password=parts.password or settings.resolve(settings.PASSWORD),
+            # percent-encoded in the URL (a token may hold ':', '@' or '/')
+            username=unquote(parts.username or "") or settings.resolve(settings.USER),
+            password=unquote(parts.password or "") or settings.resolve(settings.PASSWORD),
             database=db,
         )
     raise StoreError(

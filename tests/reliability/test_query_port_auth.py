@@ -387,3 +387,72 @@ def test_a_query_longer_than_the_header_timeout_still_answers(open_serve):
         assert time.monotonic() - t0 >= HEADER_TIMEOUT_S
     finally:
         c.close()
+
+
+# ------------------------------------------------------------------ the dashboard and the CLI
+
+
+def test_the_dashboard_sends_the_token_from_the_url_or_the_environment(serve, monkeypatch):
+    from dashboard._store import StoreUnavailable, open_client, resolve_target
+
+    where = f"127.0.0.1:{serve.query_port}"
+    monkeypatch.delenv("HANDOFFS_PASSWORD", raising=False)
+    with pytest.raises(StoreUnavailable, match="HANDOFFS_PASSWORD"):
+        open_client(resolve_target(f"http://{where}"))
+    c = open_client(resolve_target(f"http://reader:ra@{where}"))
+    assert c.query("SELECT DISTINCT tenant FROM handoffs.handoff_transitions").result_rows == [
+        ("acme",)
+    ]
+    c.close()
+    monkeypatch.setenv("HANDOFFS_PASSWORD", "op")
+    c = open_client(resolve_target(f"http://{where}"))
+    assert c.command("SELECT uniqExact(tenant) FROM handoffs.handoff_transitions") == 2
+    c.close()
+
+
+def test_a_percent_encoded_token_in_the_store_url_is_sent_decoded():
+    from foundation.store import parse_store
+
+    assert parse_store("http://reader:a%3Ab%40c@127.0.0.1:8124").password == "a:b@c"
+
+
+def test_the_dashboard_command_does_not_print_the_token():
+    from dashboard._cli import _without_password
+
+    assert _without_password("http://reader:s3cret@127.0.0.1:8124") == (
+        "http://reader:***@127.0.0.1:8124"
+    )
+    assert _without_password("http://127.0.0.1:8124") == "http://127.0.0.1:8124"
+
+
+def test_the_cli_reads_as_the_token_it_is_given(serve):
+    """`handoffs metrics --by tenant` over the port: the acme token's answer names acme only,
+    the operator's both tenants (the token given as HANDOFFS_PASSWORD)."""
+    import os
+    import subprocess
+    import sys
+
+    def metrics(token: str) -> str:
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "handoffs",
+                "metrics",
+                "--store",
+                serve.query_url,
+                "--by",
+                "tenant",
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "HANDOFFS_PASSWORD": token},
+        )
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    acme, everyone = metrics("ra"), metrics("op")
+    assert "acme" in acme and "globex" not in acme
+    assert "acme" in everyone and "globex" in everyone
