@@ -35,7 +35,7 @@ from ingest._model import (
     add_span,
 )
 from ingest._validate import EXPECTED_TAG, type_problem
-from ingest._wire_rules import dumps, fmt_double
+from ingest._wire_rules import BOOL_TEXT, dumps, fmt_double
 
 __all__ = [
     "JSON",
@@ -127,7 +127,7 @@ def _pb_attrs(kvs: Any, check: bool) -> tuple[dict[str, str], str | None]:
         elif w == "int_value":
             s = str(v.int_value)
         elif w == "bool_value":
-            s = "true" if v.bool_value else "false"
+            s = BOOL_TEXT[v.bool_value]
         elif w == "double_value":
             s = fmt_double(v.double_value)
         elif w == "array_value":

@@ -15,7 +15,7 @@ from typing import Any, Final
 
 from ingest._model import DecodedBatch, DecodeError, SpanParts, SpanScope, add_span
 from ingest._validate import EXPECTED_TAG, type_problem
-from ingest._wire_rules import KIND_IDS, STATUS_IDS, dumps, fmt_double
+from ingest._wire_rules import BOOL_TEXT, KIND_IDS, STATUS_IDS, dumps, fmt_double
 
 __all__ = ["decode_json"]
 
@@ -125,7 +125,7 @@ def _jencode(tag: str | None, v: Any) -> str:
     if tag == "int_value":
         return str(v)
     if tag == "bool_value":
-        return "true" if v else "false"
+        return BOOL_TEXT[v]
     if tag == "double_value":
         return fmt_double(v)
     if tag in ("array_value", "kvlist_value"):

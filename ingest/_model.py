@@ -21,6 +21,7 @@ from ingest._wire_rules import (
     MAX_ATTRIBUTES,
     MAX_NS,
     MAX_VALUE_CHARS,
+    SERVICE_NAME,
     STATUS,
     STATUS_NAMES,
 )
@@ -133,7 +134,7 @@ class SpanScope:
     def of(cls, resource: dict[str, str], scope_name: str, scope_version: str) -> SpanScope:
         return cls(
             resource,
-            resource.get("service.name", ""),
+            resource.get(SERVICE_NAME, ""),
             resource.get(semconv.TENANT, ""),
             scope_name,
             scope_version,

@@ -20,6 +20,7 @@ from collector import semconv
 from foundation.integrity import HASHED_COLUMNS
 
 __all__ = [
+    "BOOL_TEXT",
     "KINDS",
     "KIND_IDS",
     "KIND_NAMES",
@@ -27,6 +28,7 @@ __all__ = [
     "MAX_NS",
     "MAX_VALUE_CHARS",
     "ROW_HASH_ATTRIBUTE",
+    "SERVICE_NAME",
     "STATUS",
     "STATUS_IDS",
     "STATUS_NAMES",
@@ -53,6 +55,11 @@ KIND_IDS: Final = {f"SPAN_KIND_{k.upper()}": i for i, k in enumerate(KINDS)}
 STATUS: Final = ("Unset", "Ok", "Error")
 #: OTLP/JSON enum names of the status codes -> number.
 STATUS_IDS: Final = {f"STATUS_CODE_{s.upper()}": i for i, s in enumerate(STATUS)}
+
+#: A bool value as stored, by the value (BOOL_TEXT[True] == "true").
+BOOL_TEXT: Final = ("false", "true")
+#: The resource attribute stored as ServiceName ('' when absent).
+SERVICE_NAME: Final = "service.name"
 
 #: OTLP AnyValue field -> its number in the AnyValue oneof (what chDB's oneof presence
 #: column holds; 0 for none).

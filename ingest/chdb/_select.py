@@ -18,11 +18,13 @@ from collector import contract, semconv
 from foundation.integrity import HASHED_COLUMNS
 from ingest._validate import EXPECTED_TAG
 from ingest._wire_rules import (
+    BOOL_TEXT,
     KINDS,
     MAX_ATTRIBUTES,
     MAX_NS,
     MAX_VALUE_CHARS,
     ROW_HASH_ATTRIBUTE,
+    SERVICE_NAME,
     STATUS,
     TAG_IDS,
 )
@@ -63,7 +65,8 @@ def _encode(tags: str, strs: str, ints: str, bools: str, arrays: str) -> str:
     `tags` are the oneof field numbers (TAG_IDS). The array branch is evaluated only for
     spans that have an array value."""
     s, b, i = _T["string_value"], _T["bool_value"], _T["int_value"]
-    scalar = f"t = {s}, s, t = {i}, toString(i), t = {b}, if(b, 'true', 'false')"
+    false, true = (sql_string(t) for t in BOOL_TEXT)
+    scalar = f"t = {s}, s, t = {i}, toString(i), t = {b}, if(b, {true}, {false})"
     return (
         f"if(has({tags}, {_ARRAY}), "
         f"arrayMap((t, s, i, b, av) -> multiIf({scalar}, "
@@ -203,7 +206,7 @@ SELECT
     span_name AS SpanName,
     if(kind BETWEEN 0 AND {len(KINDS) - 1}, arrayElement({_arr(KINDS)}, kind + 1), {sql_string(KINDS[0])})
         AS SpanKind,
-    res['service.name'] AS ServiceName,
+    res[{sql_string(SERVICE_NAME)}] AS ServiceName,
     res AS ResourceAttributes,
     scope_name AS ScopeName,
     scope_version AS ScopeVersion,
