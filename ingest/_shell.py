@@ -145,15 +145,14 @@ class Overlap:
         t = threading.Thread(target=data_a, name="ingest-writer-a", daemon=True)
         t.start()
         more = self._followers(done, group, max_rss)
-        parts = []
+        parts: list[tuple[list[Pending], str, BaseException | None]] = []
         if more:
             self._taken += more
             w.count("overlapped_writes")
             by_seq = {x.seq: x for x in more}
             halves = follower_parts([x.request for x in more])
-            planned = [([by_seq[r.seq] for r in h], "") for h in halves]
-            planned = [(h, w.token(h)) for h, _ in planned]
-            parts = w.data_at_once(planned, self._clients)
+            groups = [[by_seq[r.seq] for r in h] for h in halves]
+            parts = w.data_at_once([(g, w.token(g)) for g in groups], self._clients)
         t.join()
         w.chain_in_order([(group, token, errors.get("a")), *parts])
         w.timings["store_s"] += time.perf_counter() - t0

@@ -138,6 +138,9 @@ class Spool:
         self._open_segment()
         self._written = 0  # records written to the active segment's fd (monotonic)
         self._synced = 0
+        #: sync rounds (count): one covers every record written before it, so under
+        #: concurrent appends this stays below the number of appends (group commit)
+        self.syncs = 0
 
     # ------------------------------------------------------------ open / scan
 
@@ -283,6 +286,7 @@ class Spool:
             if self._fsync:
                 os.fdatasync(self._fd)
             self._synced = upto
+            self.syncs += 1
             if rotate:
                 with self._lock:
                     os.close(self._fd)

@@ -41,16 +41,14 @@ class Observed(StoreWriters):
             self._failed()
             raise
 
-    def write(self, client, database, group, **kw):  # type: ignore[no-untyped-def]
+    def write(self, client, database, group, **kw):
         self.before(client, group)
         return self._guard(lambda: super(Observed, self).write(client, database, group, **kw))
 
-    def write_data(self, client, database, group, **kw):  # type: ignore[no-untyped-def]
+    def write_data(self, client, database, group, **kw):
         self.data_clients.append(client)
         self.before(client, group)
-        return self._guard(
-            lambda: super(Observed, self).write_data(client, database, group, **kw)
-        )
+        return self._guard(lambda: super(Observed, self).write_data(client, database, group, **kw))
 
     def before(self, client: Any, group: Sequence[Pending]) -> None:
         """Hook run before each write and data write (subclasses raise or hold here)."""
@@ -71,7 +69,7 @@ class Refusing(Observed):
         self.left -= 1
         raise DatabaseError(f"Code: {self.code}. DB::Exception: refused by test", code=self.code)
 
-    def write(self, client, database, group, **kw):  # type: ignore[no-untyped-def]
+    def write(self, client, database, group, **kw):
         def go() -> Any:
             if self.after_data and self.left:
                 StoreWriters.write_data(self, client, database, group, token=kw["token"])
@@ -106,7 +104,7 @@ class Held(Observed):
             self.others_done += 1
             self._cond.notify_all()
 
-    def write_data(self, client, database, group, **kw):  # type: ignore[no-untyped-def]
+    def write_data(self, client, database, group, **kw):
         if client is self.main and self.hold and not self.release.is_set():
             self.entered.set()
             assert self.release.wait(60), "never released"

@@ -104,9 +104,7 @@ def _assert_stored_once(client, db: str, batches: int) -> None:
     assert report.ok and report.batches == batches and len(report.heads) == 1, report
 
 
-def test_last_group_is_written_as_two_halves_at_once(
-    chdb_client, fresh_db, make_ingestor, bodies
-):
+def test_last_group_is_written_as_two_halves_at_once(chdb_client, fresh_db, make_ingestor, bodies):
     ing = make_ingestor()
     _submit_together(ing, bodies[:4])
     assert ing.health()["sql_decoded"] == 4  # decoded by chDB
@@ -115,9 +113,7 @@ def test_last_group_is_written_as_two_halves_at_once(
     _assert_stored_once(chdb_client, fresh_db, 4)
 
 
-def test_a_failed_half_is_written_again_the_usual_way(
-    chdb_client, fresh_db, make_ingestor, bodies
-):
+def test_a_failed_half_is_written_again_the_usual_way(chdb_client, fresh_db, make_ingestor, bodies):
     # the second half's data go in, then the connection drops before the answer arrives
     writer = Held(chdb_client, hold=False, lose_other_once=True)
     ing = make_ingestor(store_writer=writer)
