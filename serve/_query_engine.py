@@ -79,6 +79,11 @@ _LIST_TABLES: Final = (
     "ON t.database = c.database AND t.name = c.table GROUP BY t.database, t.name "
     "FORMAT JSONCompactEachRow"
 )
+#: Which tables the engine has, in one value: the table list is read again when it changes
+_TABLES_FINGERPRINT: Final = (
+    "SELECT concat(toString(count()), '-', toString(sum(cityHash64(database, name)))) "
+    "FROM system.tables"
+)
 _ESCAPES: Final = str.maketrans(
     {"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r", "\0": "\\0", "\b": "\\b", "\f": "\\f"}
 )
@@ -221,6 +226,8 @@ class QueryEngine:
         self._admin_lock = threading.Lock()
         self._watchdog = _Watchdog(self._kill)
         self._closed = False
+        self._tables_lock = threading.Lock()
+        self._tables_seen: tuple[str, list[tuple[str, str, frozenset[str]]]] | None = None
 
     def run(
         self,
@@ -285,13 +292,8 @@ class QueryEngine:
         try:
             conn.query(self._setup, "TabSeparated")
             if access.tenant is not None:
-                # listed per request: the engine creates some system tables (its logs) lazily
-                rows = conn.query(_LIST_TABLES, "JSONCompactEachRow").bytes().decode()
-                tables = [
-                    (d, t, frozenset(cols)) for d, t, cols in map(json.loads, rows.splitlines())
-                ]
                 conn.query(
-                    f"SET additional_table_filters = {tenant_filters(tables, access.tenant)}",
+                    f"SET additional_table_filters = {tenant_filters(self._tables(conn), access.tenant)}",
                     "TabSeparated",
                 )
             conn.query("SET readonly = 2", "TabSeparated")
@@ -335,6 +337,21 @@ class QueryEngine:
             except Exception:
                 log.debug("error closing a query handle", exc_info=True)
         return QueryResult(data, clause_fmt or fmt)
+
+    def _tables(self, conn: Any) -> list[tuple[str, str, frozenset[str]]]:
+        """Every table of the engine as (database, table, its tenant columns), read again
+        whenever the set of tables changed (the engine creates its log tables lazily)."""
+        mark = conn.query(_TABLES_FINGERPRINT, "TabSeparatedRaw").bytes().decode().strip()
+        with self._tables_lock:
+            if self._tables_seen is not None and self._tables_seen[0] == mark:
+                return self._tables_seen[1]
+        rows = conn.query(_LIST_TABLES, "JSONCompactEachRow").bytes().decode()
+        tables = [(d, t, frozenset(cols)) for d, t, cols in map(json.loads, rows.splitlines())]
+        mark_after = conn.query(_TABLES_FINGERPRINT, "TabSeparatedRaw").bytes().decode().strip()
+        if mark_after == mark:  # else a table came meanwhile: use this list, keep none
+            with self._tables_lock:
+                self._tables_seen = (mark, tables)
+        return tables
 
     def _check(
         self, conn: Any, canonical: str, params: dict[str, str], access: ReadAccess

@@ -264,6 +264,11 @@ def test_every_tenant_table_of_the_schema_is_covered(operator):
         "SELECT (SELECT groupUniqArray(tenant) FROM handoff_summary)",
         "SELECT 'globex' WHERE 'globex' IN (SELECT tenant FROM handoff_transitions)",
         "SELECT tenant FROM handoff_transitions WHERE tenant = 'globex' OR 1",
+        "SELECT if(('globex', 'globex-t0', 'globex-h0') IN handoff_tasks, 'glob' || 'ex', 'no')",
+        "SELECT if(('globex', 'globex-t0', 'globex-h0') GLOBAL IN handoff_tasks, "
+        "'glob' || 'ex', 'no')",
+        "SELECT count() FROM handoff_transitions "
+        "SETTINGS max_rows_to_read = 1, read_overflow_mode = 'throw'",
         "SELECT tenant FROM handoff_transitions SETTINGS additional_table_filters = {}",
         "SELECT tenant FROM handoff_transitions SETTINGS additional_table_filters = "
         "{'handoffs.handoff_transitions': '1'}",
