@@ -61,8 +61,10 @@ class ServeConfig:
     min_free_disk_bytes: int = 16 * 1024 * 1024
     #: bounds on every query of the query port (default: the HANDOFFS_QUERY_* variables)
     query_limits: QueryLimits = field(default_factory=QueryLimits)
-    #: process tuning (serve._tuning), applied to the whole process; Tuning.off() = none
-    tuning: Tuning = field(default_factory=Tuning)
+    #: process tuning (serve._tuning), applied to the whole process; Tuning.off() = none.
+    #: The default leaves the dataframe libraries importable (a caller's process may need
+    #: them); `handoffs serve`, a process that is only serve, resolves the settings instead
+    tuning: Tuning = field(default_factory=lambda: Tuning(keep_dataframe_libs_out=False))
 
 
 #: seconds serve's shutdown lets running OTLP/gRPC calls finish (decode, spool, answer)
