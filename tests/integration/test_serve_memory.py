@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
 import requests
 
 from ingest.testing import request_protobuf, span_json, transition
@@ -47,5 +48,16 @@ def test_serve_process_never_maps_dataframe_libraries(tmp_path: Path) -> None:
         maps = Path(f"/proc/{serve.process.pid}/maps").read_text()
         loaded = sorted({lib.strip("/") for lib in _LIBS if lib in maps})
         assert loaded == [], f"serve mapped {loaded}"
+    finally:
+        serve.stop()
+
+
+def test_the_dataframe_libraries_load_when_allowed(tmp_path: Path) -> None:
+    # HANDOFFS_KEEP_DATAFRAME_LIBS_OUT=0: chDB imports pyarrow (and numpy) when installed
+    pytest.importorskip("pyarrow")
+    serve = start_serve(tmp_path, env={"HANDOFFS_KEEP_DATAFRAME_LIBS_OUT": "0"})
+    try:
+        maps = Path(f"/proc/{serve.process.pid}/maps").read_text()
+        assert "/pyarrow/" in maps
     finally:
         serve.stop()
