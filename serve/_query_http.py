@@ -17,7 +17,7 @@ With read tokens configured every query needs one (serve._query_policy.read_acce
 missing or unknown token is answered 401, code 516 (AUTHENTICATION_FAILED), and logged
 without the token; a tenant's token reads only its tenant's rows. GET /ping stays open.
 A connection that sends no complete request line and headers within HEADER_TIMEOUT_S
-seconds (between two requests too) is closed; once a request is read, each read or write
+seconds in all (however it trickles them; idle between two requests too) is closed; once a request is read, each read or write
 of its body and answer may take BODY_TIMEOUT_S (the query itself runs unbounded by them).
 """
 
@@ -63,6 +63,53 @@ HEADER_TIMEOUT_S: Final = 15.0
 BODY_TIMEOUT_S: Final = 120.0
 
 
+class _HeaderDeadlines:
+    """Closes connections still sending a request's line and headers at their deadline.
+
+    A socket timeout bounds each read, not their sum: a client sending a byte every few
+    seconds would keep a connection (and its thread) forever. One thread, started on first
+    use, shuts such connections down (the handler's read then ends); `watch` and `done`
+    bracket the header phase of each request.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._cond = threading.Condition()
+        self._deadlines: dict[socket.socket, float] = {}
+        self._thread: threading.Thread | None = None
+
+    def watch(self, sock: socket.socket) -> None:
+        with self._cond:
+            self._deadlines[sock] = time.monotonic() + self.seconds
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._loop, name="query-header-deadlines", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify()
+
+    def done(self, sock: socket.socket) -> bool:
+        """Stop watching `sock`; True if its deadline passed (it was shut down)."""
+        with self._cond:
+            return self._deadlines.pop(sock, None) is None
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._deadlines:
+                    self._cond.wait()
+                now = time.monotonic()
+                late = [s for s, t in self._deadlines.items() if t <= now]
+                for sock in late:
+                    del self._deadlines[sock]
+                wait = min(self._deadlines.values(), default=now + self.seconds) - now
+            for sock in late:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+            with self._cond:
+                self._cond.wait(max(wait, 0.05))
+
+
 class _LogLimit:
     """At most `burst` log lines per `window_s` seconds; says how many it held back."""
 
@@ -106,24 +153,25 @@ class _Handler(BaseHTTPRequestHandler):
     default_database: str
     tokens: Mapping[str, str]
     refusals: _LogLimit
+    header_deadlines: _HeaderDeadlines
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s " + format, self.address_string(), *args)
 
     def handle_one_request(self) -> None:
-        """BaseHTTPRequestHandler's, with a request line of up to MAX_URL_BYTES."""
+        """BaseHTTPRequestHandler's, with a request line of up to MAX_URL_BYTES and the
+        request line and headers bounded by HEADER_TIMEOUT_S in all."""
         try:
             self.connection.settimeout(HEADER_TIMEOUT_S)
-            self.raw_requestline = self.rfile.readline(MAX_URL_BYTES + 1)
-            if len(self.raw_requestline) > MAX_URL_BYTES:
-                self.requestline = self.request_version = self.command = ""
-                self.close_connection = True  # the rest of the line would be read as a request
-                self.send_error(HTTPStatus.REQUEST_URI_TOO_LONG)
-                return
-            if not self.raw_requestline:
+            self.header_deadlines.watch(self.connection)
+            try:
+                ready = self._read_head()
+            finally:
+                late = self.header_deadlines.done(self.connection)
+            if late:  # shut down mid-headers: what was read is no whole request
                 self.close_connection = True
                 return
-            if not self.parse_request():
+            if not ready:
                 return
             self.connection.settimeout(BODY_TIMEOUT_S)
             method = getattr(self, "do_" + self.command, None)
@@ -137,6 +185,20 @@ class _Handler(BaseHTTPRequestHandler):
         except TimeoutError:
             log.debug("%s: connection closed: no request within its time", self.address_string())
             self.close_connection = True
+
+    def _read_head(self) -> bool:
+        """Read the request line (up to MAX_URL_BYTES) and headers; False when there is no
+        request to answer (already answered, or the connection ended)."""
+        self.raw_requestline = self.rfile.readline(MAX_URL_BYTES + 1)
+        if len(self.raw_requestline) > MAX_URL_BYTES:
+            self.requestline = self.request_version = self.command = ""
+            self.close_connection = True  # the rest of the line would be read as a request
+            self.send_error(HTTPStatus.REQUEST_URI_TOO_LONG)
+            return False
+        if not self.raw_requestline:
+            self.close_connection = True
+            return False
+        return bool(self.parse_request())
 
     def _send(self, status: int, body: bytes, headers: dict[str, str]) -> None:
         try:
@@ -284,6 +346,7 @@ def make_query_server(
             "default_database": database,
             "tokens": dict(tokens or {}),
             "refusals": _LogLimit(),
+            "header_deadlines": _HeaderDeadlines(HEADER_TIMEOUT_S),
         },
     )
     return _Server((host, port), handler)

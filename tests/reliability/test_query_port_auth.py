@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import socket
+import threading
 import time
 
 import clickhouse_connect
@@ -363,16 +364,33 @@ def _closed_within(sock: socket.socket, seconds: float) -> float:
 
 def test_a_connection_stalling_in_its_request_is_closed(open_serve):
     """Regression: a request line or headers never finished kept the connection (and its
-    thread) open for good. Nothing sent, half a request line, half the headers: at once."""
-    partials = (b"", b"POST / HTT", b"POST / HTTP/1.1\r\nHost: x\r\nContent-Le")
+    thread) open for good. Nothing sent, half a request line, half the headers, and headers
+    trickled a byte a second (each read well within a socket timeout): all at once."""
+    partials = (
+        b"",
+        b"POST / HTT",
+        b"POST / HTTP/1.1\r\nHost: x\r\nContent-Le",
+        b"GET / HTTP/1.1\r\n",
+    )
     socks = [
         socket.create_connection(("127.0.0.1", open_serve.query_port), timeout=5) for _ in partials
     ]
+    stop = threading.Event()
+
+    def trickle(sock: socket.socket) -> None:
+        while not stop.wait(1.0):
+            try:
+                sock.sendall(b"x")
+            except OSError:
+                return
+
     try:
         for s, partial in zip(socks, partials, strict=True):
             s.sendall(partial)
+        threading.Thread(target=trickle, args=(socks[-1],), daemon=True).start()
         took = [_closed_within(s, HEADER_TIMEOUT_S + 20) for s in socks]
     finally:
+        stop.set()
         for s in socks:
             s.close()
     assert took[0] >= HEADER_TIMEOUT_S - 1
