@@ -231,7 +231,15 @@ def main(argv: list[str] | None = None) -> int:
 
     work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="soak-"))
     work.mkdir(parents=True, exist_ok=True)
-    serve = start_serve(work)
+    # the check at the end reads every stored span id back through the query port: one row
+    # each, past the port's default result bounds after ~1 million spans
+    serve = start_serve(
+        work,
+        env={
+            "HANDOFFS_QUERY_MAX_RESULT_ROWS": str(10**9),
+            "HANDOFFS_QUERY_MAX_RESULT_BYTES": str(1 << 40),
+        },
+    )
     pid = serve.process.pid
     clients = [
         Client(serve.otlp_url, i, args.seed, args.spans_per_request) for i in range(args.clients)
