@@ -81,7 +81,7 @@ class _Client:
 @pytest.mark.slow
 @pytest.mark.parametrize("decoder", ["auto", "sql"])
 def test_kill_9_loses_and_doubles_nothing_acknowledged(tmp_path, decoder):
-    """`sql`: chDB decodes every request (ingest._fast), staged requests are replayed too."""
+    """`sql`: chDB decodes every request (ingest.chdb), staged requests are replayed too."""
     store = tmp_path / "data"
     ports = {
         "otlp_port": free_port(),

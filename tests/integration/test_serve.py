@@ -30,7 +30,7 @@ ACKED: list[str] = []  # span ids acknowledged with 200 and not rejected
 
 @pytest.fixture(scope="module", params=["auto", "sql"])
 def serve(tmp_path_factory, request):
-    """`sql`: chDB tries every protobuf request first (ingest._fast); every answer below
+    """`sql`: chDB tries every protobuf request first (ingest.chdb); every answer below
     must be the same as with the Python decoder."""
     ACKED.clear()
     h = start_serve(
