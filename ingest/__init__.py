@@ -5,51 +5,49 @@ validated), check_handoff_span, write_batch (one idempotent ingest batch), inges
 read_requests (files). Shells: Spool, Ingestor, the OTLP receivers. Test data: ingest.testing.
 """
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from foundation.lazy import lazy_exports
 
 # Lazy (PEP 562): `handoffs --help` and the CLI routing import ingest._cli without paying for
 # clickhouse-connect, protobuf and the HTTP servers.
 _WHERE = {
-    "DecodedBatch": "_decode",
-    "DecodeError": "_decode",
-    "Reject": "_decode",
-    "decode_json": "_decode_json",
-    "decode_protobuf": "_decode",
-    "decode_request": "_decode",
-    "IngestSummary": "_files",
-    "ingest_requests": "_files",
-    "read_requests": "_files",
-    "Ingestor": "_service",
-    "OVERLAP_MAX_RSS": "_service",
-    "SQL_MIN_BYTES": "_service",
-    "OtlpConfig": "_otlp_http",
-    "make_otlp_server": "_otlp_http",
-    "GrpcConfig": "_otlp_grpc",
-    "start_grpc_server": "_otlp_grpc",
-    "Telemetry": "_telemetry",
-    "Stager": "chdb",
-    "StoreUnavailable": "_service",
-    "Spool": "_spool",
-    "SpoolFull": "_spool",
-    "SpoolLocked": "_spool",
-    "SpoolRecord": "_spool",
-    "TENANT_MISMATCH": "_validate",
-    "CheckResult": "_validate",
-    "check_handoff_span": "_validate",
-    "BatchResult": "_writer",
-    "last_chain_hash": "_writer",
-    "make_token": "_writer",
-    "write_batch": "_writer",
-    "ChainReport": "_verify",
-    "verify_chain": "_verify",
+    "DecodedBatch": "ingest._decode",
+    "DecodeError": "ingest._decode",
+    "Reject": "ingest._decode",
+    "decode_json": "ingest._decode_json",
+    "decode_protobuf": "ingest._decode",
+    "decode_request": "ingest._decode",
+    "IngestSummary": "ingest._files",
+    "ingest_requests": "ingest._files",
+    "read_requests": "ingest._files",
+    "Ingestor": "ingest._service",
+    "OVERLAP_MAX_RSS": "ingest._service",
+    "SQL_MIN_BYTES": "ingest._service",
+    "OtlpConfig": "ingest._otlp_http",
+    "make_otlp_server": "ingest._otlp_http",
+    "GrpcConfig": "ingest._otlp_grpc",
+    "start_grpc_server": "ingest._otlp_grpc",
+    "Telemetry": "ingest._telemetry",
+    "Stager": "ingest.chdb",
+    "StoreUnavailable": "ingest._service",
+    "Spool": "ingest._spool",
+    "SpoolFull": "ingest._spool",
+    "SpoolLocked": "ingest._spool",
+    "SpoolRecord": "ingest._spool",
+    "TENANT_MISMATCH": "ingest._validate",
+    "CheckResult": "ingest._validate",
+    "check_handoff_span": "ingest._validate",
+    "BatchResult": "ingest._writer",
+    "last_chain_hash": "ingest._writer",
+    "make_token": "ingest._writer",
+    "write_batch": "ingest._writer",
+    "ChainReport": "ingest._verify",
+    "verify_chain": "ingest._verify",
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        return getattr(import_module(f"ingest.{_WHERE[name]}"), name)
-    raise AttributeError(f"module 'ingest' has no attribute {name!r}")
+lazy_exports(__name__, _WHERE)
 
 
 if TYPE_CHECKING:

@@ -8,34 +8,32 @@ the FIFO, varints), _native (reading Native blocks), _stream (the FIFO stream; t
 module touching clickhouse-connect internals), _stager (the Stager).
 """
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from foundation.lazy import lazy_exports
 
 # Lazy (PEP 562): importing ingest.chdb for a name or two costs nothing until it is used.
 _WHERE = {
-    "LEAN": "_schema",
-    "OTEL_FROM_STAGE": "_schema",
-    "PROTO": "_schema",
-    "STAGE_COLUMNS": "_schema",
-    "STAGE_DATABASE": "_schema",
-    "inline_settings": "_schema",
-    "read_settings": "_schema",
-    "sql_string": "_schema",
-    "frame": "_framing",
-    "stage_select": "_select",
-    "stream_select": "_select",
-    "summarize": "_native",
-    "UnsupportedClient": "_stream",
-    "check_client_version": "_stream",
-    "Staged": "_stager",
-    "Stager": "_stager",
+    "LEAN": "ingest.chdb._schema",
+    "OTEL_FROM_STAGE": "ingest.chdb._schema",
+    "PROTO": "ingest.chdb._schema",
+    "STAGE_COLUMNS": "ingest.chdb._schema",
+    "STAGE_DATABASE": "ingest.chdb._schema",
+    "inline_settings": "ingest.chdb._schema",
+    "read_settings": "ingest.chdb._schema",
+    "sql_string": "ingest.chdb._schema",
+    "frame": "ingest.chdb._framing",
+    "stage_select": "ingest.chdb._select",
+    "stream_select": "ingest.chdb._select",
+    "summarize": "ingest.chdb._native",
+    "UnsupportedClient": "ingest.chdb._stream",
+    "check_client_version": "ingest.chdb._stream",
+    "Staged": "ingest.chdb._stager",
+    "Stager": "ingest.chdb._stager",
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        return getattr(import_module(f"ingest.chdb.{_WHERE[name]}"), name)
-    raise AttributeError(f"module 'ingest.chdb' has no attribute {name!r}")
+lazy_exports(__name__, _WHERE)
 
 
 if TYPE_CHECKING:
