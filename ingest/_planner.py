@@ -6,10 +6,10 @@ what comes back. Every number of spans is a count of spans; times are seconds.
 
 Rules (each has a unit test in tests/unit/test_write_planner.py):
 
-* collecting (`next_take`, `keep_lingering`): after the first queued request, take more
-  without waiting while they are Python-decoded; wait up to STAGED_WAIT_S for each further
-  one after a chDB-decoded request while a request is on its way, up to STAGED_MAX_WAIT_S
-  in all; stop at GROUP_MAX_REQUESTS requests or GROUP_MAX_SPANS spans, or at a stop marker.
+* collecting (`next_take`, `keep_lingering`): after the first queued request, take what is
+  queued; while a request is on its way, wait up to STAGED_WAIT_S for each further one, up
+  to STAGED_MAX_WAIT_S in all; stop at GROUP_MAX_REQUESTS requests or GROUP_MAX_SPANS
+  spans, or at a stop marker.
 * grouping (`plan_round`): known batch ids are duplicates (skipped, committed); a second
   copy of a batch id in the same round is a duplicate once the first is stored; consecutive
   requests of one tenant and one decoder become one group of at most GROUP_MAX_SPANS spans
@@ -55,8 +55,8 @@ __all__ = [
 GROUP_MAX_SPANS = 20_000
 GROUP_MAX_REQUESTS = 64
 PAIR_MIN_SPANS = 8_000  # a group smaller than this is written whole (see shape)
-#: chDB-decoded requests cost a fixed ~0.1 s per write (query analysis, one part per
-#: table): the writer waits this long for each further request while some are on their way
+#: a write costs a fixed ~0.1 s (query analysis, one part per table): the writer waits this
+#: long for each further request while some are on their way
 STAGED_WAIT_S = 0.05
 STAGED_MAX_WAIT_S = 0.5  # ... and this long in all (stored at most this late)
 
@@ -103,18 +103,18 @@ class Failure(enum.Enum):
 
 def next_take(got: Sequence[Request], *, arriving: bool) -> float | None:
     """How to take the next request after `got` (at least one): None to stop collecting,
-    0.0 to take one only if queued now, else the seconds to wait for one."""
+    0.0 to take one only if queued now, else the seconds to wait for one (while a request
+    is on its way: a write has a fixed cost, ~0.1 s for chDB-decoded requests, that more
+    requests share)."""
     if len(got) >= GROUP_MAX_REQUESTS or sum(x.spans for x in got) >= GROUP_MAX_SPANS:
         return None
-    if not got[-1].staged or not arriving:
-        return 0.0
-    return STAGED_WAIT_S
+    return STAGED_WAIT_S if arriving else 0.0
 
 
 def keep_lingering(got: Sequence[Request], *, arriving: bool, lingered_s: float) -> bool:
-    """After finding the queue empty: go on waiting for requests on their way? Only after a
-    chDB-decoded request, while some are on their way, for at most STAGED_MAX_WAIT_S."""
-    return bool(got) and got[-1].staged and arriving and lingered_s < STAGED_MAX_WAIT_S
+    """After finding the queue empty: go on waiting for requests on their way? While some
+    are, for at most STAGED_MAX_WAIT_S since the round's first request."""
+    return bool(got) and arriving and lingered_s < STAGED_MAX_WAIT_S
 
 
 def plan_round(

@@ -49,7 +49,7 @@ _EXTRA_CLIENTS = 2  # see Ingestor._open_extra_clients
 #: and the last writes of a burst are serve's memory peak; above it they go in right after
 #: the running write (two halves at once)
 OVERLAP_MAX_RSS = 450 << 20
-#: Smallest protobuf body (bytes) chDB decodes (ingest._fast); smaller ones go through
+#: Smallest protobuf body (bytes) chDB decodes (ingest.chdb); smaller ones go through
 #: Python, whose cost per request is lower: chDB's decoding queries run for the life of
 #: serve, but each request still costs a few ms of fixed work (its block staged with an
 #: INSERT, the ack's figures read from it), which pays off only from several hundred spans.
@@ -226,7 +226,7 @@ class Ingestor:
     def _prepare(
         self, body: bytes, fmt: str, tenant: str, batch_id: str, received: int, seq: int = -1
     ) -> Pending:
-        """Decode one request: chDB stages it when it can (ingest._fast), else ingest._decode.
+        """Decode one request: chDB stages it when it can (ingest.chdb), else ingest._decode.
 
         Both give the same stored rows; the Python decoder also gives the reject messages
         and raises DecodeError for a bad body.

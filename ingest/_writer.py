@@ -348,7 +348,7 @@ def write_staged_group(
     prev_chain: str,
     source: str,
 ) -> list[BatchResult]:
-    """write_group for requests chDB decoded into staging tables (ingest._fast).
+    """write_group for requests chDB decoded into staging tables (ingest.chdb).
 
     `members` are (staged request, received_at_ms) in order. The rows, the ledger row
     hashes and the batch hashes (computed when staged) are the ones write_group stores for

@@ -35,13 +35,10 @@ def seqs(groups) -> list[list[int]]:
 # ------------------------------------------------------------------ collecting
 
 
-def test_python_decoded_requests_are_taken_without_waiting():
-    assert next_take([req(1)], arriving=True) == 0.0
-
-
-def test_after_a_staged_request_the_writer_waits_only_while_some_are_on_their_way():
-    assert next_take([req(1, staged=True)], arriving=True) == STAGED_WAIT_S
-    assert next_take([req(1, staged=True)], arriving=False) == 0.0
+def test_the_writer_waits_for_more_only_while_some_are_on_their_way():
+    for staged in (True, False):
+        assert next_take([req(1, staged=staged)], arriving=True) == STAGED_WAIT_S
+        assert next_take([req(1, staged=staged)], arriving=False) == 0.0
 
 
 def test_collecting_stops_at_the_span_and_request_limits():
@@ -50,12 +47,12 @@ def test_collecting_stops_at_the_span_and_request_limits():
     assert next_take([req(i, 1) for i in range(GROUP_MAX_REQUESTS - 1)], arriving=False) == 0.0
 
 
-def test_lingering_only_after_a_staged_request_while_arriving_and_within_the_limit():
-    staged = [req(1, staged=True)]
-    assert keep_lingering(staged, arriving=True, lingered_s=0.0)
-    assert not keep_lingering(staged, arriving=True, lingered_s=STAGED_MAX_WAIT_S)
-    assert not keep_lingering(staged, arriving=False, lingered_s=0.0)
-    assert not keep_lingering([req(1)], arriving=True, lingered_s=0.0)
+def test_lingering_only_while_arriving_and_within_the_limit():
+    for got in ([req(1, staged=True)], [req(1)]):
+        assert keep_lingering(got, arriving=True, lingered_s=0.0)
+        assert not keep_lingering(got, arriving=True, lingered_s=STAGED_MAX_WAIT_S)
+        assert not keep_lingering(got, arriving=False, lingered_s=0.0)
+    assert not keep_lingering([], arriving=True, lingered_s=0.0)
 
 
 # ------------------------------------------------------------------ grouping
