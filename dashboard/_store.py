@@ -138,9 +138,8 @@ def open_client(target: StoreTarget, *, pid: int | None = None) -> Client:
         # EXISTS, not system.tables: a tenant's read token on serve's query port sees no
         # system.tables rows (their row counts span every tenant); the name is a plain
         # identifier (parse_store checked it)
-        found = client.query(f"EXISTS TABLE `{target.database}`.handoff_transitions").result_rows[
-            0
-        ][0]
+        rows = client.query(f"EXISTS TABLE `{target.database}`.handoff_transitions").result_rows
+        found = rows[0][0]
     except Exception as exc:  # clickhouse-connect raises several types for one cause
         raise StoreUnavailable(
             f"The store ({spec.describe()}) did not answer a query: {_short(exc)}"
