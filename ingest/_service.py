@@ -134,7 +134,7 @@ class Ingestor:
             "store_s": 0.0,
         }
         self._lock = threading.Lock()
-        self.arrivals = Arrivals()
+        self._arrivals = Arrivals()
         self._writes = Writes(
             client, database, spool,
             writer=store_writer or StoreWriters(), stager=stager, source=source,
@@ -142,7 +142,7 @@ class Ingestor:
             stats=self.stats, timings=self.timings, lock=self._lock,
         )  # fmt: skip
         self._overlap = Overlap(
-            self._writes, self._queue, self.arrivals, self._extra_client, rss=rss
+            self._writes, self._queue, self._arrivals, self._extra_client, rss=rss
         )
         if stager is not None:
             stager.before_decode = self._purge_if_big
@@ -247,7 +247,7 @@ class Ingestor:
         protobuf body large enough for the chDB decoder is announced, so the writer waits
         briefly for this request before a write (ingest._planner.next_take)."""
         if self.stager is not None and fmt == PROTOBUF and nbytes >= self.sql_min_bytes:
-            with self.stager.incoming(), self.arrivals.announced():
+            with self.stager.incoming(), self._arrivals.announced():
                 yield
         else:
             yield
@@ -259,7 +259,7 @@ class Ingestor:
         Empty requests are acknowledged without touching the spool.
         """
         t0 = time.perf_counter()
-        with self.arrivals.inside():  # the writer may wait for this one
+        with self._arrivals.inside():  # the writer may wait for this one
             return self._submit(body, fmt, tenant=tenant, t0=t0)
 
     def _submit(self, body: bytes, fmt: str, *, tenant: str, t0: float) -> DecodedBatch:
@@ -328,7 +328,7 @@ class Ingestor:
         t0 = time.monotonic()
         while got[-1] is not None:
             reqs = [x.request for x in got if x is not None]
-            wait = next_take(reqs, arriving=self.arrivals.on_the_way())
+            wait = next_take(reqs, arriving=self._arrivals.on_the_way())
             if wait is None:
                 break
             try:
@@ -336,7 +336,7 @@ class Ingestor:
             except queue.Empty:
                 lingered = time.monotonic() - t0
                 if not keep_lingering(
-                    reqs, arriving=self.arrivals.on_the_way(), lingered_s=lingered
+                    reqs, arriving=self._arrivals.on_the_way(), lingered_s=lingered
                 ):
                     break
         return got
@@ -349,7 +349,7 @@ class Ingestor:
             try:
                 if items:
                     self._write_round(items)
-                    quiet = not self.arrivals.on_the_way() and self._queue.empty()
+                    quiet = not self._arrivals.on_the_way() and self._queue.empty()
                     if self.purger.due_after_write(quiet=quiet):
                         self.purger.purge(self.client)
             except Exception as exc:  # only when stopping: the records stay spooled for replay
@@ -393,12 +393,12 @@ class Ingestor:
             how = shape(
                 [x.request for x in group],
                 last=i == len(plan.groups) - 1,
-                arriving=self.arrivals.on_the_way(),
+                arriving=self._arrivals.on_the_way(),
                 paired=self.stager is not None,
                 replay=replay,
             )
             if how is Shape.HALVES_IF_QUIET:
-                if self.arrivals.quiet(Arrivals.QUIET_S):
+                if self._arrivals.quiet(Arrivals.QUIET_S):
                     first, _ = split_in_two([x.request for x in group])
                     self._write_pair(group[: len(first)], group[len(first) :])
                     continue
