@@ -62,7 +62,7 @@ if TYPE_CHECKING:
     from ingest._files import IngestSummary, ingest_requests, read_requests
     from ingest._otlp_grpc import GrpcConfig, start_grpc_server
     from ingest._otlp_http import OtlpConfig, make_otlp_server
-    from ingest._service import Ingestor, StoreUnavailable
+    from ingest._service import OVERLAP_MAX_RSS, SQL_MIN_BYTES, Ingestor, StoreUnavailable
     from ingest._spool import Spool, SpoolFull, SpoolLocked, SpoolRecord
     from ingest._telemetry import Telemetry
     from ingest._validate import TENANT_MISMATCH, CheckResult, check_handoff_span
