@@ -115,7 +115,7 @@ def parse_store(store: str | None = None, *, database: str | None = None) -> Sto
 #: connection in a process starts the engine with them). One background merge at a time
 #: (chDB's default: 2 threads queueing 2 merges each): each merge holds its parts' read and
 #: compression buffers, four at once held 250-300 MB in serve. Under full ingest load the
-#: one thread (at nice 10, see serve._run.MergePriority) lets parts pile up (34 per table
+#: one thread (at nice 10, see serve._tuning.MergePriority) lets parts pile up (34 per table
 #: after 1,000,000 spans at ~46,000 spans/s) and merges them within seconds once load drops;
 #: measured for 500,000 spans: peak RSS 567-603 MB instead of 628-657, same throughput.
 ENGINE_OPTIONS: Final = {

@@ -299,8 +299,8 @@ def test_query_port_is_read_only(ch):
 
 def test_embedded_engine_hands_freed_memory_back_promptly(ch):
     # serve sets jemalloc's options for the embedded ClickHouse before chDB loads
-    # (serve._run.JEMALLOC_CONF): freed pages go back to the OS after 200 ms, not 5 s
-    from serve._run import JEMALLOC_CONF
+    # (serve._tuning.JEMALLOC_CONF): freed pages go back to the OS after 200 ms, not 5 s
+    from serve._tuning import JEMALLOC_CONF
 
     stats = str(ch.command("SELECT * FROM system.jemalloc_stats FORMAT TSVRaw"))
     opts = dict(kv.split(":") for kv in JEMALLOC_CONF.split(","))
