@@ -27,10 +27,9 @@ from ingest import (
 )
 from serve._query_http import QueryEngine, make_query_server
 from serve._query_policy import QueryLimits
-from serve._tuning import JEMALLOC_CONF, MergePriority, Tuning, apply_process, plan
+from serve._tuning import MergePriority, Tuning, apply_process, plan
 
-# JEMALLOC_CONF: serve's engine allocator options, named here for the tests that check them
-__all__ = ["JEMALLOC_CONF", "ServeConfig", "run_serve"]
+__all__ = ["ServeConfig", "run_serve"]
 
 log = logging.getLogger("handoffs.serve")
 
