@@ -76,14 +76,20 @@ class Arrivals:
         """A request is inside submit() or announced."""
         return bool(self._inside or self._announced)
 
-    def quiet(self, seconds: float) -> bool:
-        """True when no request is on its way now and none starts arriving for `seconds`."""
+    def quiet(self, seconds: float, *, cancel: threading.Event | None = None) -> bool:
+        """True when no request is on its way now and none starts arriving for `seconds`;
+        False at once when `cancel` is set (set it, then notify())."""
         with self._cond:
             if self._inside or self._announced:
                 return False
             start = self._started
-            arrived = self._cond.wait_for(lambda: self._started != start, seconds)
-            return not arrived and not (self._inside or self._announced)
+
+            def woken() -> bool:
+                return self._started != start or (cancel is not None and cancel.is_set())
+
+            if self._cond.wait_for(woken, seconds):
+                return False
+            return not (self._inside or self._announced)
 
     def wait_settled(self, cancel: threading.Event) -> None:
         """Until no request is on its way, or `cancel` is set (set it, then notify())."""
@@ -167,7 +173,7 @@ class Overlap:
         a = self._arrivals
         while not done.is_set():
             a.wait_settled(done)
-            if done.is_set() or not a.quiet(Arrivals.QUIET_S) or done.is_set():
+            if done.is_set() or not a.quiet(Arrivals.QUIET_S, cancel=done) or done.is_set():
                 continue
             with self._q.mutex:  # the writer is the only consumer: the head stays
                 n = pick_followers(
