@@ -72,45 +72,81 @@ def _cohort_pass(db: str, window: Window, tenant: bool, sla_ms: int) -> str:
 FROM ({cohort})"""
 
 
+#: SQL of what makes two stored rows of one handoff and transition one span stored again
+#: (reference.copy_key): the same span ids and time. A transport resend re-sends the same
+#: bytes; an agent re-emitting a transition makes a new span (a new span id) at a new time.
+COPY_KEY: Final = "trace_id, span_id, time"
+
+
 def _transitions_pass_sql(db: str, window: Window, tenant: bool) -> str:
-    """Duplicate delivery: a (event, from, to) stored more than once. Clock skew: counted
-    transitions x -> y (x.to = y.from, y not the way back, x before y in machine order) with
-    y's earliest copy before x's earliest copy. One GROUP BY per handoff over arrays of its
-    few rows as integers (state/event indexes, ns); the lambdas are quadratic in a handful."""
+    """One GROUP BY per handoff over its rows (IN on the primary-key prefix).
+
+    Duplicate delivery: a transition (event, from, to) stored as more than one copy
+    (COPY_KEY): as two spans, or one span id at two times. A span stored again unchanged (an
+    exporter's retry, a collector re-sending a batch) is one copy and is not flagged. The
+    attribute maps are not compared: that reads every row's map, about twice this pass's
+    time with realistic maps. Every other kind folds a span's differing copies
+    idempotently (the funnel: the copy without evidence wins), and the evidence package
+    lists each distinct content of a span with its arrivals.
+
+    Clock skew: counted transitions x -> y (x.to = y.from, y not the way back, x before y in
+    machine order) with y's earliest copy before x's earliest copy, over an array of the
+    counted rows as (k, time ns), k packing the transition as integers: okey << 24 |
+    event << 16 | from << 8 | to (1-based indexes, from 0 = create). When the times sorted
+    by k never decrease nothing can be skewed (x sorts before y, and so do x's copies), so
+    the quadratic lambdas run only on the others; copies change no earliest time."""
     cohort = cohort_sql(db, window, tenant_param=tenant, extra=())
     states = [str(x) for x in cs.STATE_RANK]
     ev = sorted({e for _f, e, _t in cs.POSITIONS})
     names = "[" + ", ".join(f"'{x}'" for x in states) + "]"
     events = "[" + ", ".join(f"'{x}'" for x in ev) + "]"
-    # legal = its integer code is one of the contract's (a set of ints: cheaper per row than
-    # position_expr()'s concat + indexOf); an unknown from_state has index 0 like create's ''
-    codes = ", ".join(
-        str(
+
+    # code = event << 16 | from << 8 | to (1-based indexes; from 0 = create or a state not
+    # in the contract, told apart by from_state = ''); k = okey << 24 | code for the
+    # contract's codes, 0 for any other: one lookup per row finds legality and machine order
+    def code(f: str, e: str, t: str) -> int:
+        return (
             (ev.index(e) + 1) * 65536
             + (states.index(f) + 1 if f else 0) * 256
             + states.index(t)
             + 1
         )
-        for f, e, t in cs.POSITIONS
+
+    legal = [(code(f, e, t), cs.order_key(f, t) << 24 | code(f, e, t)) for f, e, t in cs.POSITIONS]
+    codes = "[" + ", ".join(str(c) for c, _k in legal) + "]"
+    keys = "[" + ", ".join(str(k) for _c, k in legal) + "]"
+
+    # the parts of k in SQL
+    def to_(v: str) -> str:
+        return f"bitAnd({v}, 255)"
+
+    def from_(v: str) -> str:
+        return f"bitAnd(bitShiftRight({v}, 8), 255)"
+
+    def okey(v: str) -> str:
+        return f"bitShiftRight({v}, 24)"
+
+    counted = f"k > 0 AND valid AND (from_state = '' OR {from_('k')} > 0)"
+    follows = (
+        f"{to_('x.1')} = {from_('y.1')} AND {to_('y.1')} != {from_('x.1')}"
+        f" AND {okey('x.1')} < {okey('y.1')} AND y.2 < mx"
     )
-    counted = f"valid AND (f > 0 OR from_state = '') AND (e * 65536 + f * 256 + to) IN ({codes})"
-    # okey of order_key() from 1-based state indexes (from 0 = create)
-    ranks = "[" + ", ".join(str(int(r)) for r in cs.STATE_RANK.values()) + "]"  # order of `states`
-    okey = f"(if(f = 0, 0, arrayElement({ranks}, f) + 1) * 16 + arrayElement({ranks}, to))"
-    # c: counted rows as (event, from, to, time ns, okey); m: earliest time of each row's
-    # transition (its copies included)
-    m = "arrayMap(x -> arrayMin(z -> z.4, arrayFilter(z -> z.1 = x.1 AND z.2 = x.2 AND z.3 = x.3, c)), c)"
+    # m: earliest time of each row's transition (its copies included)
+    m = "arrayMap(x -> arrayMin(z -> z.2, arrayFilter(z -> z.1 = x.1, c)), c)"
+    monotone = "arrayAll(d -> d >= 0, arrayDifference(arrayMap(x -> x.2, arraySort(x -> x.1, c))))"
     return f"""SELECT handoff_id,
-    length(a) > length(arrayDistinct(a)) AS duplicate_delivery,
-    arrayExists((x, mx) -> arrayExists(y -> x.3 = y.2 AND y.3 != x.2 AND x.5 < y.5 AND y.4 < mx,
-                                       c), c, {m}) AS clock_skew
+    length(arrayDistinct(v)) > length(arrayDistinct(arrayMap(x -> x.1, v))) AS duplicate_delivery,
+    NOT {monotone}
+        AND arrayExists((x, mx) -> arrayExists(y -> {follows}, c), c, {m}) AS clock_skew
 FROM (
-    SELECT tenant, handoff_id, groupArray(cityHash64(event, from_state, to_state)) AS a,
-        groupArrayIf((e, f, to, toUnixTimestamp64Nano(time), {okey}), {counted}) AS c
+    SELECT tenant, handoff_id,
+        groupArray((cityHash64(event, from_state, to_state), cityHash64({COPY_KEY}))) AS v,
+        groupArrayIf((k, toUnixTimestamp64Nano(time)), {counted}) AS c
     FROM (
-        SELECT tenant, handoff_id, valid, time, event, from_state, to_state,
-            indexOf({events}, event) AS e, indexOf({names}, from_state) AS f,
-            indexOf({names}, to_state) AS to
+        SELECT tenant, handoff_id, valid, time, event, from_state, to_state, trace_id, span_id,
+            transform(toUInt32(indexOf({events}, event) * 65536
+                               + indexOf({names}, from_state) * 256 + indexOf({names}, to_state)),
+                      {codes}, {keys}, toUInt64(0)) AS k
         FROM {db}.handoff_transitions
         WHERE {_ids(cohort)}
     )

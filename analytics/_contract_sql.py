@@ -174,8 +174,10 @@ def render_summary_ddl() -> str:
 -- over minutes to days, and only its `create` row knows the created time, so any time
 -- partition would split one handoff's rows across partitions that never merge.
 -- Agent, mode, topology and protocol are LowCardinality: few distinct values, cheap slices.
--- Duplicate deliveries are idempotent here (bit OR, min), which is how "the same
--- transition delivered twice counts once" holds for the funnel.
+-- Duplicate deliveries and resent spans are idempotent here (bit OR, min, max), which is how
+-- "the same transition delivered twice counts once" holds for the funnel. Only `transitions`
+-- and `uncounted` are sums of stored rows (a span stored twice counts twice): no metric
+-- reports them, and the anomalies read only `uncounted > 0`.
 --
 -- tmask: bit i set when the handoff had a counted transition (legal under the contract
 -- table and not flagged valid=false) at position i:

@@ -40,7 +40,8 @@ __all__ = [
 DESCRIPTIONS: Final = {
     "invalid_transition": "a transition not in the state table, flagged valid=false, a second "
     "move out of the same state, or any message after a terminal state",
-    "duplicate_delivery": "the same transition (event, from, to) stored more than once",
+    "duplicate_delivery": "the same transition (event, from, to) stored as two different "
+    "spans, or under one span id at two times (a span stored again unchanged is one span)",
     "idempotency_conflict": "the same idempotency key created with a different payload_hash",
     "stale_fence": "a commit whose fence token (or state version) is lower than one seen "
     "earlier for the same task",

@@ -1,10 +1,16 @@
 """Evidence packages: everything an auditor needs about one handoff, and proof it is unaltered.
 
-A package is a JSON-able dict (format "handoff-evidence/v1"). Its integrity section holds:
+A package is a JSON-able dict (format "handoff-evidence/v1"). `transitions` lists each
+distinct stored row once (rows with equal row hashes are one span stored again: an
+exporter's retry, a collector re-sending a batch), with `arrivals`, how many times it is
+stored; a span id stored with differing content is listed once per content. Its integrity
+section holds:
 - `chain`: a hash chain over the transitions' row hashes (foundation.integrity.row_hash, the same
   function serve applies at ingest), in machine order: link_i = sha256(link_{i-1} || row_hash_i)
   starting from GENESIS ("0" * 64);
-- `ledger`: how the stored rows compared with transition_ledger when the package was made;
+- `ledger`: how every stored row (each arrival) compared with transition_ledger when the
+  package was made: `rows` stored rows, `matched` of them found there, the span ids of the
+  others (`mismatched`: no entry with that hash; `missing`: no entry for the span);
 - `package_sha256`: SHA-256 of the canonical JSON of the whole package with this one field
   removed.
 `verify_package` recomputes all three and compares the package with the store as it is now.
@@ -47,7 +53,7 @@ def iso_ns(t_ns: int) -> str:
     return datetime.fromtimestamp(sec, UTC).strftime("%Y-%m-%dT%H:%M:%S") + f".{frac:09d}Z"
 
 
-def _transition(r: Mapping[str, Any]) -> dict[str, Any]:
+def _transition(r: Mapping[str, Any], h: str, arrivals: int) -> dict[str, Any]:
     return {
         "event": r["event"],
         "from_state": r["from_state"],
@@ -69,7 +75,8 @@ def _transition(r: Mapping[str, Any]) -> dict[str, Any]:
         "receipt_status": r["receipt_status"],
         "receipt_hash": r["receipt_hash"],
         "attributes": dict(sorted(r["attributes"].items())),
-        "row_hash": row_hash(r),
+        "row_hash": h,
+        "arrivals": arrivals,
     }
 
 
@@ -81,11 +88,17 @@ def build_package(
     extra_anomalies: Sequence[str] = (),
     related_spans: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
-    """The package for one handoff's stored rows (pure). ValueError when rows is empty."""
+    """The package for one handoff's stored rows, copies included (pure). ValueError when
+    rows is empty."""
     if not rows:
         raise ValueError("no transitions: cannot build an evidence package")
-    ordered = ref.machine_order(rows)
-    transitions = [_transition(r) for r in ordered]
+    copies: dict[str, list[Mapping[str, Any]]] = {}  # row hash -> its stored rows
+    for r in rows:
+        copies.setdefault(row_hash(r), []).append(r)
+    # the first row of each hash stands for its copies: (hash, arrivals) by that row's id
+    stands_for = {id(c[0]): (h, len(c)) for h, c in copies.items()}
+    ordered = ref.machine_order(c[0] for c in copies.values())
+    transitions = [_transition(r, *stands_for[id(r)]) for r in ordered]
     creates = [r for r in ordered if r["event"] == "create"]
     head = creates[0] if creates else ordered[0]
     attrs = head["attributes"] if creates else {}
@@ -109,13 +122,16 @@ def build_package(
     for t in transitions:
         prev = chain(prev, t["row_hash"])
         links.append(prev)
-    mismatched, missing = [], []
+    # every arrival is checked (equal rows have equal hashes, so one lookup per transition)
+    mismatched, missing, matched = [], [], 0
     for t in transitions:
         have = ledger.get(t["span_id"])
         if not have:
             missing.append(t["span_id"])
         elif t["row_hash"] not in have:
             mismatched.append(t["span_id"])
+        else:
+            matched += t["arrivals"]
     pkg: dict[str, Any] = {
         "format": FORMAT,
         "handoff_id": head["handoff_id"],
@@ -163,8 +179,8 @@ def build_package(
             "chain": links,
             "chain_head": links[-1],
             "ledger": {
-                "rows": len(transitions),
-                "matched": len(transitions) - len(mismatched) - len(missing),
+                "rows": len(rows),
+                "matched": matched,
                 "mismatched": mismatched,
                 "missing": missing,
                 "ok": not mismatched,

@@ -4,6 +4,14 @@ against, and the per-handoff part of evidence packages (no database needed).
 Written from docs/design.md "Metric contract" and docs/metrics.md, reading only
 collector/contract.py: no bit masks, no SQL. Rows are mappings with the handoff_transitions
 column names (`time_ns` as integer nanoseconds instead of `time`).
+
+Copies: rows of one handoff with the same transition, span ids and time (copy_key) are one
+span stored again (an exporter retrying a request, a collector re-sending a batch): not a
+duplicate delivery. Every other fact folds rows idempotently (sets, minima, all()), so a
+copy changes no number. The same transition as another span (an agent re-emitting it), or
+one span id at two times, is a duplicate delivery. One span id carrying another transition
+is not a resend either: both transitions count, as any two would, and the state machine
+judges them (two moves out of one state are invalid_transition).
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from collector.semconv import DEFAULT_DEADLINE_MS, SETTLE_GRACE_MS
 __all__ = [
     "UNKNOWN_SLA_MS",
     "HandoffFacts",
+    "copy_key",
     "facts",
     "funnel_counts",
     "handoff_anomalies",
@@ -44,6 +53,13 @@ Row = Mapping[str, Any]
 def _key(from_state: str, to_state: str) -> tuple[int, int]:
     fr = STATE_RANK[State(from_state)] + 1 if from_state else 0
     return fr, STATE_RANK[State(to_state)]
+
+
+def copy_key(row: Row) -> tuple[str, str, int]:
+    """What makes two stored rows of one handoff and transition one span stored again:
+    equal (trace_id, span_id, time_ns); a missing id compares as empty. The attribute map is
+    not compared (see analytics._anomaly_sql.COPY_KEY, the same in SQL)."""
+    return (str(row.get("trace_id") or ""), str(row.get("span_id") or ""), int(row["time_ns"]))
 
 
 def counted(row: Row) -> bool:
@@ -91,7 +107,8 @@ class HandoffFacts:
 
 
 def facts(handoff_id: str, rows: Sequence[Row], *, as_of_ns: int) -> HandoffFacts:
-    """Evaluate the metric contract for one handoff's stored rows (duplicates included)."""
+    """Evaluate the metric contract for one handoff's stored rows (copies included: a
+    resent span changes nothing, as every fact is a set, a minimum or an all())."""
     c = [r for r in rows if counted(r)]
     creates = [r for r in c if r["event"] == "create"]
     created = min((int(r["time_ns"]) for r in creates), default=None)
@@ -187,7 +204,10 @@ def handoff_anomalies(
     """Anomaly kinds visible from one handoff's own rows (sorted): invalid_transition,
     duplicate_delivery, clock_skew, committed_without_evidence, unknown_unresolved,
     accepted_never_started, implied_accept, orphan_transition. Kinds that need other
-    handoffs (idempotency_conflict, stale_fence, bounce, rejection_spike) are not here."""
+    handoffs (idempotency_conflict, stale_fence, bounce, rejection_spike) are not here.
+
+    duplicate_delivery: a transition (event, from, to) stored in more than one copy_key; a
+    span stored again unchanged is one (see the module doc)."""
     if not rows:
         return []
     hid = rows[0]["handoff_id"]
@@ -198,10 +218,10 @@ def handoff_anomalies(
         kinds.add("orphan_transition")
     if len(c) < len(rows) or _forked(c) or _after_terminal(c):
         kinds.add("invalid_transition")
-    seen: dict[tuple, int] = defaultdict(int)
+    copies: dict[tuple[str, str, str], set[tuple[str, str, int]]] = defaultdict(set)
     for r in rows:
-        seen[(r["event"], r["from_state"], r["to_state"])] += 1
-    if any(n > 1 for n in seen.values()):
+        copies[(r["event"], r["from_state"], r["to_state"])].add(copy_key(r))
+    if any(len(k) > 1 for k in copies.values()):
         kinds.add("duplicate_delivery")
     if _skewed(c):
         kinds.add("clock_skew")
@@ -263,7 +283,8 @@ def task_anomalies(task_rows: Sequence[Row], handoff_id: str) -> list[str]:
     """Cross-handoff kinds for `handoff_id` from all stored rows of its task (sorted):
     stale_fence (a commit of this handoff with a fence token / state version below the
     highest seen earlier in the task, by time then span_id) and bounce (this transfer goes
-    straight back to the sender of the task's previous transfer, by created time)."""
+    straight back to the sender of the task's previous transfer, by created time). Copies
+    of a row change neither (a running maximum, an earliest time)."""
     kinds: set[str] = set()
     hi_fence: int | None = None
     hi_version: int | None = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -53,6 +53,9 @@ def _require(package: Any) -> None:
         ]
         if not isinstance(t, Mapping) or missing or "time_ns" not in t:
             raise ValueError(f"evidence package: transitions[{i}] lacks {missing or ['time_ns']}")
+        n = t.get("arrivals", 1)  # packages made before `arrivals` list every copy
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"evidence package: transitions[{i}].arrivals must be an int >= 1")
 
 
 def verify_offline(package: Mapping[str, Any]) -> list[str]:
@@ -81,9 +84,10 @@ def verify_package(
     client: Client, package: Mapping[str, Any], *, database: str | None = None
 ) -> VerifyResult:
     """Verify a package: offline checks (verify_offline), then against the store as it is now:
-    every packaged row must still be stored with the same row hash (differing columns named),
-    no row may have been added, and each stored row must match transition_ledger (where the
-    package found a ledger entry at export). Raises ValueError for a malformed package."""
+    every packaged row must still be stored with the same row hash, as many times as its
+    `arrivals` (differing columns named), no row may have been added (a copy included), and
+    each stored row must match transition_ledger (where the package found a ledger entry at
+    export). Raises ValueError for a malformed package."""
     db = check_db(database)
     problems = verify_offline(package)
     tenant, hid = str(package["tenant"]), str(package["handoff_id"])
@@ -101,11 +105,19 @@ def verify_package(
         if not now:
             problems.append(f"span_id={span}: in the package but no longer stored (deleted)")
             continue
-        now_hashes = sorted(row_hash(r) for r in now)
-        if sorted(t["row_hash"] for t in pts) != now_hashes:
+        now_hashes = Counter(row_hash(r) for r in now)
+        then_hashes: Counter[str] = Counter()
+        for t in pts:
+            then_hashes[t["row_hash"]] += t.get("arrivals", 1)
+        if set(then_hashes) != set(now_hashes):
             cols = _diff_columns(pts[0], now[0])
             what = f" (column {', '.join(cols)})" if cols else ""
             problems.append(f"span_id={span}: stored row differs from the package{what}")
+        elif then_hashes != now_hashes:
+            problems.append(
+                f"span_id={span}: stored {now_hashes.total()} times, the package recorded "
+                f"{then_hashes.total()} arrivals (a copy added or deleted after export)"
+            )
     for span in sorted(set(by_span) - set(packaged)):
         problems.append(f"span_id={span}: stored but not in the package (added after export)")
     for span, now in sorted(by_span.items()):

@@ -10,7 +10,9 @@
 -- Retention 400 days after ingest (ingested_at, filled by default: the view does not set it):
 -- auditors reconstruct handoffs months later, and an agent's clock cannot expire a row early.
 -- Rows are never updated by the platform: duplicates are stored as observed and counted once
--- by the analytics (a duplicate delivery is itself an anomaly to report).
+-- by the analytics. A span stored again (same trace_id, span_id, time and transition: a
+-- transport resend) is one span; the same transition as another span, or under one span id
+-- at another time, is a duplicate delivery, itself an anomaly to report.
 CREATE TABLE IF NOT EXISTS {db}.handoff_transitions
 (
     `tenant` LowCardinality(String),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -30,7 +31,8 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 class T:
     """One transition to seed. `attrs` are extra span attributes by wire name (values str,
     int, bool or list[str]); `span_id` defaults to a hash of the other fields plus `copy`,
-    so a duplicate delivery is the same T seeded twice with copy=1."""
+    so a duplicate delivery is the same T seeded twice with copy=1, and the same T seeded
+    again unchanged is one span resent (stored twice, counted once)."""
 
     handoff_id: str
     event: str
@@ -122,6 +124,15 @@ def span_rows(transitions: Iterable[T]) -> list[list[Any]]:
     return out
 
 
+def _identity(tenant: str, span_id: str, time_ns: int, attrs: Mapping[str, Any]) -> tuple:
+    return (
+        tenant,
+        span_id,
+        int(time_ns),
+        tuple(sorted((str(k), str(v)) for k, v in attrs.items())),
+    )
+
+
 def seed(client, database: str, transitions: Iterable[T], *, ledger: bool = True) -> list[str]:
     """Insert the transitions (one INSERT) and, when `ledger`, their transition_ledger rows.
 
@@ -159,13 +170,16 @@ def seed(client, database: str, transitions: Iterable[T], *, ledger: bool = True
             parameters={"s": sorted(set(spans))},
         )
         names = got.column_names
-        seen: set[tuple[str, str]] = set()
+        # one ledger row per row of THIS insert, as serve writes them: the query also returns
+        # rows of earlier inserts that share a span id (a resend, or other content)
+        todo = Counter(_identity(r[6], r[2], r[0], r[5]) for r in rows)
         ledger_rows = []
         for r in got.result_rows:
             d = dict(zip(names, r, strict=True))
-            if (d["span_id"], d["handoff_id"]) in seen:
+            key = _identity(d["tenant"], d["span_id"], d["time_ns"], d["attributes"])
+            if todo[key] <= 0:
                 continue
-            seen.add((d["span_id"], d["handoff_id"]))
+            todo[key] -= 1
             ledger_rows.append([d["tenant"], d["handoff_id"], d["span_id"], d["trace_id"],
                                 row_hash(d), "seed", datetime.now(UTC)])  # fmt: skip
         client.insert(

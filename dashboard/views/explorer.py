@@ -110,7 +110,9 @@ tdf = pd.DataFrame(transitions)
 if len(tdf):
     # the handoff's own ids are in the header; time_ns would overflow a JS number
     drop = [c for c in ("time_ns", "tenant", "task_id", "handoff_id") if c in tdf]
-    first = [c for c in ("event", "from_state", "to_state", "actor", "time", "valid") if c in tdf]
+    # arrivals: how often the same span was stored (a transport resend, counted once)
+    cols = ("event", "from_state", "to_state", "actor", "time", "valid", "arrivals")
+    first = [c for c in cols if c in tdf]
     tdf = tdf.drop(columns=drop)
     st.dataframe(
         tdf[first + [c for c in tdf if c not in first]], hide_index=True, key="ex_transitions"

@@ -49,7 +49,8 @@ START = ("start", "accepted", "running", {})
 
 def histories() -> tuple[list[T], list[T]]:
     """(first batch, second batch): h15's commit arrives in the first batch, before its
-    create and start (out-of-order arrival)."""
+    create and start (out-of-order arrival), and again unchanged in the second (the
+    exporter's retry of a request that timed out: one span stored twice, counted once)."""
     b: list[T] = []
     # h01 happy path through prepare and verify: S A E V K
     b += _path("h01", 0, [ACC, START, ("prepare", "running", "prepared", EV),
@@ -120,11 +121,14 @@ def histories() -> tuple[list[T], list[T]]:
     # another tenant reusing id h01: a different handoff (created, rejected)
     b += [create("h01", s(0), task_id="task-x", tenant="acme"),
           T("h01", "reject", "created", "rejected", s(1), tenant="acme")]  # fmt: skip
-    # h15 implied accept and out-of-order arrival: commit first, create and start later
-    first = [T("h15", "commit", "running", "committed", s(3), attrs=EV, task_id="task-h15")]
+    # h15 implied accept and out-of-order arrival: commit first, create and start later; the
+    # commit is resent with the second batch (same span, same content): not a duplicate
+    commit = T("h15", "commit", "running", "committed", s(3), attrs=EV, task_id="task-h15")
+    first = [commit]
     second = [
         create("h15", s(0), task_id="task-h15"),
         T("h15", "start", "accepted", "running", s(2)),
+        commit,
     ]
     return first, b + second
 
@@ -173,7 +177,7 @@ def test_anomalies_match_hand_computed_list(chdb_client, db):
     got = {r.kind: list(r.examples) for r in df.itertuples()}
     assert got == {
         "invalid_transition": ["h23", "h24", "h29"],  # illegal row; after terminal; valid=false
-        "duplicate_delivery": ["h16"],
+        "duplicate_delivery": ["h16"],  # h15's resent commit is one span, not a duplicate
         "idempotency_conflict": ["h18", "h19"],
         "stale_fence": ["h21"],
         "committed_without_evidence": ["h06", "h14"],

@@ -158,3 +158,44 @@ def test_task_index_ddl_file_is_generated():
     assert (SQL_DIR / "005_handoff_tasks.sql").read_text() == _tasks_sql.render_tasks_ddl(), (
         "sql/005_handoff_tasks.sql is stale: run `python -m analytics._tasks_sql`"
     )
+
+
+def test_reference_a_resent_span_is_one_copy():
+    rows = [_stored("create", "", "created", 0), _stored("accept", "created", "accepted", 1)]
+    accept = rows[1]
+    as_of = 10**12
+    assert ref.handoff_anomalies(rows, as_of_ns=as_of) == ["accepted_never_started"]
+    # the same span stored again (same ids and time): one copy, nothing changes
+    for again in (dict(accept), dict(accept, attributes={"handoff.note": "other map"})):
+        assert ref.handoff_anomalies([*rows, again], as_of_ns=as_of) == ["accepted_never_started"]
+    # the same transition as a new span, or the same span id at another time: a duplicate
+    for other in (dict(accept, span_id="another"), dict(accept, time_ns=accept["time_ns"] + 1)):
+        assert ref.copy_key(other) != ref.copy_key(accept)
+        assert "duplicate_delivery" in ref.handoff_anomalies([*rows, other], as_of_ns=as_of)
+    # the same span id carrying another transition: both count (here a fork: invalid)
+    reject = dict(accept, event="reject", to_state="rejected")
+    assert ref.handoff_anomalies([*rows, reject], as_of_ns=as_of) == ["invalid_transition"]
+
+
+def test_package_lists_a_resent_span_once_with_its_arrivals():
+    rows = [_stored("create", "", "created", 0), _stored("accept", "created", "accepted", 1)]
+    accept = rows[1]
+    pkg0 = build_package(rows, ledger={}, as_of_ns=2 * 10**9)
+    ledger = {t["span_id"]: [t["row_hash"]] for t in pkg0["transitions"]}
+    pkg = build_package([*rows, dict(accept), dict(accept)], ledger=ledger, as_of_ns=2 * 10**9)
+    assert [(t["event"], t["arrivals"]) for t in pkg["transitions"]] == [
+        ("create", 1),
+        ("accept", 3),
+    ]
+    assert pkg["integrity"]["chain"] == pkg0["integrity"]["chain"]  # one link per transition
+    assert pkg["integrity"]["ledger"] == {"rows": 4, "matched": 4, "mismatched": [],
+                                          "missing": [], "ok": True}  # fmt: skip
+    assert pkg["anomalies"] == []
+    assert verify_offline(pkg) == []
+    # arrivals are part of the package: an edit breaks its hash; a nonsense value is refused
+    edited = copy.deepcopy(pkg)
+    edited["transitions"][1]["arrivals"] = 1
+    assert any("package_sha256" in p for p in verify_offline(edited))
+    edited["transitions"][1]["arrivals"] = 0
+    with pytest.raises(ValueError, match=r"transitions\[1\]\.arrivals"):
+        verify_offline(edited)
