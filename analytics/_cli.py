@@ -215,7 +215,7 @@ def _print_package(pkg: dict[str, Any]) -> None:
             _say(f"  {k}: {env[k]}" + (" ms" if k == "deadline_ms" else ""))
     print()
     _print_table(
-        ["time (UTC)", "event", "transition", "actor", "span_id", "counted"],
+        ["time (UTC)", "event", "transition", "actor", "span_id", "arrivals", "counted"],
         [
             [
                 t["time"],
@@ -223,6 +223,7 @@ def _print_package(pkg: dict[str, Any]) -> None:
                 f"{t['from_state'] or '∅'} -> {t['to_state']}",
                 t["actor"],
                 t["span_id"],
+                t.get("arrivals", 1),
                 "yes" if t["counted"] else "NO",
             ]
             for t in pkg["transitions"]
