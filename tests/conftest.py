@@ -40,6 +40,41 @@ def fresh_db(chdb_client) -> str:
         chdb_client.command(f"DROP DATABASE IF EXISTS {name} SYNC")
 
 
+@pytest.fixture(scope="session")
+def query_port(chdb_path: Path):
+    """serve's read-only query port over the session store, in this process (the engine is
+    the one this process already has open): the port number."""
+    import threading
+
+    from serve._query_engine import QueryEngine
+    from serve._query_http import make_query_server
+
+    engine = QueryEngine(str(chdb_path))
+    server = make_query_server("127.0.0.1", 0, engine, database="default")
+    thread = threading.Thread(target=server.serve_forever, name="test-query-port", daemon=True)
+    thread.start()
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+    engine.close()
+
+
+@pytest.fixture(scope="session", params=["embedded", "http"])
+def reader(request, chdb_client):
+    """The client the analytics read through, once per store kind: the embedded engine
+    itself, and clickhouse-connect over HTTP to serve's query port on the same store (what
+    the dashboard and the CLI use against a running serve). Tests write with chdb_client."""
+    if request.param == "embedded":
+        yield chdb_client
+        return
+    import clickhouse_connect
+
+    port = request.getfixturevalue("query_port")
+    client = clickhouse_connect.get_client(host="127.0.0.1", port=port)
+    yield client
+    client.close()
+
+
 # --- `handoffs serve` as a subprocess (provided by ingest/; see ingest/testing.py) ---------
 # start_serve(tmp_path, tokens=None) -> ServeHandle(otlp_url, query_url, store_dir, database,
 # process, stop(), kill(), client(), wait_stored(), health()). The query URL speaks

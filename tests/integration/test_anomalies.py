@@ -43,23 +43,23 @@ def db(chdb_client, fresh_db):
     return fresh_db
 
 
-def test_rejection_spike_flags_only_the_group_above_its_baseline(chdb_client, db):
-    ids = anomaly_handoff_ids(chdb_client, database=db, window=WINDOW, kind="rejection_spike")
+def test_rejection_spike_flags_only_the_group_above_its_baseline(reader, db):
+    ids = anomaly_handoff_ids(reader, database=db, window=WINDOW, kind="rejection_spike")
     assert ids == [f"ww{i:02d}" for i in range(6)]  # the window's rejected search/web handoffs
-    df = anomalies(chdb_client, database=db, window=WINDOW, examples=2)
+    df = anomalies(reader, database=db, window=WINDOW, examples=2)
     row = df[df["kind"] == "rejection_spike"].iloc[0]
     assert row["count"] == 6 and list(row["examples"]) == ["ww00", "ww01"]
     assert set(df[df["count"] > 0]["kind"]) == {"rejection_spike"}
 
 
-def test_tenant_scoping_and_bad_kind(chdb_client, db):
+def test_tenant_scoping_and_bad_kind(reader, db):
     assert (
         anomaly_handoff_ids(
-            chdb_client, database=db, window=WINDOW, kind="rejection_spike", tenant="other"
+            reader, database=db, window=WINDOW, kind="rejection_spike", tenant="other"
         )
         == []
     )
     with pytest.raises(ValueError, match="unknown anomaly kind 'gremlins'"):
-        anomaly_handoff_ids(chdb_client, database=db, window=WINDOW, kind="gremlins")
+        anomaly_handoff_ids(reader, database=db, window=WINDOW, kind="gremlins")
     with pytest.raises(ValueError, match="examples"):
-        anomalies(chdb_client, database=db, window=WINDOW, examples=-1)
+        anomalies(reader, database=db, window=WINDOW, examples=-1)

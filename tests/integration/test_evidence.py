@@ -62,8 +62,8 @@ def db(chdb_client, fresh_db):
     return fresh_db
 
 
-def test_package_content(chdb_client, db):
-    pkg = evidence_package(chdb_client, database=db, handoff_id="h1", as_of=s(3600))
+def test_package_content(chdb_client, reader, db):
+    pkg = evidence_package(reader, database=db, handoff_id="h1", as_of=s(3600))
     assert (pkg["handoff_id"], pkg["task_id"], pkg["tenant"]) == ("h1", "t1", "default")
     assert pkg["envelope"]["mode"] == "delegate" and pkg["envelope"]["to_agent"] == "coder"
     assert pkg["input_summary"]["objective_summary"] == "fix bug 12"
@@ -87,28 +87,28 @@ def test_package_content(chdb_client, db):
     integ = pkg["integrity"]
     assert len(integ["chain"]) == 6 and integ["chain_head"] == integ["chain"][-1]
     assert integ["ledger"] == {"rows": 6, "matched": 6, "mismatched": [], "missing": [], "ok": True}
-    assert evidence_package(chdb_client, database=db, handoff_id="nope") is None
+    assert evidence_package(reader, database=db, handoff_id="nope") is None
     # a non-handoff span of the same trace (e.g. the coder's tool call) is a related span
     trace = pkg["transitions"][0]["trace_id"]
     chdb_client.insert(f"{db}.otel_traces", [[s(2.5), trace, "00000000000000aa", "tool.run", "coder"]],
                        column_names=["Timestamp", "TraceId", "SpanId", "SpanName", "ServiceName"])  # fmt: skip
-    again = evidence_package(chdb_client, database=db, handoff_id="h1", as_of=s(3600))
+    again = evidence_package(reader, database=db, handoff_id="h1", as_of=s(3600))
     assert [(r["span_id"], r["name"]) for r in again["related_spans"]] == [
         ("00000000000000aa", "tool.run")
     ]
-    res = verify_package(chdb_client, pkg, database=db)
+    res = verify_package(reader, pkg, database=db)
     assert res.ok and res.problems == []
 
 
-def test_tampering_with_a_stored_row_is_detected_and_named(chdb_client, db):
-    pkg = evidence_package(chdb_client, database=db, handoff_id="h1")
+def test_tampering_with_a_stored_row_is_detected_and_named(chdb_client, reader, db):
+    pkg = evidence_package(reader, database=db, handoff_id="h1")
     start_span = next(t["span_id"] for t in pkg["transitions"] if t["event"] == "start")
     chdb_client.command(
         f"ALTER TABLE {db}.handoff_transitions UPDATE actor = 'mallory' WHERE span_id = {{s:String}}",
         parameters={"s": start_span},
         settings={"mutations_sync": 2},
     )
-    res = verify_package(chdb_client, pkg, database=db)
+    res = verify_package(reader, pkg, database=db)
     assert not res.ok
     assert (
         f"span_id={start_span}: stored row differs from the package (column actor)" in res.problems
@@ -119,16 +119,16 @@ def test_tampering_with_a_stored_row_is_detected_and_named(chdb_client, db):
     )
     assert all(start_span in p for p in res.problems)  # only the tampered row is named
     # a package made AFTER the tampering still fails: the ledger remembers the ingested row
-    later = evidence_package(chdb_client, database=db, handoff_id="h1")
+    later = evidence_package(reader, database=db, handoff_id="h1")
     assert later["integrity"]["ledger"]["mismatched"] == [start_span]
-    res2 = verify_package(chdb_client, later, database=db)
+    res2 = verify_package(reader, later, database=db)
     assert not res2.ok and res2.problems == [
         f"span_id={start_span}: stored row does not match the ingest ledger"
     ]
 
 
-def test_deleted_and_added_rows_are_named(chdb_client, db):
-    pkg = evidence_package(chdb_client, database=db, handoff_id="h1")
+def test_deleted_and_added_rows_are_named(chdb_client, reader, db):
+    pkg = evidence_package(reader, database=db, handoff_id="h1")
     commit_span = next(t["span_id"] for t in pkg["transitions"] if t["event"] == "commit")
     chdb_client.command(
         f"ALTER TABLE {db}.handoff_transitions DELETE WHERE span_id = {{s:String}}",
@@ -136,7 +136,7 @@ def test_deleted_and_added_rows_are_named(chdb_client, db):
         settings={"mutations_sync": 2},
     )
     seed(chdb_client, db, [T("h1", "verify", "committed", "verified", s(5))], ledger=False)
-    problems = verify_package(chdb_client, pkg, database=db).problems
+    problems = verify_package(reader, pkg, database=db).problems
     assert any(
         p.startswith(f"span_id={commit_span}: in the package but no longer stored")
         for p in problems

@@ -141,8 +141,8 @@ def db(chdb_client, fresh_db):
     return fresh_db
 
 
-def test_funnel_matches_hand_computed_numbers(chdb_client, db):
-    row = funnel(chdb_client, database=db, window=WINDOW, tenant="default").iloc[0]
+def test_funnel_matches_hand_computed_numbers(reader, db):
+    row = funnel(reader, database=db, window=WINDOW, tenant="default").iloc[0]
     # cohort: h01..h24, h27, h28, h29 = 27 (h25 orphan, h26 created before the window)
     assert row["volume"] == 27
     assert row["in_flight"] == 1  # h22
@@ -167,12 +167,12 @@ def test_funnel_matches_hand_computed_numbers(chdb_client, db):
     assert row["unknown_rate"] == pytest.approx(3 / 26)
     assert row["escalation_rate"] == pytest.approx(2 / 26)
     # all tenants: + acme's h01 (settled, rejected)
-    allt = funnel(chdb_client, database=db, window=WINDOW).iloc[0]
+    allt = funnel(reader, database=db, window=WINDOW).iloc[0]
     assert (allt["volume"], allt["settled"], allt["accepted"]) == (28, 27, 19)
 
 
-def test_anomalies_match_hand_computed_list(chdb_client, db):
-    df = anomalies(chdb_client, database=db, window=WINDOW, tenant="default", examples=10)
+def test_anomalies_match_hand_computed_list(reader, db):
+    df = anomalies(reader, database=db, window=WINDOW, tenant="default", examples=10)
     assert list(df["kind"]) == list(ANOMALY_KINDS)
     got = {r.kind: list(r.examples) for r in df.itertuples()}
     assert got == {
@@ -192,43 +192,41 @@ def test_anomalies_match_hand_computed_list(chdb_client, db):
     assert dict(zip(df["kind"], df["count"], strict=True)) == {k: len(v) for k, v in got.items()}
 
 
-def test_slices_and_stages(chdb_client, db):
-    by_mode = funnel(chdb_client, database=db, window=WINDOW, by=("mode",), tenant="default")
+def test_slices_and_stages(reader, db):
+    by_mode = funnel(reader, database=db, window=WINDOW, by=("mode",), tenant="default")
     modes = {r.mode: r for r in by_mode.itertuples()}
     assert set(modes) == {"delegate", "escalate", "transfer"}
     assert (modes["escalate"].settled, modes["escalate"].committed) == (1, 1)  # h10
     assert (modes["transfer"].settled, modes["transfer"].committed) == (2, 2)  # h27 h28
-    caps = funnel(chdb_client, database=db, window=WINDOW, by=("capability",), tenant="default")
+    caps = funnel(reader, database=db, window=WINDOW, by=("capability",), tenant="default")
     caps = {r.capability: r.volume for r in caps.itertuples()}
     assert caps["search"] == caps["write"] == 1 and caps[""] == 26  # h01 counted under each
-    pairs = funnel(chdb_client, database=db, window=WINDOW, by=("pair",), tenant="default")
+    pairs = funnel(reader, database=db, window=WINDOW, by=("pair",), tenant="default")
     assert set(pairs["pair"]) == {"planner->worker", "triage->billing", "billing->triage"}
     behind = handoffs_behind(
-        chdb_client, database=db, window=WINDOW, stage="not_accepted", tenant="default"
+        reader, database=db, window=WINDOW, stage="not_accepted", tenant="default"
     )
     assert sorted(behind["handoff_id"]) == ["h02", "h03", "h04", "h12", "h18", "h19", "h29"]
-    nev = handoffs_behind(chdb_client, database=db, window=WINDOW, stage="not_evidenced")
+    nev = handoffs_behind(reader, database=db, window=WINDOW, stage="not_evidenced")
     assert sorted(nev["handoff_id"]) == ["h06", "h14"]
     assert list(
-        handoffs_behind(chdb_client, database=db, window=WINDOW, stage="in_flight")["handoff_id"]
+        handoffs_behind(reader, database=db, window=WINDOW, stage="in_flight")["handoff_id"]
     ) == ["h22"]
-    skew = handoffs_behind(
-        chdb_client, database=db, window=WINDOW, stage="all", anomaly="clock_skew"
-    )
+    skew = handoffs_behind(reader, database=db, window=WINDOW, stage="all", anomaly="clock_skew")
     assert list(skew["handoff_id"]) == ["h17"]
-    h01 = handoffs_behind(chdb_client, database=db, window=WINDOW, stage="committed",
+    h01 = handoffs_behind(reader, database=db, window=WINDOW, stage="committed",
                           filters={"capability": "search"})  # fmt: skip
     assert list(h01["handoff_id"]) == ["h01"] and h01["last_state"][0] == "verified"
-    found = find_handoffs(chdb_client, database=db, query="tf")
+    found = find_handoffs(reader, database=db, query="tf")
     assert sorted(found["handoff_id"]) == ["h20", "h21"]
-    assert sorted(find_handoffs(chdb_client, database=db, query="k1")["handoff_id"]) == [
+    assert sorted(find_handoffs(reader, database=db, query="k1")["handoff_id"]) == [
         "h18",
         "h19",
     ]
 
 
-def test_latencies_and_tasks(chdb_client, db):
-    lat = latencies(chdb_client, database=db, window=WINDOW, tenant="default").iloc[0]
+def test_latencies_and_tasks(reader, db):
+    lat = latencies(reader, database=db, window=WINDOW, tenant="default").iloc[0]
     # created->accepted: counted accepts of h01 h05 h06 h07 h08 h09 h10 h11 h13 h14 h16 h20
     # h21 h22 h23 h27 h28 (17), all 1 s after create; h17's (-5 s, skewed) is left out
     assert lat["accept_n"] == 17 and lat["accept_p50_ms"] == lat["accept_p99_ms"] == 1000.0
@@ -238,43 +236,43 @@ def test_latencies_and_tasks(chdb_client, db):
     )
     # unknown -> left unknown: h04 (1 s), h08 (1 s)
     assert (lat["resolve_n"], lat["resolve_p50_ms"]) == (2, 1000.0)
-    stats = task_stats(chdb_client, database=db, window=WINDOW, tenant="default")
+    stats = task_stats(reader, database=db, window=WINDOW, tenant="default")
     # 27 handoffs in 25 tasks (tf and tb hold two each); tasks with a K handoff: h01 h08 h10
     # h15 h16 h17 tf tb = 8
     assert stats["tasks"] == 25 and stats["tasks_committed"] == 8
     assert stats["attempts_per_task"] == pytest.approx(27 / 25)
 
 
-def test_empty_window_rates_are_undefined(chdb_client, db):
+def test_empty_window_rates_are_undefined(reader, db):
     empty = Window(
         start=T0 + timedelta(days=3), end=T0 + timedelta(days=4), as_of=T0 + timedelta(days=5)
     )
-    row = funnel(chdb_client, database=db, window=empty).iloc[0]
+    row = funnel(reader, database=db, window=empty).iloc[0]
     assert row["volume"] == 0 and row["settled"] == 0
     assert all(math.isnan(row[c]) for c in ("p_accept", "p_e2e", "unknown_rate", "escalation_rate"))
     # grouped results of an empty cohort keep their columns (zero rows)
-    grouped = funnel(chdb_client, database=db, window=empty, by=("tenant", "pair"), bucket="day")
+    grouped = funnel(reader, database=db, window=empty, by=("tenant", "pair"), bucket="day")
     assert len(grouped) == 0 and list(grouped.columns[:3]) == ["tenant", "pair", "bucket"]
     assert {"settled", "p_e2e", "volume"} <= set(grouped.columns)
-    lat = latencies(chdb_client, database=db, window=empty, by=("mode",))
+    lat = latencies(reader, database=db, window=empty, by=("mode",))
     assert len(lat) == 0 and {"mode", "accept_p50_ms", "commit_n"} <= set(lat.columns)
 
 
-def test_bad_arguments_name_the_field(chdb_client, db):
+def test_bad_arguments_name_the_field(reader, db):
     with pytest.raises(ValueError, match="dimension 'colour'"):
-        funnel(chdb_client, database=db, window=WINDOW, by=("colour",))
+        funnel(reader, database=db, window=WINDOW, by=("colour",))
     with pytest.raises(ValueError, match="bucket"):
-        funnel(chdb_client, database=db, window=WINDOW, bucket="week")
+        funnel(reader, database=db, window=WINDOW, bucket="week")
     with pytest.raises(ValueError, match="stage"):
-        handoffs_behind(chdb_client, database=db, window=WINDOW, stage="lost")
+        handoffs_behind(reader, database=db, window=WINDOW, stage="lost")
     with pytest.raises(ValueError, match="anomaly kind"):
-        handoffs_behind(chdb_client, database=db, window=WINDOW, anomaly="gremlins")
+        handoffs_behind(reader, database=db, window=WINDOW, anomaly="gremlins")
     with pytest.raises(ValueError, match="timezone-aware"):
         Window(start=datetime(2026, 1, 1), end=T0)
     with pytest.raises(ValueError, match="after"):
         Window(start=T0, end=T0)
     with pytest.raises(ValueError, match="database name"):
-        funnel(chdb_client, database="x; DROP", window=WINDOW)
+        funnel(reader, database="x; DROP", window=WINDOW)
 
 
 def test_cli_metrics_and_anomalies(chdb_client, db, chdb_path, capsys):
@@ -371,9 +369,9 @@ def test_the_two_fixtures_cover_every_legal_transition():
     assert set(POSITIONS) <= seen
 
 
-def test_remaining_paths_hand_computed(chdb_client, fresh_db):
+def test_remaining_paths_hand_computed(chdb_client, reader, fresh_db):
     seed(chdb_client, fresh_db, paths())
-    row = funnel(chdb_client, database=fresh_db, window=WINDOW).iloc[0]
+    row = funnel(reader, database=fresh_db, window=WINDOW).iloc[0]
     # every p* reaches a terminal state: 10 settled, none in flight
     assert (row["volume"], row["settled"], row["in_flight"]) == (10, 10, 0)
     # A: all but p7 (escalated from created) = 9; p10 is implied (committed after unknown)
@@ -383,7 +381,7 @@ def test_remaining_paths_hand_computed(chdb_client, fresh_db):
     assert (row["unknown"], row["unresolved_now"], row["escalated"]) == (4, 0, 4)
     assert row["p_execute"] == pytest.approx(5 / 9) and row["p_commit"] == pytest.approx(2 / 4)
     assert row["p_e2e"] == pytest.approx(2 / 10)
-    df = anomalies(chdb_client, database=fresh_db, window=WINDOW, examples=10)
+    df = anomalies(reader, database=fresh_db, window=WINDOW, examples=10)
     # the committed -> unknown -> committed cycle of p3 is neither skew nor invalid
     assert {r.kind: list(r.examples) for r in df.itertuples() if r.count} == {
         "implied_accept": ["p10"]
