@@ -20,7 +20,7 @@ import re
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import Any, Final, Protocol
 
 __all__ = ["BodyError", "BodyReader", "Framing", "Readable", "framing", "gunzip"]
 
@@ -83,6 +83,14 @@ def framing(content_lengths: Sequence[str], transfer_encodings: Sequence[str]) -
     if len(set(map(int, lengths))) > 1:
         raise BodyError(400, f"conflicting Content-Length values {lengths}")
     return Framing(chunked=False, length=int(lengths[0]))
+
+
+def request_framing(headers: Any) -> Framing:
+    """`framing` of a request's headers (an `email.message.Message`, as http.server parses
+    them: every value of a repeated header counts)."""
+    return framing(
+        headers.get_all("Content-Length") or [], headers.get_all("Transfer-Encoding") or []
+    )
 
 
 class BodyReader:

@@ -2,7 +2,7 @@
 (`?wait_s=N`: answered once every acknowledged request is stored, or after N seconds).
 
 Status codes follow the OTLP/HTTP spec: 200 (with partial_success when some spans were
-rejected), 400 bad data or bad framing, 401 missing/unknown bearer token, 404 unknown path,
+rejected), 400 bad data or bad request_framing, 401 missing/unknown bearer token, 404 unknown path,
 405 (with `Allow`) another method on a known path, 411 neither Content-Length nor chunked,
 413 body over max_body_bytes (as sent, or after gunzip), 415 unknown Content-Type or
 Content-Encoding, 503 + Retry-After when the spool is full or the store is failing. Error
@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Final
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from foundation.http_body import BodyError, BodyReader, Framing, framing, gunzip
+from foundation.http_body import BodyError, BodyReader, Framing, gunzip, request_framing
 from ingest._auth import Unauthenticated, tenant_for
 from ingest._decode import JSON, PROTOBUF, DecodeError
 from ingest._service import StoreUnavailable
@@ -213,10 +213,7 @@ class _Handler(BaseHTTPRequestHandler):
         ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
         fmt = _CONTENT_TYPES.get(ctype, JSON) if path == "/v1/traces" else JSON
         try:
-            fr = framing(
-                self.headers.get_all("Content-Length") or [],
-                self.headers.get_all("Transfer-Encoding") or [],
-            )
+            fr = request_framing(self.headers)
         except BodyError as exc:  # where the body ends is unknown: answer and close
             self.close_connection = True
             self._error(exc.status, exc.message, fmt, reason="bad_framing")

@@ -37,7 +37,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Final
 from urllib.parse import parse_qsl, urlsplit
 
-from foundation.http_body import BodyError, BodyReader, framing
+from foundation.http_body import BodyError, BodyReader, request_framing
 from serve._query_engine import QueryEngine, QueryError
 from serve._query_policy import Unauthorized, read_access
 from serve._query_request import RequestError, decode_request
@@ -227,10 +227,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _handle(self) -> None:
         try:
-            fr = framing(
-                self.headers.get_all("Content-Length") or [],
-                self.headers.get_all("Transfer-Encoding") or [],
-            )
+            fr = request_framing(self.headers)
         except BodyError as exc:  # where the body ends is unknown: answer and close
             self.close_connection = True
             self._error(exc.status, _SYNTAX_CODE, exc.message, {"Connection": "close"})
