@@ -98,6 +98,10 @@ def run_demo(
     tokens = demo_tokens()
     spec = ",".join(f"{tok}={tenant}" for tenant, tok in tokens.items())
     read_token = secrets.token_urlsafe(18)  # reads every tenant; lives as long as this demo
+    token_file = data / "query-token"  # for the CLI while the demo runs; only this user reads it
+    token_file.unlink(missing_ok=True)
+    token_file.touch(mode=0o600)
+    token_file.write_text(read_token + "\n")
     t0 = time.monotonic()
     print(f"starting serve on chdb://{data} ...", file=out, flush=True)
     try:
@@ -116,6 +120,12 @@ def run_demo(
         return 3
     print(
         f"serve up in {time.monotonic() - t0:.1f}s: OTLP {serve.otlp_url}, queries {serve.query_url}",
+        file=out,
+        flush=True,
+    )
+    print(
+        f'CLI while it runs: HANDOFFS_PASSWORD="$(cat {token_file})" '
+        f"handoffs metrics --store {serve.query_url}",
         file=out,
         flush=True,
     )
