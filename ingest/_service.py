@@ -51,10 +51,11 @@ _EXTRA_CLIENTS = 2  # see Ingestor._open_extra_clients
 OVERLAP_MAX_RSS = 450 << 20
 #: Smallest protobuf body (bytes) chDB decodes (ingest.chdb); smaller ones go through
 #: Python, whose cost per request is lower: chDB's decoding queries run for the life of
-#: serve, but each request still costs a few ms of fixed work (its block staged with an
-#: INSERT, the ack's figures read from it), which pays off only from several hundred spans.
+#: serve, but each round of requests still costs ~6 ms of fixed work (one round trip, one
+#: INSERT staging its blocks; the requests queued together share it), which a lone
+#: request pays off only from a couple of hundred spans (Python: ~30 µs per span).
 #: (OTel SDK batches of 512 spans are ~180 KB; a Collector's 8192-span batches ~3 MB.)
-SQL_MIN_BYTES = 256 * 1024
+SQL_MIN_BYTES = 64 * 1024
 _MAX_REFUSALS = 20  # the store refused one group's data this many times: park it
 
 

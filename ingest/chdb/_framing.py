@@ -11,7 +11,7 @@ import functools
 from json.encoder import encode_basestring  # type: ignore[attr-defined]
 from typing import Final
 
-__all__ = ["MARKER", "MARKER_ID", "frame", "frame_parts", "uvarint", "varint"]
+__all__ = ["MARKER", "MARKER_ID", "frame", "frame_parts", "span_count", "uvarint", "varint"]
 
 
 def varint(n: int) -> bytes:
@@ -37,6 +37,50 @@ def uvarint(b: bytes | memoryview, pos: int) -> tuple[int, int]:
         if x < 0x80:
             return n, pos
         shift += 7
+
+
+def _fields(b: bytes, start: int, end: int, number: int) -> list[tuple[int, int]] | None:
+    """(start, end) of each length-delimited field `number` of the message b[start:end]; None
+    when the message does not parse (or uses the deprecated group wire types)."""
+    out = []
+    pos = start
+    try:
+        while pos < end:
+            tag, pos = uvarint(b, pos)
+            wire = tag & 7
+            if wire == 2:
+                n, pos = uvarint(b, pos)
+                if tag >> 3 == number:
+                    out.append((pos, pos + n))
+                pos += n
+            elif wire == 0:
+                _, pos = uvarint(b, pos)
+            elif wire == 1:
+                pos += 8
+            elif wire == 5:
+                pos += 4
+            else:
+                return None
+    except IndexError:
+        return None
+    return out if pos == end else None
+
+
+def span_count(body: bytes) -> int | None:
+    """Spans in an ExportTraceServiceRequest (the rows the decoding query makes of it), read
+    from its framing without decoding a span (~0.6 µs per span); None when it does not parse."""
+    total = 0
+    resource_spans = _fields(body, 0, len(body), 1)  # Request.resource_spans
+    for rs in resource_spans or ():
+        scope_spans = _fields(body, *rs, 2)  # ResourceSpans.scope_spans
+        for ss in scope_spans or ():
+            spans = _fields(body, *ss, 2)  # ScopeSpans.spans
+            if spans is None:
+                return None
+            total += len(spans)
+        if scope_spans is None:
+            return None
+    return None if resource_spans is None else total
 
 
 def frame_parts(body: bytes, batch_id: str, received_at_ms: int, tenant: str = "") -> list[bytes]:

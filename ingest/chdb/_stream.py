@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DECODE_TIMEOUT_S",
+    "MARKER_GRACE_S",
     "SUPPORTED",
     "Chunk",
     "Stream",
@@ -45,6 +46,7 @@ __all__ = [
 #: module reads
 SUPPORTED: Final = ("1.12",)
 DECODE_TIMEOUT_S: Final = 120.0  # a request's answer from its stream (~10 µs per span)
+MARKER_GRACE_S: Final = 5.0  # after the end marker's block, for the blocks still in flight
 
 
 class UnsupportedClient(RuntimeError):
@@ -148,9 +150,15 @@ class Stream:
         os.set_blocking(fd, True)
         self._fd = fd
 
-    def decode(self, record: list[bytes], timeout: float = DECODE_TIMEOUT_S) -> list[Chunk]:
-        """The Native blocks of one framed request (frame_parts; none for a request of no
-        spans)."""
+    def decode(
+        self, record: list[bytes], rows: int, timeout: float = DECODE_TIMEOUT_S
+    ) -> list[Chunk]:
+        """The Native blocks of the framed requests in `record` (frame_parts, one or several
+        records one after another), `rows` rows in all (their spans: framing.span_count);
+        each block holds rows of one request (block_batch), and a request of no spans has
+        none. The query processes blocks on two threads, so the end marker's block may come
+        before a request's last ones: they are waited for (StreamBroken if they do not come
+        within MARKER_GRACE_S of it, or if more come)."""
         deadline = time.monotonic() + timeout
         if self._fd < 0:
             self._open(deadline)
@@ -165,6 +173,7 @@ class Stream:
         except OSError as e:  # EPIPE: the query ended (bad input) and closed the FIFO
             raise StreamBroken(str(e)) from e
         blocks: list[Chunk] = []
+        seen, ended = 0, False
         while True:
             try:
                 item = self._out.get(timeout=max(0.0, deadline - time.monotonic()))
@@ -176,9 +185,17 @@ class Stream:
                 raise StreamBroken(str(item or "decoding stream ended")) from (
                     item if isinstance(item, BaseException) else None
                 )
-            if block_batch(item.view)[0] == MARKER_ID:
+            batch_id, n = block_batch(item.view)
+            if batch_id == MARKER_ID:
+                ended = True
+                deadline = min(deadline, time.monotonic() + MARKER_GRACE_S)
+            else:
+                blocks.append(item)
+                seen += n
+            if seen > rows:
+                raise StreamBroken(f"decoding stream returned {seen} rows, {rows} expected")
+            if ended and seen == rows:
                 return blocks
-            blocks.append(item)
 
     def close(self) -> None:
         """End the query (EOF on its FIFO) and wait for it."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -268,6 +269,79 @@ def test_requests_decoded_at_once_by_two_streams_store_what_python_stores(
     assert not [f for f in (tmp_path / dir_name).glob("*") if f.suffix in (".fifo", ".native")]
 
 
+def _wait_until(condition, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        threading.Event().wait(0.002)
+
+
+def test_requests_queued_together_are_decoded_in_one_round(
+    chdb_client, two_dbs, chdb_path, tmp_path
+):
+    """Requests queued while both streams are busy are decoded in one round trip and staged
+    with one INSERT, each still its own Staged (batch id, counts, batch hash): stored as the
+    Python decoder stores them. A request of the round the path declines (a double) goes
+    the Python way alone; a second copy of a batch id waits for the next round."""
+    spec = StoreSpec(kind="chdb", path=str(chdb_path), database="default")
+    stager = Stager(lambda: connect(spec, database=""), tmp_path / "stage-rounds")
+    gates, entered = [threading.Event(), threading.Event()], []
+
+    def hold(_client) -> None:  # each stream's first round waits for its gate
+        entered.append(1)
+        if len(entered) <= len(gates):
+            gates[len(entered) - 1].wait(30)
+
+    stager.before_decode = hold
+    stager.setup()
+    try:
+        rng = random.Random(61)
+        bodies = [build(rng, n).SerializeToString() for n in (1, 1, 2, 3, 1, 4, 2, 1)]
+        out: dict[str, object] = {}
+
+        def one(key: str, bid: str, body: bytes, at: int) -> None:
+            out[key] = stager.stage(body, batch_id=bid, received_at_ms=at, tenant=TENANT)
+
+        threads = []
+        for i in range(2):  # one round each, held in before_decode: both streams busy
+            threads.append(
+                threading.Thread(target=one, args=(f"busy-{i}", f"busy-{i}", bodies[i], 1))
+            )
+            threads[-1].start()
+            _wait_until(lambda n=i + 1: len(entered) == n, "a stream to take the request")
+        queued = [(f"round-{i}", f"round-{i}", body, _at(i)) for i, body in enumerate(bodies)]
+        queued.insert(3, ("odd", "odd-0", _one_span(ratio=0.5).SerializeToString(), 1))
+        queued.insert(5, ("copy", "round-0", bodies[0], _at(0)))  # waits for the next round
+        for args in queued:
+            threads.append(threading.Thread(target=one, args=args))
+            threads[-1].start()
+            n_queued = len(threads) - 2
+            _wait_until(lambda n=n_queued: stager.waiting() == n, "queued requests")
+        gates[0].set()  # one stream takes every queued request; the other stays busy
+        for t in [threads[0], *threads[2:]]:
+            t.join(60)
+        gates[1].set()
+        threads[1].join(60)
+        # two busy rounds; round-0..3 and odd-0; the copy of round-0 with round-4..7
+        assert stager.rounds == 4, f"{stager.rounds} rounds, 4 expected"
+        assert out["odd"] is None
+        staged = [out[f"round-{i}"] for i in range(len(bodies))]
+        assert all(s is not None for s in staged)
+        copy = out["copy"]
+        assert copy is not None
+        # one INSERT per round; the copy's batch id is staged in the first round's table,
+        # so the second round stages into a new one
+        assert {s.table for s in staged[:4]} == {staged[0].table}
+        assert {s.table for s in [*staged[4:], copy]} == {copy.table} != {staged[0].table}
+        stager.release([s for k, s in out.items() if s is not None and k in ("busy-0", "busy-1")])
+        stager.release([copy])  # (_store_both releases the round's requests it writes)
+        taken = _store_both(chdb_client, two_dbs, stager, bodies, prefix="round", pre_staged=staged)
+        assert taken == [True] * len(bodies)
+        _assert_same(chdb_client, two_dbs, prefix="round")
+    finally:
+        stager.close()
+
+
 def test_a_request_that_ends_its_stream_goes_the_python_way(chdb_path, tmp_path):
     """Malformed protobuf ends the decoding query reading it: that request goes the Python
     way (which says what is wrong), the thread starts a new stream, and the next requests
@@ -281,7 +355,15 @@ def test_a_request_that_ends_its_stream_goes_the_python_way(chdb_path, tmp_path)
         good = build(rng, 3).SerializeToString()
         assert stager.stage(good, batch_id="g0", received_at_ms=1, tenant=TENANT) is not None
         broken = stager.queries
+        # a body cut short is declined before it is framed (framing.span_count); one whose
+        # spans do not parse ends the query reading it
         assert stager.stage(good[:-5], batch_id="t0", received_at_ms=1, tenant=TENANT) is None
+        assert stager.queries == broken
+        span = b"\x0f\x00"  # a field of wire type 7 (none such)
+        scope = b"\x12" + bytes([len(span)]) + span
+        resource = b"\x12" + bytes([len(scope)]) + scope
+        bad = b"\x0a" + bytes([len(resource)]) + resource
+        assert stager.stage(bad, batch_id="t1", received_at_ms=1, tenant=TENANT) is None
         assert stager.queries == broken + 1, "no new stream after a malformed request"
         no_spans = ExportTraceServiceRequest()
         no_spans.resource_spans.add().scope_spans.add()
@@ -296,7 +378,7 @@ def test_a_request_that_ends_its_stream_goes_the_python_way(chdb_path, tmp_path)
             stager.release([staged])
             empty = no_spans.SerializeToString()
             assert stager.stage(empty, batch_id=f"e{i}", received_at_ms=1, tenant=TENANT) is None
-        assert stager.fallbacks == 5
+        assert stager.fallbacks == 6
     finally:
         stager.close()
 
