@@ -30,7 +30,7 @@ _WHERE = {
     "start_grpc_server": "ingest._otlp_grpc",
     "Telemetry": "ingest._telemetry",
     "Stager": "ingest.chdb",
-    "StoreUnavailable": "ingest._service",
+    "StoreUnavailable": "foundation.store",
     "Spool": "ingest._spool",
     "SpoolFull": "ingest._spool",
     "SpoolLocked": "ingest._spool",
@@ -51,6 +51,7 @@ lazy_exports(__name__, _WHERE)
 
 
 if TYPE_CHECKING:
+    from foundation.store import StoreUnavailable
     from ingest._decode import (
         DecodedBatch,
         DecodeError,
@@ -62,7 +63,7 @@ if TYPE_CHECKING:
     from ingest._files import IngestSummary, ingest_requests, read_requests
     from ingest._otlp_grpc import GrpcConfig, start_grpc_server
     from ingest._otlp_http import OtlpConfig, make_otlp_server
-    from ingest._service import OVERLAP_MAX_RSS, SQL_MIN_BYTES, Ingestor, StoreUnavailable
+    from ingest._service import OVERLAP_MAX_RSS, SQL_MIN_BYTES, Ingestor
     from ingest._spool import Spool, SpoolFull, SpoolLocked, SpoolRecord
     from ingest._telemetry import Telemetry
     from ingest._validate import TENANT_MISMATCH, CheckResult, check_handoff_span

@@ -29,10 +29,10 @@ from google.rpc import error_details_pb2, status_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc import TraceServiceServicer
 
+from foundation.store import StoreUnavailable
 from ingest._auth import Unauthenticated, tenant_for
 from ingest._decode import PROTOBUF, DecodeError
 from ingest._otlp_http import RETRY_AFTER_S
-from ingest._service import StoreUnavailable
 from ingest._spool import SpoolFull
 from ingest._telemetry import Refusal as Refused
 from ingest._telemetry import Telemetry, credential_label

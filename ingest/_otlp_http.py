@@ -32,9 +32,9 @@ from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from foundation.http_body import BodyError, BodyReader, Framing, gunzip, request_framing
+from foundation.store import StoreUnavailable
 from ingest._auth import Unauthenticated, tenant_for
 from ingest._decode import JSON, PROTOBUF, DecodeError
-from ingest._service import StoreUnavailable
 from ingest._spool import SpoolFull
 from ingest._telemetry import Refusal, Telemetry, credential_label
 

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from foundation.store import StoreUnavailable  # the store failing: answer 503
 from ingest._decode import PROTOBUF, DecodedBatch, decode_request
 from ingest._planner import Shape, keep_lingering, next_take, plan_round, shape, split_in_two
 from ingest._purge import Purger, rss_bytes
@@ -57,10 +58,6 @@ OVERLAP_MAX_RSS = 450 << 20
 #: (OTel SDK batches of 512 spans are ~180 KB; a Collector's 8192-span batches ~3 MB.)
 SQL_MIN_BYTES = 64 * 1024
 _MAX_REFUSALS = 20  # the store refused one group's data this many times: park it
-
-
-class StoreUnavailable(RuntimeError):
-    """The store is failing; the caller should answer 503 and the client retry later."""
 
 
 class Ingestor:

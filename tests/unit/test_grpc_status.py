@@ -10,6 +10,7 @@ import pytest
 from google.rpc import error_details_pb2, status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
+from foundation.store import StoreUnavailable
 from ingest._auth import Unauthenticated, tenant_for
 from ingest._decode import DecodedBatch, DecodeError, Reject
 from ingest._otlp_grpc import (
@@ -23,7 +24,6 @@ from ingest._otlp_grpc import (
     rpc_status,
     tenant_from_metadata,
 )
-from ingest._service import StoreUnavailable
 from ingest._spool import SpoolFull
 
 TOKENS = {"tok-a": "acme", "tok-g": "globex"}
