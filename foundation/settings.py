@@ -98,7 +98,7 @@ MIN_FREE_DISK_BYTES: Final = Setting(
 DECODER: Final = Setting(
     "HANDOFFS_DECODER",
     "auto",
-    "how serve decodes OTLP/protobuf: 'auto' (chDB decodes requests >= 256 KiB in SQL when the "
+    "how serve decodes OTLP/protobuf: 'auto' (chDB decodes requests >= 64 KiB in SQL when the "
     "store is embedded, Python the rest), 'sql' (chDB tries every request) or 'python'",
 )
 MERGE_NICE: Final = Setting(
