@@ -402,6 +402,8 @@ class Ingestor:
                     continue
                 how = Shape.OVERLAP if i == len(plan.groups) - 1 else Shape.WHOLE
             token = w.token(group, log_group=not replay)
+            if replay:
+                token = w.replay_token(group, token)
             if how is Shape.OVERLAP:
                 self._overlap.write(group, token, max_rss=self.overlap_max_rss)
             else:

@@ -12,6 +12,7 @@ import json
 import logging
 import threading
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -32,6 +33,13 @@ __all__ = ["KNOWN_BATCHES", "Writes"]
 
 log = logging.getLogger("handoffs.ingest")
 KNOWN_BATCHES = 50_000  # batch ids remembered to keep a retried request off the chain
+#: the tables holding a request's own rows, each with its batch-id column (a replay's check)
+ROWS_BY_BATCH = (
+    ("otel_traces", "IngestBatch"),
+    ("handoff_transitions", "ingest_batch"),
+    ("transition_ledger", "ingest_batch"),
+    ("ingest_rejects", "ingest_batch"),
+)
 
 _Outcome = tuple[list[Pending], str, BaseException | None]
 
@@ -81,6 +89,40 @@ class Writes:
         if log_group:
             self.spool.log_group([x.seq for x in group])
         return make_token("group", *(x.batch_id for x in group))
+
+    def replay_token(self, group: Sequence[Pending], token: str) -> str:
+        """The token to write a replayed `group` with (none of it is on the chain: a request
+        on it is known, so skipped). A crash during a write can leave a table's part stored
+        without its dedup record, or the record without the part: a MergeTree store commits
+        the two apart, so a kill -9 between them makes the group's own token store rows
+        twice, or drop them. So rows of the group's batches already stored are deleted and
+        the group is written under a fresh token. Where the store cannot delete them (a
+        cluster's Distributed tables, whose Replicated parts and dedup entries commit
+        together), the group's own token is kept."""
+        from ingest.chdb import sql_string
+
+        ids = ", ".join(sql_string(x.batch_id) for x in group)
+        db = self.database
+        try:
+            counts = self.client.query(
+                "SELECT "
+                + ", ".join(
+                    f"(SELECT count() FROM {db}.{t} WHERE {c} IN ({ids}))" for t, c in ROWS_BY_BATCH
+                )
+            ).result_rows[0]
+            for (table, column), n in zip(ROWS_BY_BATCH, counts, strict=True):
+                if n:
+                    self.client.command(f"DELETE FROM {db}.{table} WHERE {column} IN ({ids})")
+        except Exception as exc:
+            log.warning("replay: could not clear an interrupted write, its token decides: %s", exc)
+            return token
+        if any(counts):
+            log.warning(
+                "replay: %d row(s) of an interrupted write of %d request(s) removed before "
+                "it is written again",
+                sum(counts), len(group),
+            )  # fmt: skip
+        return make_token(token, "replay", uuid.uuid4().hex)
 
     def discard(self, item: Pending) -> None:
         """A request already stored: drop its staging table, mark it done in the spool."""

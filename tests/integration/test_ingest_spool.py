@@ -8,6 +8,7 @@ import time
 import pytest
 
 from ingest import Spool, SpoolFull
+from ingest._writes import ROWS_BY_BATCH
 
 
 def test_records_survive_reopen_in_order_until_committed(tmp_path):
@@ -177,6 +178,58 @@ def test_a_group_half_written_before_a_crash_is_rebuilt_and_stored_once(
     ledger = chdb_client.query(f"SELECT count() FROM {db}.transition_ledger").result_rows
     batches = chdb_client.query(f"SELECT count() FROM {db}.ingest_batches").result_rows
     assert spans == [(12, 12)] and ledger == [(12,)] and batches == [(3,)]
+
+
+def _interrupted_group(chdb_client, db, tmp_path, tag, token):
+    """A spooled, logged group of 3 requests whose data (not its chain rows) went in under
+    `token` (None: the group's own): the state a kill -9 during the write leaves."""
+    from ingest import decode_protobuf, make_token
+    from ingest._writer import Member, write_group_data
+
+    spool = Spool(tmp_path / "spool", max_bytes=1 << 30)
+    seqs, bodies = _spool_requests(spool, 3, tag)
+    spool.log_group(seqs)
+    members = [Member(b, decode_protobuf(body, tenant="default"), NOW_MS) for b, body in bodies]
+    token = token or make_token("group", *(b for b, _ in bodies))
+    write_group_data(chdb_client, db, members, token=token)
+    spool.close()
+
+
+def _replay_and_count(chdb_client, db, tmp_path):
+    from ingest import Ingestor
+
+    ing = Ingestor(chdb_client, db, Spool(tmp_path / "spool", max_bytes=1 << 30))
+    assert ing.start() == 3
+    assert ing.stop()
+    q = chdb_client.query
+    return (
+        q(f"SELECT count(), uniqExact(SpanId) FROM {db}.otel_traces").result_rows[0],
+        q(f"SELECT count(), uniqExact(span_id) FROM {db}.handoff_transitions").result_rows[0],
+        q(f"SELECT count() FROM {db}.transition_ledger").result_rows[0][0],
+        q(f"SELECT count() FROM {db}.ingest_batches").result_rows[0][0],
+    )
+
+
+def test_a_write_stored_without_its_dedup_record_is_not_stored_twice(
+    chdb_client, fresh_db, tmp_path
+):
+    """kill -9 between a part's commit and its dedup-log entry: the rows are in, but the
+    store does not know the token, so writing the group again under it would double them."""
+    _interrupted_group(chdb_client, fresh_db, tmp_path, "d", token="a token the store lost")
+    assert _replay_and_count(chdb_client, fresh_db, tmp_path) == ((12, 12), (12, 12), 12, 3)
+
+
+def test_a_dedup_record_without_its_rows_does_not_swallow_the_replay(
+    chdb_client, fresh_db, tmp_path
+):
+    """The reverse: the store holds the group's token but not its rows (the part was lost):
+    the replay must store them, not be deduplicated away."""
+    db = fresh_db
+    _interrupted_group(chdb_client, db, tmp_path, "r", token=None)
+    for table, column in ROWS_BY_BATCH:
+        chdb_client.command(f"DELETE FROM {db}.{table} WHERE {column} != ''")
+    assert chdb_client.query(f"SELECT count() FROM {db}.otel_traces").result_rows == [(0,)]
+    assert _replay_and_count(chdb_client, db, tmp_path) == ((12, 12), (12, 12), 12, 3)
 
 
 def test_a_second_process_cannot_open_a_spool_in_use(tmp_path):
