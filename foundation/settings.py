@@ -140,8 +140,9 @@ ENGINE_PURGE: Final = Setting(
 )
 OVERLAP_MAX_RSS_BYTES: Final = Setting(
     "HANDOFFS_OVERLAP_MAX_RSS_BYTES",
-    str(450 << 20),
-    "embedded store: serve's RSS from which a write no longer runs alongside another, bytes; "
+    str(240 << 20),
+    "embedded store: serve's anonymous resident memory (RSS without file-backed pages) from "
+    "which a write no longer runs alongside another, bytes; "
     "0 = no limit",
 )
 KEEP_DATAFRAME_LIBS_OUT: Final = Setting(

@@ -4,7 +4,7 @@ jemalloc keeps freed pages for seconds; after writes they are mostly the writes'
 Not after every write: the next write faults the pages back in (measured: purging after
 each write cost ~18% of serve's CPU per span, 2 senders). So: after a write when no request
 is on its way and the last purge is EVERY_S old; or, under load (`under_load`), once serve's
-RSS passed ABOVE_BYTES, at most every MIN_GAP_S — also before a request is decoded, since a
+anonymous memory passed ABOVE_BYTES, at most every MIN_GAP_S — also before a request is decoded, since a
 decode and a write at once are serve's memory peak.
 """
 
@@ -20,19 +20,24 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
 
-__all__ = ["ABOVE_BYTES", "EVERY_S", "MIN_GAP_S", "Purger", "rss_bytes"]
+__all__ = ["ABOVE_BYTES", "EVERY_S", "MIN_GAP_S", "Purger", "anon_rss_bytes"]
 
 EVERY_S = 5.0  # seconds between purges while quiet
 MIN_GAP_S = 0.25  # seconds between purges under load
-ABOVE_BYTES = 400 << 20  # RSS (bytes) from which purges happen under load
+#: anonymous resident memory (bytes) from which purges happen under load (the engine
+#: library's ~200 MiB of file-backed pages are not counted: they are not what a purge frees)
+ABOVE_BYTES = 192 << 20
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
-def rss_bytes() -> int:
-    """This process's resident set in bytes (Linux /proc; 0 elsewhere)."""
+def anon_rss_bytes() -> int:
+    """This process's anonymous resident memory in bytes: its resident set without the pages
+    backed by files (the engine library's code and data) or shared memory, which the kernel
+    can drop or share and a memory limit does not see the same way (Linux /proc; 0 elsewhere)."""
     try:
         with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[1]) * _PAGE
+            fields = f.read().split()
+        return (int(fields[1]) - int(fields[2])) * _PAGE
     except (OSError, ValueError, IndexError):
         return 0
 
@@ -49,7 +54,7 @@ class Purger:
         every_s: float = EVERY_S,
         min_gap_s: float = MIN_GAP_S,
         above_bytes: int = ABOVE_BYTES,
-        rss: Callable[[], int] = rss_bytes,
+        rss: Callable[[], int] = anon_rss_bytes,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.enabled = enabled

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from foundation.store import StoreUnavailable  # the store failing: answer 503
 from ingest._decode import PROTOBUF, DecodedBatch, decode_request
 from ingest._planner import Shape, keep_lingering, next_take, plan_round, shape, split_in_two
-from ingest._purge import Purger, rss_bytes
+from ingest._purge import Purger, anon_rss_bytes
 from ingest._shell import Arrivals, Overlap
 from ingest._spool import Spool
 from ingest._store_writer import Pending, StoreWriter, StoreWriters
@@ -46,10 +46,11 @@ log = logging.getLogger("handoffs.ingest")
 _MAX_QUEUED_SPANS = 40_000  # decoded / staged spans held for the writer; then submit waits
 _EXTRA_CLIENTS = 2  # see Ingestor._open_extra_clients
 #: requests acknowledged during a write are written at once with it (Overlap) only while
-#: serve's RSS (bytes) is below this: three writes at once hold ~20-45 MB more than two,
+#: serve's anonymous memory (bytes, purge.anon_rss_bytes) is below this: three writes at
+#: once hold ~20-45 MB more than two,
 #: and the last writes of a burst are serve's memory peak; above it they go in right after
 #: the running write (two halves at once)
-OVERLAP_MAX_RSS = 450 << 20
+OVERLAP_MAX_RSS = 240 << 20
 #: Smallest protobuf body (bytes) chDB decodes (ingest.chdb); smaller ones go through
 #: Python, whose cost per request is lower: chDB's decoding queries run for the life of
 #: serve, but each round of requests still costs ~6 ms of fixed work (one round trip, one
@@ -64,7 +65,7 @@ class Ingestor:
     """Owns the spool and the writer thread. Keyword-only injection points: `clock` (epoch
     seconds), `store_writer` (ingest._store_writer.StoreWriter; default StoreWriters),
     `purger` (ingest._purge.Purger; default from purge_memory / purge_under_load), `rss`
-    (this process's resident set in bytes, checked against overlap_max_rss)."""
+    (this process's anonymous resident memory in bytes, checked against overlap_max_rss)."""
 
     def __init__(
         self,
@@ -82,7 +83,7 @@ class Ingestor:
         overlap_max_rss: int = 0,
         store_writer: StoreWriter | None = None,
         purger: Purger | None = None,
-        rss: Callable[[], int] = rss_bytes,
+        rss: Callable[[], int] = anon_rss_bytes,
     ) -> None:
         self.client = client
         #: embedded store: RSS (bytes) from which requests acknowledged during a write are

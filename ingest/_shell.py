@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from ingest._planner import follower_parts, pick_followers
-from ingest._purge import rss_bytes
+from ingest._purge import anon_rss_bytes
 from ingest._store_writer import Pending
 
 if TYPE_CHECKING:
@@ -118,7 +118,7 @@ class Overlap:
         arrivals: Arrivals,
         clients: Callable[[int], Client],
         *,
-        rss: Callable[[], int] = rss_bytes,
+        rss: Callable[[], int] = anon_rss_bytes,
     ) -> None:
         self._w, self._q, self._arrivals, self._clients, self._rss = (
             writes, q, arrivals, clients, rss,

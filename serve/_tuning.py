@@ -75,8 +75,8 @@ class Tuning:
     - `engine_purge`: when serve purges the engine's freed pages (SYSTEM JEMALLOC PURGE):
       "idle" after a write with nothing arriving, "load" also under load, "auto" = "load"
       only when the engine runs with other options than `engine_malloc_conf`, "off" never;
-    - `overlap_max_rss`: serve's RSS (bytes) from which a write no longer runs alongside
-      another; 0 = no limit;
+    - `overlap_max_rss`: serve's anonymous resident memory (bytes) from which a write no
+      longer runs alongside another; 0 = no limit;
     - `merge_nice`: nice value 0-19 of the engine's background merge threads; 0 = unchanged;
     - `query_thread_nice`: nice value 0-19 of the query port's threads; 0 = serve's own;
     - `keep_dataframe_libs_out`: make imports of pandas / pyarrow / polars / numpy fail in

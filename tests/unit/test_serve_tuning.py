@@ -33,7 +33,7 @@ def test_defaults_are_the_settings_defaults() -> None:
     assert t == Tuning.resolve()  # no HANDOFFS_* tuning variable set in the test run
     assert t.malloc_arenas == 2 and t.mmap_threshold == 1 << 20
     assert t.engine_malloc_conf == JEMALLOC_CONF == "dirty_decay_ms:200,tcache_max:1024"
-    assert (t.engine_purge, t.overlap_max_rss) == ("auto", 450 << 20)
+    assert (t.engine_purge, t.overlap_max_rss) == ("auto", 240 << 20)
     assert (t.merge_nice, t.query_thread_nice, t.keep_dataframe_libs_out) == (10, 10, True)
 
 
@@ -54,7 +54,7 @@ def test_default_plan_for_the_embedded_store() -> None:
     assert p.block_imports == DATAFRAME_LIBS
     # serve's own decay in effect: purges after writes, not under load
     assert (p.purge_memory, p.purge_under_load) == (True, False)
-    assert (p.overlap_max_rss, p.merge_nice, p.query_thread_nice) == (450 << 20, 10, 10)
+    assert (p.overlap_max_rss, p.merge_nice, p.query_thread_nice) == (240 << 20, 10, 10)
 
 
 def test_off_plans_nothing() -> None:
