@@ -35,6 +35,7 @@ __all__ = [
     "handoffs_behind",
     "latencies",
     "source",
+    "task_handoffs",
     "task_stats",
     "tenant_split",
     "verify_package",
@@ -221,6 +222,14 @@ def handoffs_behind(
 def find_handoffs(store: str, database: str, query: str, limit: int = 50) -> pd.DataFrame:
     """analytics.find_handoffs: by handoff_id, task_id or idempotency key."""
     return _call(analytics.find_handoffs, store, database, query=query, limit=limit)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False, max_entries=64)
+def task_handoffs(store: str, database: str, tenant: str, task_id: str) -> pd.DataFrame:
+    """analytics.graph.task_handoffs: one task's handoffs with their causation ids."""
+    from analytics.graph import task_handoffs as load
+
+    return _call(load, store, database, tenant=tenant, task_id=task_id)
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False, max_entries=64)

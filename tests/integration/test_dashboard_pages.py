@@ -276,3 +276,32 @@ def test_overview_tiles_for_other_windows(store_env, chdb_client, start, end):
     assert deltas["Volume"] == ui.delta_count(row["volume"], prev["volume"])
     assert deltas["P_accept"] == ui.delta_rate(row["p_accept"], prev["p_accept"])
     assert _charts(at) == 2
+
+
+def test_graph_page_pair_slice_equals_analytics(store_env, chdb_client):
+    at = _app(WINDOW, page="views/graph.py")
+    assert _charts(at) == 1 and not at.warning
+    pick = at.selectbox(key="gr_pair")
+    assert sorted(pick.options) == ["planner->coder", "planner->reviewer"]
+    pick.select("planner->coder").run()
+    assert not at.exception
+    want = analytics.funnel(
+        chdb_client, database=store_env, window=_window(), by=("from_agent", "to_agent")
+    )
+    row = want[(want["from_agent"] == "planner") & (want["to_agent"] == "coder")].iloc[0]
+    got = _metrics(at)
+    assert got["P_e2e"] == ui.fmt_rate(row["p_e2e"])
+    assert got["Handoffs"] == ui.fmt_count(row["volume"])
+    assert got["Unknown outcome"] == ui.fmt_count(row["unknown"]) == "1"
+    listed = at.dataframe[0].value
+    assert sorted(listed["handoff_id"]) == sorted(h[0] for h in IN_WINDOW if h[3] == "coder")
+
+
+def test_graph_page_filters_by_mode_and_tenant(store_env):
+    at = _app({**WINDOW, "tenant": "beta"}, page="views/graph.py")
+    assert sorted(at.selectbox(key="gr_pair").options) == ["planner->reviewer"]
+    at.selectbox(key="gr_mode").select("escalate").run()
+    at.selectbox(key="gr_pair").select("planner->reviewer").run()
+    assert not at.exception
+    assert _metrics(at)["Handoffs"] == "1"
+    assert list(at.dataframe[0].value["handoff_id"]) == ["h-esc"]
