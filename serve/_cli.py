@@ -81,6 +81,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         "slows inserts itself if parts pile up); 0 = merges at serve's priority "
         f"(env {settings.MERGE_NICE.env}, default 10)",
     )
+    p.add_argument(
+        "--metrics-top-pairs",
+        type=int,
+        help="GET /metrics: agent pairs per tenant with their own funnel series, the rest summed "
+        "as 'other'; 0 = no funnel metrics (env HANDOFFS_METRICS_TOP_PAIRS, default 20)",
+    )
+    p.add_argument(
+        "--metrics-refresh",
+        type=float,
+        help="GET /metrics: seconds the funnel metrics are kept before the store is read again "
+        "(env HANDOFFS_METRICS_REFRESH_S, default 30)",
+    )
     p.set_defaults(func=_serve)
 
 
@@ -112,6 +124,29 @@ def _decoder(value: str) -> str:
     if value not in DECODERS:
         raise ValueError(f"decoder {value!r}: use one of {', '.join(DECODERS)}")
     return value
+
+
+def _metrics_top_pairs(args: argparse.Namespace) -> int:
+    from serve._funnel_metrics import METRICS_TOP_PAIRS
+
+    top = settings.resolve_int(METRICS_TOP_PAIRS, args.metrics_top_pairs)
+    if top < 0:
+        raise ValueError(f"--metrics-top-pairs must be 0 or more, got {top}")
+    return top
+
+
+def _metrics_refresh_s(args: argparse.Namespace) -> float:
+    from serve._funnel_metrics import METRICS_REFRESH_S
+
+    given = None if args.metrics_refresh is None else str(args.metrics_refresh)
+    raw = settings.resolve(METRICS_REFRESH_S, given)
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:
+        raise ValueError(f"{METRICS_REFRESH_S.env} must be 0 or more seconds, got {raw!r}")
+    return seconds
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -146,6 +181,8 @@ def _serve(args: argparse.Namespace) -> int:
             ),
             # this process is serve: its tuning may act on the whole process
             tuning=Tuning.resolve(merge_nice=args.merge_nice),
+            metrics_top_pairs=_metrics_top_pairs(args),
+            metrics_refresh_s=_metrics_refresh_s(args),
         )
     except (ValueError, StoreError) as exc:
         print(f"handoffs serve: {exc}", file=sys.stderr)

@@ -64,6 +64,10 @@ class ServeConfig:
     #: The default leaves the dataframe libraries importable (a caller's process may need
     #: them); `handoffs serve`, a process that is only serve, resolves the settings instead
     tuning: Tuning = field(default_factory=lambda: Tuning(keep_dataframe_libs_out=False))
+    #: GET /metrics: agent pairs per tenant with their own funnel series (0 = no funnel
+    #: metrics) and seconds between two reads of the store (serve._funnel_metrics)
+    metrics_top_pairs: int = 20
+    metrics_refresh_s: float = 30.0
 
 
 #: seconds serve's shutdown lets running OTLP/gRPC calls finish (decode, spool, answer)
@@ -126,6 +130,14 @@ def run_serve(
         print(f"serve: replayed {replayed} spooled request(s) left by a crash", file=sys.stderr)
     telemetry = Telemetry()  # one for both receivers: GET /metrics on the HTTP port
     telemetry.watch(ingestor)
+    funnel = None
+    if cfg.metrics_top_pairs > 0:  # the handoff funnel on GET /metrics, read from the store
+        from serve._funnel_metrics import FunnelCollector, StoreLoader
+
+        funnel = StoreLoader(
+            lambda: connect(spec), database=spec.database, top=cfg.metrics_top_pairs
+        )
+        telemetry.registry.register(FunnelCollector(funnel, refresh_s=cfg.metrics_refresh_s))
     otlp = make_otlp_server(
         cfg.otlp_host,
         cfg.otlp_port,
@@ -199,6 +211,8 @@ def run_serve(
     print("serve: stopping: no new requests; storing what is spooled", file=sys.stderr, flush=True)
     otlp.shutdown()
     otlp.server_close()
+    if funnel is not None:
+        funnel.close()
     if grpc_rx is not None:  # calls already running are spooled and answered first
         grpc_rx.stop(GRPC_GRACE_S)
     drained = ingestor.stop(timeout=120)

@@ -1,0 +1,115 @@
+"""The funnel and the anomaly counts as plain Python values, without pandas: for a process
+that keeps the dataframe libraries out (serve's `GET /metrics`, serve._funnel_metrics).
+
+The same SQL pieces as analytics.metrics and analytics.anomalies (the cohort and its
+contract flags, the anomaly passes); tests hold the numbers equal to funnel() and
+anomalies() on the same store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Final
+
+from analytics._anomaly_sql import PASSES, pass_sql
+from analytics._common import DIM_COLUMNS, Window, check_db, check_dims, cohort_sql, dim_expr, ts
+from analytics.reference import UNKNOWN_SLA_MS
+
+if TYPE_CHECKING:
+    from clickhouse_connect.driver.client import Client
+
+__all__ = ["FUNNEL_STAGES", "AgedCounts", "anomaly_counts", "funnel_by_age"]
+
+#: funnel stage -> condition over the cohort flags; the metric contract (docs/design.md) and
+#: analytics.metrics.STAGES, which a test holds this equal to
+FUNNEL_STAGES: Final = {
+    "volume": "1",
+    "settled": "is_settled",
+    "in_flight": "NOT is_settled",
+    "accepted": "is_settled AND is_a",
+    "executed": "is_settled AND is_e",
+    "evidenced": "is_settled AND is_v",
+    "committed": "is_settled AND is_k",
+    "unknown": "is_settled AND is_unk",
+    "escalated": "is_settled AND is_esc",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class AgedCounts:
+    """One group's funnel counts (handoffs) per cohort age: `counts[i][j]` is stage
+    `stages[j]` of the cohort created in the `ages[i]` before `as_of`."""
+
+    keys: tuple[str, ...]
+    counts: tuple[tuple[int, ...], ...]
+
+
+def funnel_by_age(
+    client: Client,
+    *,
+    database: str | None = None,
+    as_of: datetime,
+    ages: Sequence[timedelta],
+    by: Sequence[str] = ("tenant", "from_agent", "to_agent"),
+    stages: Sequence[str] = tuple(FUNNEL_STAGES),
+) -> list[AgedCounts]:
+    """Funnel counts per group of `by` (plain dimensions; `pair` and `capability` refused)
+    for the cohorts created in [as_of - age, as_of) for each age, settled as of `as_of`:
+    one scan of the longest. Groups sorted by keys. ValueError for an unknown dimension or
+    stage, an empty or non-positive age, or a naive `as_of`."""
+    db = check_db(database)
+    dims = check_dims(tuple(by))
+    if not dims or any(d in ("pair", "capability") for d in dims):
+        raise ValueError(f"by must name plain dimensions (not pair/capability), got {dims!r}")
+    if not ages or any(a <= timedelta(0) for a in ages):
+        raise ValueError(f"ages must be positive durations, got {list(ages)!r}")
+    for s in stages:
+        if s not in FUNNEL_STAGES:
+            raise ValueError(f"unknown stage {s!r}; choose from {', '.join(FUNNEL_STAGES)}")
+    window = Window(start=as_of - max(ages), end=as_of, as_of=as_of)
+    extra = [c for d in dims for c in DIM_COLUMNS[d]]
+    cols = [
+        f"countIf(created >= {ts(as_of - age)} AND ({FUNNEL_STAGES[s]}))"
+        for age in ages
+        for s in stages
+    ]
+    keys = ", ".join(f"{dim_expr(d)} AS {d}" for d in dims)
+    sql = f"""
+SELECT {keys}, {", ".join(cols)}
+FROM ({cohort_sql(db, window, tenant_param=False, extra=extra)})
+GROUP BY {", ".join(dims)} ORDER BY {", ".join(dims)}
+"""
+    n, width = len(dims), len(stages)
+    out = []
+    for row in client.query(sql).result_rows:
+        vals = [int(v) for v in row[n:]]
+        out.append(
+            AgedCounts(
+                keys=tuple(str(k) for k in row[:n]),
+                counts=tuple(tuple(vals[i * width : (i + 1) * width]) for i in range(len(ages))),
+            )
+        )
+    return out
+
+
+def anomaly_counts(
+    client: Client,
+    *,
+    database: str | None = None,
+    window: Window,
+    tenant: str | None = None,
+    unknown_sla_ms: int = UNKNOWN_SLA_MS,
+) -> dict[str, int]:
+    """{kind: handoffs flagged} for every kind of analytics.anomalies.ANOMALY_KINDS (zeros
+    included) in the window's cohort, as anomalies() counts them: one query per pass."""
+    db = check_db(database)
+    params: dict[str, Any] = {"tenant": tenant} if tenant is not None else {}
+    found: dict[str, int] = {}
+    for name, kinds in PASSES.items():
+        inner = pass_sql(name, db, window, tenant=tenant is not None, sla_ms=unknown_sla_ms)
+        cols = ", ".join(f"uniqExactIf(handoff_id, {k})" for k in kinds)
+        row = client.query(f"SELECT {cols} FROM ({inner})", parameters=params).result_rows[0]
+        found.update({k: int(v) for k, v in zip(kinds, row, strict=True)})
+    return found
