@@ -93,6 +93,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="GET /metrics: seconds the funnel metrics are kept before the store is read again "
         "(env HANDOFFS_METRICS_REFRESH_S, default 30)",
     )
+    p.add_argument(
+        "--signing-key",
+        metavar="PATH",
+        help="Ed25519 key (`handoffs keys generate`) to sign ledger heads with; none = heads "
+        "unsigned (env HANDOFFS_SIGNING_KEY)",
+    )
+    p.add_argument(
+        "--sign-every",
+        type=float,
+        metavar="S",
+        help="seconds between two signed ledger heads at most (env HANDOFFS_SIGN_EVERY_S, default 5)",
+    )
     p.set_defaults(func=_serve)
 
 
@@ -149,6 +161,22 @@ def _metrics_refresh_s(args: argparse.Namespace) -> float:
     return seconds
 
 
+def _signing(args: argparse.Namespace) -> dict:
+    """signing_key and sign_every_s of ServeConfig; ValueError for an unreadable key."""
+    from foundation.keys import load_private_key
+    from serve._signer import SIGN_EVERY_S, SIGNING_KEY
+
+    path = settings.resolve(SIGNING_KEY, args.signing_key)
+    every = float(
+        settings.resolve(SIGN_EVERY_S, None if args.sign_every is None else str(args.sign_every))
+    )
+    if not every > 0:
+        raise ValueError(f"--sign-every must be more than 0 seconds, got {every:g}")
+    if path:
+        load_private_key(path)  # refuse an unreadable key before anything starts
+    return {"signing_key": Path(path).resolve() if path else None, "sign_every_s": every}
+
+
 def _serve(args: argparse.Namespace) -> int:
     from foundation.store import StoreError, parse_store
     from serve._run import ServeConfig, run_serve
@@ -183,6 +211,7 @@ def _serve(args: argparse.Namespace) -> int:
             tuning=Tuning.resolve(merge_nice=args.merge_nice),
             metrics_top_pairs=_metrics_top_pairs(args),
             metrics_refresh_s=_metrics_refresh_s(args),
+            **_signing(args),
         )
     except (ValueError, StoreError) as exc:
         print(f"handoffs serve: {exc}", file=sys.stderr)

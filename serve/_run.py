@@ -68,6 +68,9 @@ class ServeConfig:
     #: metrics) and seconds between two reads of the store (serve._funnel_metrics)
     metrics_top_pairs: int = 20
     metrics_refresh_s: float = 30.0
+    #: Ed25519 key the ledger heads are signed with (serve._signer); None = heads unsigned
+    signing_key: Path | None = None
+    sign_every_s: float = 5.0
 
 
 #: seconds serve's shutdown lets running OTLP/gRPC calls finish (decode, spool, answer)
@@ -89,6 +92,24 @@ def _query_health(cfg: ServeConfig) -> dict[str, str]:
     if not (cfg.store.embedded and cfg.query_port is not None):
         return {"query_auth": "none"}
     return {"query_auth": "on" if cfg.query_tokens else "off"}
+
+
+def _start_signer(cfg: ServeConfig):
+    """The ledger signer thread (serve._signer), or None with a warning when there is no key."""
+    if cfg.signing_key is None:
+        print("serve: warning: no signing key (--signing-key / HANDOFFS_SIGNING_KEY): ledger "
+              "heads are not signed, evidence packages cannot be verified offline",
+              file=sys.stderr, flush=True)  # fmt: skip
+        return None
+    from foundation.keys import key_id, load_private_key
+    from serve._signer import Signer
+
+    key = load_private_key(cfg.signing_key)
+    signer = Signer(lambda: connect(cfg.store), cfg.store.database, key, every_s=cfg.sign_every_s)
+    signer.start()
+    print(f"serve: ledger heads signed with key {key_id(key.public_key())} at most every "
+          f"{cfg.sign_every_s:g} s", file=sys.stderr, flush=True)  # fmt: skip
+    return signer
 
 
 def run_serve(
@@ -145,7 +166,10 @@ def run_serve(
         OtlpConfig(
             cfg.max_body_bytes,
             dict(cfg.tokens),
-            health_info=_query_health(cfg),
+            health_info={
+                **_query_health(cfg),
+                "heads": "signed" if cfg.signing_key else "unsigned",
+            },
         ),
         telemetry=telemetry,
     )
@@ -203,6 +227,7 @@ def run_serve(
             file=sys.stderr,
             flush=True,
         )
+    signer = _start_signer(cfg)
     if ready is not None:
         ready.set()
     merges = MergePriority(tuned.merge_nice)
@@ -216,6 +241,8 @@ def run_serve(
     if grpc_rx is not None:  # calls already running are spooled and answered first
         grpc_rx.stop(GRPC_GRACE_S)
     drained = ingestor.stop(timeout=120)
+    if signer is not None:  # one last head over what was just stored
+        signer.stop()
     spool.close()
     for s in servers[1:]:
         s.shutdown()

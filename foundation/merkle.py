@@ -1,0 +1,215 @@
+"""The Merkle tree of RFC 9162 §2.1 (Certificate Transparency v2), as pure functions over bytes.
+
+A tree over n leaf hashes (each `leaf_hash(entry)`, 32 bytes) has the root MTH: the
+SHA-256 of the empty string for n = 0, the leaf hash for n = 1, else
+node_hash(MTH(D[0:k]), MTH(D[k:n])) with k the largest power of two below n. Inclusion
+proofs (§2.1.3) show a leaf is in a tree of size n; consistency proofs (§2.1.4) show a tree
+of size m is a prefix of a tree of size n (the log only grew). The verifiers follow the
+RFC's algorithms step by step; the generators follow its recursive definitions (PATH and
+PROOF). Cost: root, proofs O(n) hashes; verifiers O(log n). `Frontier` keeps the
+O(log n) perfect subtrees of an append-only tree, so appending leaves and reading the root
+cost O(log n) each instead of rehashing the whole tree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+__all__ = [
+    "EMPTY_ROOT",
+    "Frontier",
+    "consistency_proof",
+    "inclusion_proof",
+    "leaf_hash",
+    "node_hash",
+    "root",
+    "verify_consistency",
+    "verify_inclusion",
+]
+
+HASH_SIZE: Final = 32
+EMPTY_ROOT: Final = hashlib.sha256(b"").digest()
+
+
+def leaf_hash(entry: bytes) -> bytes:
+    """SHA-256(0x00 || entry)."""
+    return hashlib.sha256(b"\x00" + entry).digest()
+
+
+def node_hash(left: bytes, right: bytes) -> bytes:
+    """SHA-256(0x01 || left || right)."""
+    return hashlib.sha256(b"\x01" + left + right).digest()
+
+
+def _split(n: int) -> int:
+    """The largest power of two strictly below n (n >= 2)."""
+    return 1 << ((n - 1).bit_length() - 1)
+
+
+def root(leaves: Sequence[bytes]) -> bytes:
+    """MTH over the leaf hashes `leaves` (already leaf_hash'ed), 32 bytes."""
+    return Frontier.of(leaves).root()
+
+
+def _mth(leaves: Sequence[bytes], lo: int, hi: int) -> bytes:
+    n = hi - lo
+    if n == 1:
+        return leaves[lo]
+    k = _split(n)
+    return node_hash(_mth(leaves, lo, lo + k), _mth(leaves, lo + k, hi))
+
+
+def inclusion_proof(index: int, leaves: Sequence[bytes]) -> list[bytes]:
+    """PATH(index, leaves): the audit path of leaf `index` in the tree over all of `leaves`.
+
+    ValueError unless 0 <= index < len(leaves)."""
+    n = len(leaves)
+    if not 0 <= index < n:
+        raise ValueError(f"leaf index {index} is outside a tree of {n} leaves")
+    out: list[bytes] = []
+
+    def path(m: int, lo: int, hi: int) -> None:
+        if hi - lo == 1:
+            return
+        k = _split(hi - lo)
+        if m < k:
+            path(m, lo, lo + k)
+            out.append(_mth(leaves, lo + k, hi))
+        else:
+            path(m - k, lo + k, hi)
+            out.append(_mth(leaves, lo, lo + k))
+
+    path(index, 0, n)
+    return out
+
+
+def consistency_proof(old_size: int, leaves: Sequence[bytes]) -> list[bytes]:
+    """PROOF(old_size, leaves): proves the tree of the first `old_size` leaves is a prefix of
+    the tree over all of `leaves`. Empty for old_size 0 or len(leaves). ValueError unless
+    0 <= old_size <= len(leaves)."""
+    n = len(leaves)
+    if not 0 <= old_size <= n:
+        raise ValueError(f"old size {old_size} is outside 0..{n}")
+    if old_size in (0, n):
+        return []
+    out: list[bytes] = []
+
+    def subproof(m: int, lo: int, hi: int, whole: bool) -> None:
+        size = hi - lo
+        if m == size:
+            if not whole:
+                out.append(_mth(leaves, lo, hi))
+            return
+        k = _split(size)
+        if m <= k:
+            subproof(m, lo, lo + k, whole)
+            out.append(_mth(leaves, lo + k, hi))
+        else:
+            subproof(m - k, lo + k, hi, False)
+            out.append(_mth(leaves, lo, lo + k))
+
+    subproof(old_size, 0, n, True)
+    return out
+
+
+def verify_inclusion(
+    index: int, size: int, leaf: bytes, proof: Sequence[bytes], expected_root: bytes
+) -> bool:
+    """RFC 9162 §2.1.3.2: True when `proof` shows leaf hash `leaf` at `index` in the tree of
+    `size` leaves whose root is `expected_root`. Never raises on bad input."""
+    if not 0 <= index < size or any(len(p) != HASH_SIZE for p in proof):
+        return False
+    fn, sn = index, size - 1
+    r = leaf
+    for p in proof:
+        if sn == 0:
+            return False
+        if fn & 1 or fn == sn:
+            r = node_hash(p, r)
+            if not fn & 1:
+                while fn and not fn & 1:
+                    fn >>= 1
+                    sn >>= 1
+        else:
+            r = node_hash(r, p)
+        fn >>= 1
+        sn >>= 1
+    return sn == 0 and r == expected_root
+
+
+def verify_consistency(
+    old_size: int, new_size: int, old_root: bytes, new_root: bytes, proof: Sequence[bytes]
+) -> bool:
+    """RFC 9162 §2.1.4.2: True when `proof` shows the tree (old_size, old_root) is a prefix
+    of the tree (new_size, new_root). Equal sizes need an empty proof and equal roots; old
+    size 0 is a prefix of everything (empty proof). Never raises on bad input."""
+    if not 0 <= old_size <= new_size or any(len(p) != HASH_SIZE for p in proof):
+        return False
+    if old_size == new_size:
+        return not proof and old_root == new_root
+    if old_size == 0:
+        return not proof and old_root == EMPTY_ROOT
+    if not proof:
+        return False
+    path = list(proof)
+    if old_size & (old_size - 1) == 0:  # a power of two: the old root is the first node
+        path.insert(0, old_root)
+    fn, sn = old_size - 1, new_size - 1
+    while fn & 1:
+        fn >>= 1
+        sn >>= 1
+    fr = sr = path[0]
+    for c in path[1:]:
+        if sn == 0:
+            return False
+        if fn & 1 or fn == sn:
+            fr = node_hash(c, fr)
+            sr = node_hash(c, sr)
+            if not fn & 1:
+                while fn and not fn & 1:
+                    fn >>= 1
+                    sn >>= 1
+        else:
+            sr = node_hash(sr, c)
+        fn >>= 1
+        sn >>= 1
+    return fr == old_root and sr == new_root and sn == 0
+
+
+@dataclass(frozen=True, slots=True)
+class Frontier:
+    """An append-only tree's perfect subtrees, largest first: (height, hash) pairs.
+
+    `size` leaves; `extend` returns a new Frontier (this one is unchanged)."""
+
+    size: int = 0
+    nodes: tuple[tuple[int, bytes], ...] = ()
+
+    @classmethod
+    def of(cls, leaves: Iterable[bytes]) -> Frontier:
+        return cls().extend(leaves)
+
+    def extend(self, leaves: Iterable[bytes]) -> Frontier:
+        stack = list(self.nodes)
+        size = self.size
+        for leaf in leaves:
+            h, node = 0, leaf
+            while stack and stack[-1][0] == h:
+                node = node_hash(stack.pop()[1], node)
+                h += 1
+            stack.append((h, node))
+            size += 1
+        return Frontier(size, tuple(stack))
+
+    def root(self) -> bytes:
+        """MTH of the `size` leaves (EMPTY_ROOT when none): the subtrees folded right to left,
+        which is the RFC's split at the largest power of two, level by level."""
+        if not self.nodes:
+            return EMPTY_ROOT
+        r = self.nodes[-1][1]
+        for _h, node in reversed(self.nodes[:-1]):
+            r = node_hash(node, r)
+        return r

@@ -1,0 +1,224 @@
+"""serve's signer thread: extends the ledger log and signs its tree heads (sql/007).
+
+At most every `every_s` seconds, when batches were stored since the last head, the signer
+reads the new batches in chain order (foundation.integrity.chain_order), appends their
+ledger row hashes to the tree (foundation.merkle.Frontier: O(log n) per leaf, the tree is
+never rehashed) and writes one Ed25519-signed head to `ledger_heads`. A batch is taken only
+once all its ledger rows are visible (the writer stores data before chain rows).
+
+It never signs a log that does not extend what it signed: at start it rebuilds the tree up
+to the newest head in the store and compares roots; while running, the chain order of what
+it already signed must stay a prefix. When either fails it stops signing, logs why once,
+and says so in `state` (`handoffs ledger verify` names the place). Batches found at start
+after the newest head were stored while no signer ran: it signs them and says how many.
+Errors of the store are logged and retried at the next tick; the thread never dies.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Final
+
+from foundation.integrity import chain_order, log_entry
+from foundation.keys import sign_head
+from foundation.ledger_log import read_heads
+from foundation.merkle import Frontier, leaf_hash
+from foundation.settings import Setting
+
+if TYPE_CHECKING:
+    from clickhouse_connect.driver.client import Client
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+__all__ = ["SIGNING_KEY", "SIGN_EVERY_S", "Signer"]
+
+log = logging.getLogger("handoffs.serve.signer")
+
+SIGNING_KEY: Final = Setting(
+    "HANDOFFS_SIGNING_KEY",
+    "",
+    "Ed25519 private key file (PEM, from `handoffs keys generate`) serve signs ledger heads "
+    "with; empty = heads are not signed",
+)
+SIGN_EVERY_S: Final = Setting(
+    "HANDOFFS_SIGN_EVERY_S", "5", "seconds between two signed ledger heads at most"
+)
+
+
+def _s(v: object) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+class Signer:
+    """The signer thread; `start()`, `stop()`, `state` ("signing" or why it stopped)."""
+
+    def __init__(
+        self,
+        connect: Callable[[], Client],
+        database: str,
+        key: Ed25519PrivateKey,
+        *,
+        every_s: float = 5.0,
+        clock: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self._connect = connect
+        self._db = database
+        self._key = key
+        self._every = every_s
+        self._clock = clock
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ledger-signer", daemon=True)
+        self._client: Client | None = None
+        self._frontier = Frontier()
+        self._signed: list[str] = []  # batch ids in the tree, chain order
+        self._chain_hash = ""
+        self._loaded = False
+        self.state = "signing"
+        self.heads_signed = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Sign what is stored (one last tick), then stop."""
+        self._stop.set()
+        self._thread.join(timeout)
+        if self._client is not None:
+            self._client.close()
+
+    def _run(self) -> None:
+        while True:
+            stopping = self._stop.is_set()
+            try:
+                self.tick()
+            except Exception as exc:  # the store failing: retried at the next tick
+                log.warning("signer: %s", str(exc).splitlines()[0][:300] if str(exc) else exc)
+                self._client = None
+            if stopping:
+                return
+            self._stop.wait(self._every)
+
+    def _db_client(self) -> Client:
+        if self._client is None:
+            self._client = self._connect()
+        return self._client
+
+    def _batches(self, client: Client) -> tuple[list[str], dict[str, tuple[str, int]]]:
+        rows = client.query(
+            f"""SELECT ingest_batch, prev_chain_hash, chain_hash,
+                       toUnixTimestamp64Nano(toDateTime64(received_at, 9)), transitions
+                FROM {self._db}.ingest_batches"""
+        ).result_rows
+        info = {_s(b): (_s(c), int(n)) for b, _p, c, _t, n in rows}
+        ordered, _unreachable = chain_order(
+            [(_s(b), _s(p), _s(c), int(t)) for b, p, c, t, _n in rows]
+        )
+        return ordered, info
+
+    def _hashes(self, client: Client, batch_ids: list[str]) -> dict[str, list[str]]:
+        if not batch_ids:
+            return {}
+        rows = client.query(
+            f"""SELECT ingest_batch, arraySort(groupArray(toString(row_hash)))
+                FROM {self._db}.transition_ledger WHERE ingest_batch IN {{b:Array(String)}}
+                GROUP BY ingest_batch""",
+            parameters={"b": batch_ids},
+        ).result_rows
+        return {_s(b): [_s(h) for h in hs] for b, hs in rows}
+
+    def _load(self, client: Client, ordered: list[str], info) -> None:
+        """Rebuild the tree up to the newest stored head and check it still matches."""
+        heads = read_heads(client, self._db)
+        self._loaded = True
+        if not heads:
+            return
+        head = max(heads, key=lambda h: (h.tree_size, h.signed_at))
+        hashes = self._hashes(client, ordered[: head.batches])
+        leaves = [
+            leaf_hash(log_entry(h)) for b in ordered[: head.batches] for h in hashes.get(b, [])
+        ]
+        frontier = Frontier.of(leaves)
+        if frontier.size != head.tree_size or frontier.root().hex() != head.root:
+            self.state = (
+                f"halted: the stored log no longer matches the newest signed head (size "
+                f"{head.tree_size}); run `handoffs ledger verify`"
+            )
+            log.error("signer: %s", self.state)
+            return
+        self._frontier, self._signed = frontier, ordered[: head.batches]
+        self._chain_hash = head.chain_hash
+        if len(ordered) > head.batches:
+            log.warning(
+                "signer: %d batch(es) stored after the newest signed head while no signer ran; "
+                "signing them now",
+                len(ordered) - head.batches,
+            )
+
+    def tick(self) -> bool:
+        """One round: sign a head when batches were stored since the last one. True when a
+        head was written."""
+        if self.state != "signing":
+            return False
+        client = self._db_client()
+        ordered, info = self._batches(client)
+        if not self._loaded:
+            self._load(client, ordered, info)
+            if self.state != "signing":
+                return False
+        k = len(self._signed)
+        if ordered[:k] != self._signed:
+            self.state = (
+                "halted: the ingest chain changed below the signed head (a batch removed or "
+                "inserted); run `handoffs ledger verify`"
+            )
+            log.error("signer: %s", self.state)
+            return False
+        new = ordered[k:]
+        if not new:
+            return False
+        hashes = self._hashes(client, new)
+        take: list[str] = []
+        for b in new:  # only whole batches, in order
+            if len(hashes.get(b, [])) != info[b][1]:
+                break
+            take.append(b)
+        if not take:
+            return False
+        frontier = self._frontier.extend(leaf_hash(log_entry(h)) for b in take for h in hashes[b])
+        signed = [*self._signed, *take]
+        head = sign_head(
+            self._key,
+            tree_size=frontier.size,
+            root=frontier.root(),
+            signed_at=self._clock(),
+            batches=len(signed),
+            chain_hash=info[take[-1]][0],
+        )
+        client.insert(
+            f"{self._db}.ledger_heads",
+            [
+                [
+                    head.tree_size,
+                    head.root,
+                    head.signed_at,
+                    head.batches,
+                    head.chain_hash,
+                    head.key_id,
+                    head.signature,
+                ]
+            ],
+            column_names=[
+                "tree_size",
+                "root",
+                "signed_at",
+                "batches",
+                "chain_hash",
+                "key_id",
+                "signature",
+            ],
+        )
+        self._frontier, self._signed, self._chain_hash = frontier, signed, head.chain_hash
+        self.heads_signed += 1
+        return True
