@@ -21,6 +21,7 @@ _COMMAND_MODULES = (
     "serve._cli",  # serve
     "ingest._cli",  # ingest, verify-chain
     "analytics._cli",  # metrics, anomalies, evidence, report
+    "analytics._alerts_cli",  # alerts check, watch
     "dashboard._cli",  # dashboard
     "handoffs._demo_cli",  # simulate, demo
 )
