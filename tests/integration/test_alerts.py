@@ -1,0 +1,312 @@
+"""SLO burn-rate alerts end to end: simulator traffic with an injected regression, real chDB,
+`handoffs alerts check` at a time inside the regression (fires) and after it (resolves),
+and the watch loop posting to a real HTTP server on loopback.
+
+Traffic: ten hours of seeded simulator handoffs through the real shim, encoded as OTLP and
+stored by the ingest path; in hour 2..3 the coder's `code.write` skill is gone (a
+SkillOutage: 90% of handoffs asking coder for it are rejected), so P_e2e of handoffs to
+coder collapses, and recovers after.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import uuid
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+from analytics._slo_store import evaluate_rules
+from analytics._watch import WebhookSender, run_watch
+from analytics.slo import load_rules
+from foundation.store import apply_schema
+from handoffs.cli import main
+from handoffs.simulator import Emitter, FailureRates, ScenarioConfig, SkillOutage, run_backfill
+from ingest import ingest_requests
+from serve.testing import free_port, wait_until
+
+S = 10**9
+H = timedelta(hours=1)
+MIN = timedelta(minutes=1)
+RULES = """\
+slos:
+  - name: coder-e2e
+    objective: p_e2e
+    target: 0.99
+    window: 30d
+    where: {to_agent: coder}
+  - name: fleet-unknown
+    objective: unknown_rate
+    target: 0.995
+"""
+QUIET = FailureRates(
+    **dict.fromkeys(
+        (
+            "expire",
+            "cancel",
+            "timeout",
+            "partial_result",
+            "commit_fail",
+            "bounce",
+            "stale_state_version",
+            "stale_fence",
+            "idempotency_conflict",
+            "after_terminal",
+        ),
+        0.0,
+    ),
+    reject=0.002,
+    fail=0.002,
+    duplicate_delivery=0.01,
+)
+
+
+class _Capture(SpanExporter):
+    def __init__(self, out: list[bytes]) -> None:
+        self.out = out
+
+    def export(self, spans):
+        self.out.append(encode_spans(list(spans)).SerializeToString())
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def regression(chdb_client, tmp_path_factory):
+    """The store with the regression; times: start, outage [start+2h, start+3h), end."""
+    # hour-aligned and 2 h in the past: every planned step is in the wall clock's past
+    end_ns = (datetime.now(UTC).timestamp() // 3600 * 3600 - 2 * 3600) * S
+    end = datetime.fromtimestamp(end_ns / S, tz=UTC)
+    start = end - 10 * H
+    outage = SkillOutage(
+        "coder",
+        "code.write",
+        int((start + 2 * H).timestamp() * S),
+        int((start + 3 * H).timestamp() * S),
+        0.9,
+    )
+    bodies: list[bytes] = []
+    emitter = Emitter(exporter_factory=lambda tenant, token: _Capture(bodies))
+    cfg = ScenarioConfig(seed=11, tenants={"acme": 1.0}, rates=QUIET, outage=outage)
+    run_backfill(
+        emitter,
+        cfg,
+        start_ns=int(start.timestamp() * S),
+        end_ns=int(end_ns),
+        handoffs=3000,
+        progress=False,
+    )
+    emitter.close()
+    db = f"t_alerts_{uuid.uuid4().hex[:8]}"
+    apply_schema(chdb_client, db)
+    ingest_requests(
+        chdb_client, db, [("protobuf", b, "sim") for b in bodies], tenant="acme", source="test"
+    )
+    rules = tmp_path_factory.mktemp("alerts") / "slos.yaml"
+    rules.write_text(RULES, encoding="utf-8")
+    yield {
+        "db": db,
+        "rules": str(rules),
+        "inside": start + 2 * H + 55 * MIN,
+        "after": start + 9 * H + 30 * MIN,
+    }
+    chdb_client.command(f"DROP DATABASE IF EXISTS {db} SYNC")
+
+
+def _iso(t: datetime) -> str:
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _check(reg, chdb_path, at: datetime, *extra: str) -> int:
+    return main(
+        [
+            "alerts",
+            "check",
+            "--rules",
+            reg["rules"],
+            "--store",
+            f"chdb://{chdb_path}",
+            "--database",
+            reg["db"],
+            "--as-of",
+            _iso(at),
+            *extra,
+        ]
+    )
+
+
+def test_check_fires_inside_the_regression(regression, chdb_path, capsys):
+    assert _check(regression, chdb_path, regression["inside"], "--json") == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["firing"] == ["coder-e2e:page", "coder-e2e:ticket"]
+    coder, unknown = out["slos"]
+    page = coder["alerts"][0]
+    assert page["firing"] and page["burn_rates"][0]["long_burn"] > 14.4
+    assert page["burn_rates"][0]["short_burn"] > 14.4
+    assert coder["budget_remaining"] < 0  # a 90% outage for an hour overspends 1%
+    assert unknown["firing"] is False and unknown["budget_remaining"] == 1.0
+    # human output: the table with × burn rates, budget and FIRING/ok
+    assert _check(regression, chdb_path, regression["inside"]) == 1
+    text = capsys.readouterr().out
+    assert "budget left" in text and "FIRING" in text and "ok" in text
+    assert "1h/5m " in text and "(>14.4×)" in text
+    assert "firing: coder-e2e:page, coder-e2e:ticket" in text
+
+
+def test_check_resolves_after_the_regression(regression, chdb_path, capsys):
+    assert _check(regression, chdb_path, regression["after"], "--json") == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["firing"] == []
+    page = out["slos"][0]["alerts"][0]
+    assert page["burn_rates"][0]["long_burn"] < 14.4  # the 1 h window is clean again
+    assert out["slos"][0]["budget_remaining"] < 0  # the 30 d budget still carries the outage
+
+
+def test_check_exits_3_when_the_store_is_unreachable(regression, capsys):
+    port = free_port()
+    code = main(
+        ["alerts", "check", "--rules", regression["rules"], "--store", f"http://127.0.0.1:{port}"]
+    )
+    assert code == 3
+    assert "error:" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ webhook
+
+
+class _Hook:
+    """A real HTTP server on loopback that records JSON bodies and answers `statuses` in turn
+    (then 200)."""
+
+    def __init__(self, statuses: list[int] | None = None) -> None:
+        self.bodies: list[dict] = []
+        self.statuses = list(statuses or [])
+        self.lock = threading.Lock()
+        hook = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with hook.lock:
+                    code = hook.statuses.pop(0) if hook.statuses else 200
+                    if code == 200:
+                        hook.bodies.append(body)
+                self.send_response(code)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> _Hook:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_watch_posts_fire_then_resolve_once_each(regression, chdb_client):
+    rules = load_rules(regression["rules"])
+    inside, after = regression["inside"], regression["after"]
+    times = iter([inside, inside + MIN, inside + 2 * MIN, after, after + MIN])
+    with _Hook(statuses=[503]) as hook:  # the first POST fails once: retried
+        state = run_watch(
+            evaluate=lambda t: evaluate_rules(
+                chdb_client, rules, as_of=t, database=regression["db"]
+            ),
+            send=WebhookSender(hook.url, backoff_s=0.01),
+            every=timedelta(0),
+            stop=threading.Event(),
+            clock=lambda: next(times),
+            evaluations=5,
+        )
+    got = [(b["alert"], b["state"], b["as_of"]) for b in hook.bodies]
+    assert got == [
+        ("coder-e2e:page", "firing", _iso(inside)),
+        ("coder-e2e:ticket", "firing", _iso(inside)),
+        ("coder-e2e:page", "resolved", _iso(after)),
+        ("coder-e2e:ticket", "resolved", _iso(after)),
+    ]
+    fire = hook.bodies[0]
+    assert fire["text"].startswith("[FIRING] coder-e2e:page: p_e2e (to_agent=coder) burn rate")
+    assert fire["slo"] == "coder-e2e" and fire["severity"] == "page"
+    assert fire["windows"] == ["1h/5m", "6h/30m"] and fire["where"] == {"to_agent": "coder"}
+    assert fire["burn_rates"][0]["long_burn"] > 14.4 and fire["budget_remaining"] < 0
+    assert hook.bodies[2]["text"].startswith("[RESOLVED] coder-e2e:page")
+    assert {k: v.firing for k, v in state.items()} == {
+        "coder-e2e:page": False,
+        "coder-e2e:ticket": False,
+    }
+
+
+def test_webhook_sender_retries_5xx_not_4xx_and_reports_a_dead_hook():
+    with _Hook(statuses=[500, 502]) as hook:
+        d = WebhookSender(hook.url, attempts=3, backoff_s=0.01)({"alert": "a", "state": "firing"})
+        assert (d.ok, d.attempts, d.status) == (True, 3, 200)
+        assert hook.bodies == [{"alert": "a", "state": "firing"}]
+    with _Hook(statuses=[404]) as hook:
+        d = WebhookSender(hook.url, attempts=3, backoff_s=0.01)({"alert": "a"})
+        assert (d.ok, d.attempts, d.status) == (False, 1, 404)
+    dead = f"http://127.0.0.1:{free_port()}/hook"
+    d = WebhookSender(dead, attempts=2, backoff_s=0.01)({"alert": "a"})
+    assert not d.ok and d.attempts == 2 and d.status is None and d.error
+
+
+def test_an_undelivered_notification_is_tried_again_next_evaluation(regression, chdb_client):
+    rules = load_rules(regression["rules"])[:1]
+    inside = regression["inside"]
+    times = iter([inside, inside + 10 * MIN])
+    with _Hook(statuses=[500, 500]) as hook:  # page: both attempts fail; ticket goes through
+        run_watch(
+            evaluate=lambda t: evaluate_rules(
+                chdb_client, rules, as_of=t, database=regression["db"]
+            ),
+            send=WebhookSender(hook.url, attempts=2, backoff_s=0.01),
+            every=timedelta(0),
+            stop=threading.Event(),
+            clock=lambda: next(times),
+            evaluations=2,
+        )
+    assert [(b["alert"], b["as_of"]) for b in hook.bodies] == [
+        ("coder-e2e:ticket", _iso(inside)),
+        ("coder-e2e:page", _iso(inside + 10 * MIN)),
+    ]
+
+
+def test_watch_command_stops_cleanly_on_sigterm(regression, query_port, tmp_path):
+    """`handoffs watch` as a process, reading over serve's query port: it evaluates, then
+    SIGTERM ends it with exit 0 (now is hours after the regression: nothing is posted)."""
+    with _Hook() as hook:
+        log = tmp_path / "watch.log"
+        with log.open("w") as err:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "handoffs", "watch", "--rules", regression["rules"],
+                 "--webhook", hook.url, "--every", "1s", "--store",
+                 f"http://127.0.0.1:{query_port}", "--database", regression["db"]],
+                stdout=subprocess.DEVNULL, stderr=err, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )  # fmt: skip
+            try:
+                wait_until(lambda: "watching 2 SLO(s)" in log.read_text(), 60, "watch to start")
+                proc.send_signal(signal.SIGTERM)
+                assert proc.wait(timeout=30) == 0
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+        assert "stopping" in log.read_text()
+        assert hook.bodies == []
