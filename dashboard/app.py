@@ -18,6 +18,7 @@ page = st.navigation(
         overview,
         st.Page("views/slices.py", title="Slices", icon=":material/grid_view:"),
         st.Page("views/anomalies.py", title="Anomalies", icon=":material/report:"),
+        st.Page("views/alerts.py", title="Alerts", icon=":material/notifications:"),
         st.Page("views/graph.py", title="Fleet graph", icon=":material/share:"),
         explorer,
         st.Page("views/reports.py", title="Reports", icon=":material/description:"),
