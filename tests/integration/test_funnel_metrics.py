@@ -197,3 +197,27 @@ def test_counts_match_the_analytics_loaders(serve):
         assert anomaly_counts(client, database=serve.database, window=window, tenant=tenant) == {
             r.kind: int(r.count) for r in ref.itertuples()
         }
+
+
+def _exported_names(serve) -> set[str]:
+    """Every series name GET /metrics declares (a counter also as <name>_total, a histogram
+    with its _bucket, _sum and _count), with samples or not yet."""
+    r = requests.get(f"{serve.otlp_url}/metrics", timeout=60)
+    names = set()
+    for fam in text_string_to_metric_families(r.text):
+        names.add(fam.name)
+        names |= {s.name for s in fam.samples}
+        if fam.type == "counter":
+            names.add(f"{fam.name}_total")
+        if fam.type == "histogram":
+            names |= {f"{fam.name}_{suffix}" for suffix in ("bucket", "sum", "count")}
+    return names
+
+
+def test_dashboard_and_alert_queries_use_only_names_serve_exports(serve):
+    from tests.unit.test_deploy_monitoring import metric_names, queries, recorded
+
+    exported = _exported_names(serve)
+    for where, expr in queries():
+        missing = {n for n in metric_names(expr) if n not in exported and n not in recorded()}
+        assert not missing, f"{where}: {sorted(missing)} not on serve's /metrics"
