@@ -145,7 +145,7 @@ def _as_of(args) -> datetime:
 
 
 def _cmd_check(args) -> int:
-    from analytics._slo_store import evaluate_rules
+    from analytics.slo_store import evaluate_rules
 
     rules = _load(args.rules)
     as_of = _as_of(args)
@@ -167,9 +167,9 @@ def _cmd_watch(args) -> int:
     import signal
     import threading
 
-    from analytics._slo_store import evaluate_rules
     from analytics._watch import WebhookSender, run_watch
     from analytics.slo import fmt_duration, parse_duration
+    from analytics.slo_store import evaluate_rules
 
     rules = _load(args.rules)
     try:

@@ -4,7 +4,7 @@ Pure: rules are frozen dataclasses (parsed from YAML by `load_rules` / `parse_ru
 in docs/alerts.md); `evaluate` turns per-window event counts into burn rates, firing alerts
 and the remaining error budget; `decide` turns the previous notification state and a new
 evaluation into the next state and the notifications to send. Reading counts from the store
-is analytics._slo_store; the webhook loop is analytics._watch.
+is analytics.slo_store; the webhook loop is analytics._watch.
 
 Convention: `target` is always the fraction of events that must be good, so the allowed bad
 fraction is `1 - target`. For a ratio objective (p_accept .. p_e2e) a bad event is a handoff

@@ -24,9 +24,9 @@ import pytest
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from analytics._slo_store import evaluate_rules
 from analytics._watch import WebhookSender, run_watch
 from analytics.slo import load_rules
+from analytics.slo_store import evaluate_rules
 from foundation.store import apply_schema
 from handoffs.cli import main
 from handoffs.simulator import Emitter, FailureRates, ScenarioConfig, SkillOutage, run_backfill
@@ -310,3 +310,65 @@ def test_watch_command_stops_cleanly_on_sigterm(regression, query_port, tmp_path
                     proc.kill()
         assert "stopping" in log.read_text()
         assert hook.bodies == []
+
+
+# ------------------------------------------------------------------ dashboard page
+
+
+@pytest.fixture
+def alerts_page(regression, chdb_path, monkeypatch):
+    """AppTest of the Alerts page reading the regression store and its rules file."""
+    from streamlit.testing.v1 import AppTest
+
+    from dashboard import APP_PATH
+
+    monkeypatch.setenv("HANDOFFS_STORE", f"chdb://{chdb_path}")
+    monkeypatch.setenv("HANDOFFS_DATABASE", regression["db"])
+    monkeypatch.setenv("HANDOFFS_SLO_RULES", regression["rules"])
+
+    def run(as_of: datetime | None = None):
+        at = AppTest.from_file(str(APP_PATH), default_timeout=60)
+        if as_of is not None:
+            at.query_params["as_of"] = _iso(as_of)
+        at.run()
+        at.switch_page("views/alerts.py").run()
+        assert not at.exception, [e.value for e in at.exception]
+        return at
+
+    return run
+
+
+def test_dashboard_shows_firing_alerts_and_budgets(alerts_page, regression, chdb_client):
+    at = alerts_page(regression["inside"])
+    errors = [str(e.value) for e in at.error]
+    assert len(errors) == 2 and errors[0].startswith("**coder-e2e:page** (page)")
+    assert "1h/5m" in errors[0] and "×" in errors[0]
+    statuses = evaluate_rules(
+        chdb_client,
+        load_rules(regression["rules"]),
+        as_of=regression["inside"],
+        database=regression["db"],
+    )
+    budgets = {m.label: m.value for m in at.metric}
+    assert budgets == {s.rule.name: f"{100 * s.budget_remaining:.1f}%" for s in statuses}
+    table = at.dataframe[0].value
+    assert list(table["state"]) == ["FIRING", "FIRING", "ok", "ok"]
+    assert list(table["scope"]) == ["to_agent=coder"] * 2 + ["all"] * 2
+
+
+def test_dashboard_after_the_regression_shows_nothing_firing(alerts_page, regression):
+    at = alerts_page(regression["after"])
+    assert not at.error
+    assert "No alert is firing." in [str(s.value) for s in at.success]
+    assert list(at.dataframe[0].value["state"]) == ["ok"] * 4
+
+
+def test_dashboard_explains_a_missing_or_bad_rules_file(alerts_page, monkeypatch, tmp_path):
+    monkeypatch.setenv("HANDOFFS_SLO_RULES", str(tmp_path / "none.yaml"))
+    at = alerts_page()
+    assert "No SLO rules file at" in at.info[0].value
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("slos:\n  - name: x\n    objective: p_e2e\n    target: 9\n", encoding="utf-8")
+    monkeypatch.setenv("HANDOFFS_SLO_RULES", str(bad))
+    at = alerts_page()
+    assert f"{bad}:4: slos[0].target" in at.error[0].value

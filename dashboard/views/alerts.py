@@ -1,0 +1,124 @@
+"""Alerts: the SLOs of the rules file, firing burn-rate alerts first, then each SLO's remaining
+error budget and its burn rates per window pair (method and schema: docs/alerts.md).
+
+The rules file: `--rules FILE` after `--` on the streamlit command line, else
+HANDOFFS_SLO_RULES, else deploy/slos.yaml. `?as_of=2026-11-23T12:00:00Z` evaluates at that
+time instead of now (a link to what the SLOs looked like then).
+"""
+
+import argparse
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pandas as pd
+import streamlit as st
+
+from analytics import slo
+from analytics.slo_store import evaluate_rules
+from dashboard import _data, _ui
+from foundation import settings
+
+
+def _rules_path() -> str:
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--rules")
+    known, _ = p.parse_known_args(sys.argv[1:])
+    return known.rules or settings.resolve(slo.SLO_RULES)
+
+
+@st.cache_data(ttl=_data.TTL_S, show_spinner=False, max_entries=32)
+def _evaluate(
+    store: str, database: str, path: str, text: str, as_of: str
+) -> tuple[slo.SloStatus, ...]:
+    rules = slo.parse_rules(text, path=path)
+    client = _data.client(_data.source())
+    try:
+        return evaluate_rules(client, rules, as_of=datetime.fromisoformat(as_of), database=database)
+    except ValueError:
+        raise
+    except Exception as exc:  # the store went away or refused the query
+        text = " ".join(str(exc).split())[:300]
+        raise _data.QueryFailed(f"Could not evaluate the SLOs: {text}") from exc
+
+
+def _x(v: float | None) -> str:
+    return "—" if v is None else f"{v:.1f}×"
+
+
+src = _ui.start_page("Alerts")
+path = _rules_path()
+try:
+    text = Path(path).read_text(encoding="utf-8")
+except OSError:
+    st.info(
+        f"No SLO rules file at `{path}`. Write one (docs/alerts.md has the schema) and point "
+        f"the dashboard at it with {slo.SLO_RULES.env}=FILE or `-- --rules FILE`.",
+        icon=":material/rule:",
+    )
+    st.stop()
+try:
+    slo.parse_rules(text, path=path)
+except slo.RulesError as exc:
+    st.error(f"The SLO rules are refused:\n\n```\n{exc}\n```", icon=":material/rule:")
+    st.stop()
+
+with _ui.guard():
+    raw = st.query_params.get("as_of")
+    as_of = (
+        _ui.parse_utc(raw, field="as_of")
+        if raw
+        else datetime.now(UTC).replace(second=0, microsecond=0)
+    )
+    statuses = _evaluate(src.store, src.database, path, text, as_of.isoformat())
+
+if not statuses:
+    st.info(f"`{path}` defines no SLOs.", icon=":material/inbox:")
+    st.stop()
+
+st.caption(f"{len(statuses)} SLO(s) of `{path}` evaluated as of {as_of:%Y-%m-%d %H:%M} UTC")
+firing = [(s, a) for s in statuses for a in s.alerts if a.firing]
+st.subheader("Firing")
+if not firing:
+    st.success("No alert is firing.", icon=":material/check_circle:")
+for s, a in firing:
+    pairs = "; ".join(
+        f"{p.window.label}: {_x(p.long_burn)} / {_x(p.short_burn)} (threshold {p.window.factor:g}×)"
+        for p in a.pairs
+        if p.firing
+    )
+    st.error(
+        f"**{a.name}** ({a.severity}) — {s.rule.objective} burning: {pairs}",
+        icon=":material/notifications_active:",
+    )
+
+st.subheader("Error budget remaining")
+cols = st.columns(min(4, len(statuses)))
+for i, s in enumerate(statuses):
+    b = s.budget_remaining
+    cols[i % len(cols)].metric(
+        s.rule.name,
+        "—" if b is None else f"{100 * b:.1f}%",
+        help=f"{s.rule.objective}, target {100 * s.rule.target:g}% over "
+        f"{slo.fmt_duration(s.rule.window)}: 1 - bad fraction / allowed bad fraction",
+        border=True,
+    )
+
+rows = [
+    {
+        "SLO": s.rule.name,
+        "objective": s.rule.objective,
+        "scope": ", ".join(f"{k}={v}" for k, v in s.rule.where) or "all",
+        "target": f"{100 * s.rule.target:g}% / {slo.fmt_duration(s.rule.window)}",
+        "alert": a.severity,
+        "burn rates long/short": "  ".join(
+            f"{p.window.label} {_x(p.long_burn)}/{_x(p.short_burn)} (>{p.window.factor:g}×)"
+            for p in a.pairs
+        ),
+        "state": "FIRING" if a.firing else "ok",
+    }
+    for s in statuses
+    for a in s.alerts
+]
+st.dataframe(pd.DataFrame(rows), hide_index=True, key="al_table")
+_ui.footer(src, "Alerts")
