@@ -360,13 +360,31 @@ _STATE_COLOURS = {
 }
 
 
+#: Red (low P_e2e) through amber to green (high); darker than RdYlGn so the middle of the
+#: scale stays visible on white.
+RATE_SCALE: tuple[tuple[float, str], ...] = (
+    (0.0, "#b2182b"),
+    (0.25, "#e66101"),
+    (0.5, "#d4a000"),
+    (0.75, "#7cb342"),
+    (1.0, "#1b7837"),
+)
+
+
 def rate_colour(p: float | None) -> str:
-    """The RdYlGn colour of a rate in [0, 1] (red low, green high); grey when undefined."""
+    """The RATE_SCALE colour of a rate in [0, 1] (red low, green high); grey when undefined."""
     if p is None:
         return _UNDEFINED
-    from plotly.colors import sample_colorscale
-
-    return str(sample_colorscale("RdYlGn", [min(max(p, 0.0), 1.0)])[0])
+    p = min(max(p, 0.0), 1.0)
+    for (a, ca), (b, cb) in pairwise(RATE_SCALE):
+        if p <= b:
+            t = (p - a) / (b - a)
+            rgb = [
+                round(int(ca[i : i + 2], 16) * (1 - t) + int(cb[i : i + 2], 16) * t)
+                for i in (1, 3, 5)
+            ]
+            return "#" + "".join(f"{v:02x}" for v in rgb)
+    return RATE_SCALE[-1][1]
 
 
 def _pct(p: float | None) -> str:
@@ -385,25 +403,30 @@ def _edge_hover(e: Edge, back: Edge | None) -> str:
     return "<br>".join(lines) + "<br><i>click to list this pair's handoffs</i>"
 
 
-def fleet_figure(layout: Layout, edges: Sequence[Edge]) -> go.Figure:
+def fleet_figure(layout: Layout, edges: Sequence[Edge], *, focus: str | None = None) -> go.Figure:
     """Agents as nodes, one curved arrow per directed pair: width by handoffs, colour by
     P_e2e (legend: the colour bar), dashed with a diamond at its middle when some outcome was
-    unknown. The middle markers carry customdata [from_agent, to_agent] for selection."""
+    unknown. The middle markers carry customdata [from_agent, to_agent] for selection.
+    `focus` (an agent) draws only its own edges; the others stay as faint grey lines."""
     import plotly.graph_objects as go
 
     pos = layout.pos()
     unit_px = layout.plot_px / (2 * layout.extent)
     trim = 14 / unit_px  # the node marker's radius and a little air
     vmax = max((e.volume for e in edges), default=0)
+    dense = len(edges) > 40  # thinner lines and smaller markers keep a big fleet legible
+    hi_w, mark = (6.0, 9) if dense else (10.0, 12)
     pairs = {(e.source, e.target): e for e in edges}
     fig = go.Figure()
     annotations: list[dict[str, Any]] = []
     mids: list[tuple[float, float, Edge, Edge | None]] = []
-    for e in edges:
+    # the focused agent's edges last: drawn over the faded ones
+    for e in sorted(edges, key=lambda e: focus is not None and focus in (e.source, e.target)):
         if e.source not in pos or e.target not in pos:
             continue
-        width = edge_width(e.volume, vmax)
+        width = edge_width(e.volume, vmax, hi=hi_w)
         colour = rate_colour(e.p_e2e)
+        faded = focus is not None and focus not in (e.source, e.target)
         if e.source == e.target:  # a self-handoff: a small loop outside the node
             x0, y0 = pos[e.source]
             cx, cy, rr = x0 * 1.1, y0 * 1.1, 0.06
@@ -413,12 +436,22 @@ def fleet_figure(layout: Layout, edges: Sequence[Edge]) -> go.Figure:
             ]
         else:
             pts = edge_curve(pos[e.source], pos[e.target], trim=trim)
+        if faded:
+            fig.add_scatter(
+                x=[p[0] for p in pts],
+                y=[p[1] for p in pts],
+                mode="lines",
+                line={"width": 1, "color": "#e0e0e0"},
+                hoverinfo="skip",
+                showlegend=False,
+            )
+            continue
         fig.add_scatter(
             x=[p[0] for p in pts],
             y=[p[1] for p in pts],
             mode="lines",
             line={"width": width, "color": colour, "dash": "dash" if e.unknown else "solid"},
-            opacity=0.8,
+            opacity=0.7 if dense else 0.85,
             hoverinfo="skip",
             showlegend=False,
         )
@@ -449,11 +482,11 @@ def fleet_figure(layout: Layout, edges: Sequence[Edge]) -> go.Figure:
         y=[m[1] for m in mids],
         mode="markers",
         marker={
-            "size": 12,
+            "size": mark,
             "symbol": ["diamond" if m[2].unknown else "circle" for m in mids],
             "color": [m[2].p_e2e if m[2].p_e2e is not None else -1.0 for m in mids],
             # below 0 is the grey of an undefined rate; 0..1 the red-to-green scale
-            "colorscale": [[0.0, _UNDEFINED], [0.0909, _UNDEFINED], *_rdylgn_from(0.0909)],
+            "colorscale": [[0.0, _UNDEFINED], [0.0909, _UNDEFINED], *_scale_from(0.0909)],
             "cmin": -0.1,
             "cmax": 1.0,
             "line": {"width": 1.5, "color": "#263238"},
@@ -533,13 +566,9 @@ def fleet_figure(layout: Layout, edges: Sequence[Edge]) -> go.Figure:
     return fig
 
 
-def _rdylgn_from(start: float) -> list[list[Any]]:
-    """The RdYlGn scale squeezed into [start, 1] of a colour scale."""
-    from plotly.colors import sample_colorscale
-
-    steps = [i / 10 for i in range(11)]
-    colours = sample_colorscale("RdYlGn", steps)
-    return [[start + (1 - start) * s, c] for s, c in zip(steps, colours, strict=True)]
+def _scale_from(start: float) -> list[list[Any]]:
+    """RATE_SCALE squeezed into [start, 1] of a plotly colour scale."""
+    return [[start + (1 - start) * at, c] for at, c in RATE_SCALE]
 
 
 def task_figure(nodes: Sequence[TaskNode], states: Mapping[str, str] | None = None) -> go.Figure:

@@ -71,9 +71,19 @@ keys = {(e.source, e.target) for e in edges}
 bounces = sorted({tuple(sorted(k)) for k in keys if (k[1], k[0]) in keys and k[0] != k[1]})
 unknown_pairs = sum(1 for e in edges if e.unknown)
 
+if ss.get("gr_focus") not in agents:
+    ss["gr_focus"] = None
+focus = st.sidebar.selectbox(
+    "Focus on agent",
+    sorted(agents),
+    key="gr_focus",
+    index=None,
+    placeholder="All agents",
+    help="Draw only this agent's handoffs (in and out); the others fade to grey.",
+)
 layout = _graph.circular_layout(agents, edges)
 event = st.plotly_chart(
-    _graph.fleet_figure(layout, edges),
+    _graph.fleet_figure(layout, edges, focus=focus),
     key="gr_chart",
     on_select="rerun",
     selection_mode=("points",),
@@ -92,7 +102,8 @@ for pt in (event.selection.points if event else None) or []:
     data = pt.get("customdata") if isinstance(pt, dict) else None
     if isinstance(data, list | tuple) and len(data) == 2:
         clicked = f"{data[0]}->{data[1]}"
-worst = sorted(edges, key=lambda e: (e.p_e2e is None, e.p_e2e or 0.0, -e.volume))
+shown = [e for e in edges if focus is None or focus in (e.source, e.target)]
+worst = sorted(shown, key=lambda e: (e.p_e2e is None, e.p_e2e or 0.0, -e.volume))
 options = [f"{e.source}->{e.target}" for e in worst]
 if clicked and clicked != ss.get("gr_clicked") and clicked in options:
     ss["gr_pair"] = clicked  # before the selectbox exists: the click wins this run

@@ -124,20 +124,45 @@ def _hex(text: str, n: int) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:n]
 
 
+def fleet(n_agents: int, *, seed: int = 1, per_agent: int = 3, handoffs: int = 4) -> tuple:
+    """A fleet of `n_agents` agents in the window's day (tenant acme), in the HANDOFFS format
+    with from_agent as an 8th field: each agent hands off to `per_agent` others (some pairs
+    both ways: bounces), `handoffs` times per pair, outcomes drawn from every flow. Seeded."""
+    import random
+
+    rnd = random.Random(seed)
+    roles = ("planner", "coder", "reviewer", "researcher", "billing", "triage", "search", "qa")
+    names = [
+        roles[i] if n_agents <= len(roles) else f"{roles[i % len(roles)]}-{i // len(roles) + 1:02d}"
+        for i in range(n_agents)
+    ]
+    flows = ("committed", "committed", "committed", "prepared", "noev", "rejected", "unknown")
+    out = []
+    for a in names:
+        for b in rnd.sample([x for x in names if x != a], min(per_agent, n_agents - 1)):
+            for k in range(rnd.randint(1, handoffs)):
+                created = DAY + timedelta(hours=1 + rnd.random() * 20)
+                flow = rnd.choice(flows)
+                topology = rnd.choice(("in_process", "agent_as_tool", "shared_queue"))
+                out.append((f"f-{a}-{b}-{k}", flow, "acme", b, "delegate", topology, created, a))
+    return tuple(out)
+
+
 def transitions(handoffs=HANDOFFS) -> list:
     """The handoffs as tests/analytics_seed.T records (the analytics tests' seeding format)."""
     from tests.analytics_seed import T, create
 
     out = []
-    for hid, flow, tenant, to_agent, mode, topology, created in handoffs:
+    for hid, flow, tenant, to_agent, mode, topology, created, *rest in handoffs:
+        from_agent = rest[0] if rest else "planner"
         for i, step in enumerate(_FLOWS[flow]):
             event, frm, to = step[:3]
             extra = dict(step[3]) if len(step) > 3 else {}
-            actor = "planner" if event in ("create", "timeout", "escalate") else to_agent
+            actor = from_agent if event in ("create", "timeout", "escalate") else to_agent
             at = created + timedelta(seconds=5 * i)
             if event == "create":
                 out.append(create(
-                    hid, at, task_id=f"task-{hid}", mode=mode, from_agent="planner", to_agent=to_agent,
+                    hid, at, task_id=f"task-{hid}", mode=mode, from_agent=from_agent, to_agent=to_agent,
                     topology=topology, capabilities=["code.write"] if to_agent == "coder" else ["review"],
                     idempotency_key=f"idem-{hid}", tenant=tenant,
                     **{"handoff.evidence_refs": [f"ev-{hid}"]},
@@ -164,7 +189,7 @@ def _extra_spans(handoffs=HANDOFFS) -> list[list]:
     return [
         [created + timedelta(seconds=1), _hex(hid, 32), _hex(f"{hid}/llm", 16), "llm.call", "Client", to_agent,
          {"gen_ai.operation.name": "chat"}, tenant]
-        for hid, _flow, tenant, to_agent, _mode, _topology, created in handoffs
+        for hid, _flow, tenant, to_agent, _mode, _topology, created, *_from in handoffs
     ]  # fmt: skip
 
 
