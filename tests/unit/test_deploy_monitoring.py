@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 
 from serve._funnel_metrics import STAGES, WINDOWS
@@ -208,3 +211,14 @@ def test_alerts_are_the_multiwindow_burn_rate_rules_of_the_default_slos():
     # the error ratios are the contract's: not committed / settled, unknown / settled
     assert label_values(rules["handoffs:e2e_error_ratio:1h"], "stage") == {"settled", "committed"}
     assert label_values(rules["handoffs:unknown_ratio:1h"], "stage") == {"settled", "unknown"}
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="needs promtool (Prometheus's)")
+def test_promtool_accepts_the_files_and_passes_the_rules_unit_tests():
+    rules = ROOT / "deploy/prometheus"
+    for args in (
+        ["check", "rules", str(rules / "alerts.yml")],
+        ["test", "rules", str(rules / "alerts_test.yml")],
+    ):
+        out = subprocess.run(["promtool", *args], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stdout + out.stderr
