@@ -3,7 +3,8 @@
 Formats: rates are fractions shown as percent with one decimal ("93.1%"); an undefined rate
 (None or NaN, an empty denominator) is "—", never 0 or 1. Counts use thousands separators.
 Times are UTC. Query parameters (`from`, `to`, `as_of`, `tenant`, `handoff_id`) are read
-once when they arrive, then the widgets own the values.
+once when they arrive, then the widgets own the values; a link naming only `from` ends now,
+one naming only `to` starts DEFAULT_LENGTH (24 h) before it.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ __all__ = [
     "guard",
     "handoffs_table",
     "is_undefined",
+    "link_window",
     "parse_utc",
     "pickers",
     "set_params",
@@ -57,6 +59,9 @@ RANGES: dict[str, timedelta | None] = {
     "Last 30 days": timedelta(days=30),
     "Custom": None,
 }
+#: The window a page opens on, and the length a link naming only one end gets.
+DEFAULT_LENGTH = timedelta(hours=24)
+_ISO = "%Y-%m-%dT%H:%M:%SZ"
 
 
 # ---------------------------------------------------------------- formats (pure)
@@ -121,6 +126,24 @@ def parse_utc(text: str, *, field: str) -> datetime:
             f"{field}: {text!r} is not an ISO-8601 time such as 2026-11-23T00:00:00Z"
         ) from None
     return dt.replace(tzinfo=UTC) if dt.tzinfo is None else dt.astimezone(UTC)
+
+
+def link_window(frm: str | None, to: str | None, *, now: datetime) -> tuple[str, str]:
+    """The (from, to) texts of a deep link naming one or both ends of a custom window.
+
+    A missing `to` is `now`; a missing `from` is DEFAULT_LENGTH before `to` (before now
+    when `to` is not a time). Given texts are returned as they came, so a bad one is shown
+    in its input and named by the page's warning.
+    """
+    now = now.replace(tzinfo=UTC) if now.tzinfo is None else now.astimezone(UTC)
+    end_text = to if to is not None else now.strftime(_ISO)
+    if frm is not None:
+        return frm, end_text
+    try:
+        end = parse_utc(end_text, field="To")
+    except ValueError:
+        end = now
+    return (end - DEFAULT_LENGTH).strftime(_ISO), end_text
 
 
 def explorer_link(handoff_id: str) -> str:
@@ -274,16 +297,17 @@ def pickers(src: _data.Source, page: str, *, tenant_picker: bool = True) -> Pick
     got = arrived_params(page, ("from", "to", "as_of", "tenant"))
     if "from" in got or "to" in got:
         ss["w_range"] = "Custom"
-        ss["w_from"] = got.get("from", ss.get("w_from", ""))
-        ss["w_to"] = got.get("to", ss.get("w_to", ""))
+        ss["w_from"], ss["w_to"] = link_window(
+            got.get("from"), got.get("to"), now=datetime.now(UTC)
+        )
     if "as_of" in got:
         ss["w_as_of"] = got["as_of"]
     if "tenant" in got:
         ss["w_tenant"] = got["tenant"]
     ss.setdefault("w_range", "Last 24 hours")
     end_default = _next_hour()
-    ss.setdefault("w_from", (end_default - timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%SZ"))
-    ss.setdefault("w_to", end_default.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    ss.setdefault("w_from", (end_default - DEFAULT_LENGTH).strftime(_ISO))
+    ss.setdefault("w_to", end_default.strftime(_ISO))
 
     sb = st.sidebar
     sb.selectbox("Time range", list(RANGES), key="w_range", persist_state="session")

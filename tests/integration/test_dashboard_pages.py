@@ -305,3 +305,20 @@ def test_graph_page_filters_by_mode_and_tenant(store_env):
     assert not at.exception
     assert _metrics(at)["Handoffs"] == "1"
     assert list(at.dataframe[0].value["handoff_id"]) == ["h-esc"]
+
+
+@pytest.mark.parametrize("page", ["views/slices.py", "views/anomalies.py"])
+def test_link_with_only_from_ends_now(store_env, page):
+    at = _app({"from": WINDOW["from"], "as_of": WINDOW["as_of"]}, page=page)
+    assert not at.warning, _texts(at.warning)
+    assert at.text_input(key="w_from").value == WINDOW["from"]
+    end = ui.parse_utc(at.text_input(key="w_to").value, field="To")
+    assert abs((end - datetime.now(end.tzinfo)).total_seconds()) < 120  # "to" is now
+
+
+def test_link_with_only_to_takes_the_default_length():
+    start, end = ui.link_window(None, "2026-11-24T00:00:00Z", now=datetime(2026, 12, 1))
+    assert (start, end) == ("2026-11-23T00:00:00Z", "2026-11-24T00:00:00Z")
+    start, end = ui.link_window("2026-11-20T00:00:00Z", None, now=datetime(2026, 12, 1, 9, 30))
+    assert (start, end) == ("2026-11-20T00:00:00Z", "2026-12-01T09:30:00Z")
+    assert ui.link_window("junk", None, now=datetime(2026, 12, 1))[0] == "junk"  # shown, named
