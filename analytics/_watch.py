@@ -128,6 +128,13 @@ def run_watch(
         except Exception as exc:  # the store went away: keep watching
             log.warning("evaluation at %s failed: %s", as_of.isoformat(), str(exc)[:300])
         else:
+            firing = [a.name for st in statuses for a in st.alerts if a.firing]
+            log.info(
+                "evaluated %d SLO(s) as of %s; firing: %s",
+                len(statuses),
+                as_of.isoformat(timespec="seconds"),
+                ", ".join(firing) or "none",
+            )
             new, notes = decide(current, statuses, as_of=as_of)
             for note in notes:
                 delivery = send(notification_body(note))

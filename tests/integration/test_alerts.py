@@ -255,7 +255,7 @@ def test_watch_posts_fire_then_resolve_once_each(regression, chdb_client):
     }
 
 
-def test_webhook_sender_retries_5xx_not_4xx_and_reports_a_dead_hook():
+def test_webhook_sender_retries_5xx_not_4xx_and_reports_a_dead_hook(caplog):
     with _Hook(statuses=[500, 502]) as hook:
         d = WebhookSender(hook.url, attempts=3, backoff_s=0.01)({"alert": "a", "state": "firing"})
         assert (d.ok, d.attempts, d.status) == (True, 3, 200)
@@ -266,6 +266,7 @@ def test_webhook_sender_retries_5xx_not_4xx_and_reports_a_dead_hook():
     dead = f"http://127.0.0.1:{free_port()}/hook"
     d = WebhookSender(dead, attempts=2, backoff_s=0.01)({"alert": "a"})
     assert not d.ok and d.attempts == 2 and d.status is None and d.error
+    assert "webhook delivery of a (None) failed after 2 attempt(s)" in caplog.text
 
 
 def test_an_undelivered_notification_is_tried_again_next_evaluation(regression, chdb_client):
@@ -289,9 +290,10 @@ def test_an_undelivered_notification_is_tried_again_next_evaluation(regression, 
     ]
 
 
-def test_watch_command_stops_cleanly_on_sigterm(regression, query_port, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_watch_command_stops_cleanly_on_a_signal(sig, regression, query_port, tmp_path):
     """`handoffs watch` as a process, reading over serve's query port: it evaluates, then
-    SIGTERM ends it with exit 0 (now is hours after the regression: nothing is posted)."""
+    the signal ends it with exit 0 (now is hours after the regression: nothing is posted)."""
     with _Hook() as hook:
         log = tmp_path / "watch.log"
         with log.open("w") as err:
@@ -302,8 +304,10 @@ def test_watch_command_stops_cleanly_on_sigterm(regression, query_port, tmp_path
                 stdout=subprocess.DEVNULL, stderr=err, env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )  # fmt: skip
             try:
-                wait_until(lambda: "watching 2 SLO(s)" in log.read_text(), 60, "watch to start")
-                proc.send_signal(signal.SIGTERM)
+                wait_until(
+                    lambda: "evaluated 2 SLO(s)" in log.read_text(), 60, "a first evaluation"
+                )
+                proc.send_signal(sig)
                 assert proc.wait(timeout=30) == 0
             finally:
                 if proc.poll() is None:

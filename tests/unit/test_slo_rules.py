@@ -139,10 +139,19 @@ def test_the_shipped_defaults_parse():
         ),
     ],
 )
-def test_bad_rules_are_refused_with_line_and_reason(text, line, reason):
+def test_bad_rules_are_refused_with_line_and_reason(text, line, reason, tmp_path, capsys):
     err = _refused(text)
     assert any(ln == line and reason in why for ln, why in err.problems), err.problems
     assert f"rules.yaml:{line}: " in str(err)
+    # the CLI says the same and exits 2 before it touches the store (this one would be 3)
+    rules = tmp_path / "slos.yaml"
+    rules.write_text(text, encoding="utf-8")
+    code = main(["alerts", "check", "--rules", str(rules), "--store", "http://127.0.0.1:9"])
+    assert code == 2
+    printed = capsys.readouterr().err
+    assert any(
+        ln.startswith(f"{rules}:{line}: ") and reason in ln for ln in printed.splitlines()
+    ), printed
 
 
 def test_every_problem_of_a_file_is_listed():
@@ -187,3 +196,18 @@ def test_watch_refuses_a_bad_webhook_url_and_interval(tmp_path, capsys):
     assert "webhook URL 'hooks.example/x': expected an absolute http://" in capsys.readouterr().err
     assert main([*base, "--webhook", "http://127.0.0.1:1/x", "--every", "1 min"]) == 2
     assert "duration '1 min'" in capsys.readouterr().err
+
+
+def test_the_documented_examples_and_burn_table_hold():
+    import re
+
+    from analytics.slo import PAGE_TICKET_30D
+
+    doc = (REPO / "docs" / "alerts.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```yaml\n(.*?)```", doc, re.S)
+    assert len(blocks) >= 2
+    for block in blocks:
+        assert parse_rules(block, path="docs/alerts.md")
+    for sev, long, short, factor in PAGE_TICKET_30D:
+        row = f"| {sev} | {fmt_duration(long)} | {fmt_duration(short)} | {factor:g}× |"
+        assert row in doc, row
