@@ -6,6 +6,8 @@ are left as gaps, never drawn as 0.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import plotly.graph_objects as go
@@ -18,6 +20,8 @@ __all__ = [
     "anomaly_bars",
     "funnel_figure",
     "pair_heatmap",
+    "stack_labels",
+    "swimlane_label_boxes",
     "timeline_figure",
     "trend_figure",
 ]
@@ -177,26 +181,58 @@ def anomaly_bars(df: pd.DataFrame) -> go.Figure:
     return fig
 
 
-def _padded_range(times: list[Any]) -> dict[str, Any]:
-    """An x range 8% wider than the data each side, so edge labels are not cut off."""
-    import pandas as pd
+#: Plot width (px) the swimlane's labels are laid out for; a wider drawing only adds room.
+SWIMLANE_PX = 720
+_LABEL_FONT = 11
+_ROW_PX = 16  # one label row
+_FIRST_PX = 10  # marker centre -> first label row
+_MAX_ROWS = 4  # label rows on each side of a lane
 
-    ts = pd.to_datetime(
-        pd.Series([t for t in times if t is not None]), utc=True, errors="coerce"
-    ).dropna()
-    if ts.empty:
-        return {}
-    lo, hi = ts.min(), ts.max()
-    pad = max((hi - lo) * 0.08, pd.Timedelta(seconds=1))
-    return {"range": [(lo - pad).tz_localize(None), (hi + pad).tz_localize(None)]}
+
+def _label_px(text: str) -> float:
+    """Estimated width (px) of a label at the swimlane font (an over-estimate)."""
+    return len(text) * 0.62 * _LABEL_FONT + 8
+
+
+def stack_labels(
+    xs: Sequence[float], lanes: Sequence[int], widths: Sequence[float], *, gap: float = 4.0
+) -> list[int]:
+    """Label row of each point: 1, -1, 2, -2, ... (above, below its marker, then further
+    out), the first row where its label (centred on x, `widths` px wide) clears the labels
+    already in that row of its lane. xs in px. More than _MAX_ROWS rows each side are never
+    used: the row whose last label ends first takes the label then."""
+    levels = [k * side for k in range(1, _MAX_ROWS + 1) for side in (1, -1)]
+    ends: dict[tuple[int, int], float] = {}
+    rows = [0] * len(xs)
+    for i in sorted(range(len(xs)), key=lambda i: (xs[i], i)):
+        lo = xs[i] - widths[i] / 2
+
+        def end(lv: int, lane: int = lanes[i]) -> float:
+            return ends.get((lane, lv), -math.inf)
+
+        pick = next((lv for lv in levels if end(lv) + gap <= lo), None)
+        if pick is None:
+            pick = min(levels, key=end)
+        ends[(lanes[i], pick)] = xs[i] + widths[i] / 2
+        rows[i] = pick
+    return rows
+
+
+def _shift(row: int) -> float:
+    return math.copysign(_FIRST_PX + (abs(row) - 1) * _ROW_PX, row)
 
 
 def timeline_figure(transitions: list[dict[str, Any]]) -> go.Figure:
-    """Swimlanes: one lane per actor, a marker per transition at its time, labelled by event.
+    """Swimlanes: one lane per actor, a marker per transition at its time, labelled
+    "n event → state" with n its place in the (state-machine) order given.
 
-    Transitions keep the given (state-machine) order; a dotted line joins them in that
-    order, so a line running backwards in time shows clock skew between actors.
+    A dotted line joins the transitions in that order, so a line running backwards in time
+    shows clock skew between actors. Labels that would overlap (transitions milliseconds
+    apart) are stacked in rows above and below the lane (stack_labels), laid out for a plot
+    SWIMLANE_PX wide; the x range leaves room for the outermost labels.
     """
+    import pandas as pd
+
     actors: list[str] = []
     for t in transitions:
         a = str(t.get("actor") or "?")
@@ -205,7 +241,37 @@ def timeline_figure(transitions: list[dict[str, Any]]) -> go.Figure:
     xs = [t.get("time") for t in transitions]
     ys = [str(t.get("actor") or "?") for t in transitions]
     labels = [f"{t.get('event')} → {t.get('to_state')}" for t in transitions]
+    texts = [f"{i + 1} {label}" for i, label in enumerate(labels)]
     colors = ["#2e7d32" if t.get("valid", True) else "#c62828" for t in transitions]
+    times = pd.to_datetime(
+        pd.Series(xs, dtype="object"), utc=True, errors="coerce", format="ISO8601"
+    )
+    ms = [None if pd.isna(v) else v.value / 1e6 for v in times]
+    known = [v for v in ms if v is not None]
+    widths = [_label_px(t) for t in texts]
+    half = max(widths, default=0.0) / 2 + 6
+    lo_ms, hi_ms = (min(known), max(known)) if known else (0.0, 0.0)
+    span = hi_ms - lo_ms
+    # the data fills the middle of the plot; half a label of room at each end
+    full = span * SWIMLANE_PX / (SWIMLANE_PX - 2 * half) if span > 0 else 1000.0
+    left = lo_ms - (full - span) / 2
+    px = [
+        None if v is None else (v - left) / full * SWIMLANE_PX for v in ms
+    ]  # where each marker is drawn, at SWIMLANE_PX
+    placed = [i for i, v in enumerate(px) if v is not None]
+    rows = [0] * len(transitions)
+    for i, r in zip(
+        placed,
+        stack_labels(
+            [px[i] or 0.0 for i in placed],
+            [actors.index(ys[i]) for i in placed],
+            [widths[i] for i in placed],
+        ),
+        strict=True,
+    ):
+        rows[i] = r
+    used = max((abs(r) for r in rows), default=1) or 1
+    lane_px = max(70, 2 * (_FIRST_PX + used * _ROW_PX) + 12)
     fig = go.Figure()
     fig.add_scatter(
         x=xs,
@@ -218,25 +284,82 @@ def timeline_figure(transitions: list[dict[str, Any]]) -> go.Figure:
     fig.add_scatter(
         x=xs,
         y=ys,
-        mode="markers+text",
-        text=labels,
-        # alternate above/below: transitions milliseconds apart would print over each other
-        textposition=["top center" if i % 2 == 0 else "bottom center" for i in range(len(labels))],
+        mode="markers",
+        text=texts,
         marker={"size": 14, "color": colors, "line": {"width": 1, "color": "#333"}},
         hovertemplate="%{y}<br>%{text}<br>%{x}<extra></extra>",
         showlegend=False,
-        cliponaxis=False,  # labels above the top lane stay visible
+        cliponaxis=False,
     )
     fig.update_layout(
-        title="Transitions by actor (green valid, red flagged)",
+        annotations=[
+            {
+                "x": x,
+                "y": y,
+                "text": text,
+                "showarrow": False,
+                "yshift": _shift(row),
+                "yanchor": "bottom" if row > 0 else "top",
+                "font": {"size": _LABEL_FONT},
+                "bgcolor": "rgba(255,255,255,0.85)",
+                "borderpad": 1,
+            }
+            for x, y, text, row, p in zip(xs, ys, texts, rows, px, strict=True)
+            if p is not None
+        ]
+    )
+    margin = {"l": 10, "r": 10, "t": 40, "b": 50}
+    x_range = {}
+    if known:
+        x_range = {
+            "range": [
+                pd.Timestamp(int(left * 1e6)).tz_localize(None),
+                pd.Timestamp(int((left + full) * 1e6)).tz_localize(None),
+            ]
+        }
+    fig.update_layout(
+        title="Transitions by actor (green valid, red flagged); n = order in the state machine",
         yaxis={
             "type": "category",
             "categoryorder": "array",
             "categoryarray": actors,
             "title": "actor",
-            "range": [-0.7, len(actors) - 0.3],  # headroom for labels above and below
+            "range": [-0.5, len(actors) - 0.5],
+            "fixedrange": True,
         },
-        xaxis={"title": "time (UTC)", **_padded_range(xs)},
-        **{**_LAYOUT, "height": max(260, 120 + 70 * len(actors))},
+        xaxis={"title": "time (UTC)", **x_range},
+        margin=margin,
+        height=int(margin["t"] + margin["b"] + lane_px * max(len(actors), 1)),
     )
     return fig
+
+
+def swimlane_label_boxes(
+    fig: go.Figure, *, plot_px: float = SWIMLANE_PX
+) -> list[tuple[str, list[tuple[float, float]]]]:
+    """(text, corners in px) of each transition label of a timeline_figure, in figure order,
+    for a plot `plot_px` wide: x from the time axis range, y from the lane and the label's
+    shift and anchor. The same width estimate as the layout (an over-estimate)."""
+    import pandas as pd
+
+    lo, hi = (pd.Timestamp(v).value for v in fig.layout.xaxis.range)
+    lanes = list(fig.layout.yaxis.categoryarray)
+    m = fig.layout.margin
+    lane_px = (fig.layout.height - m.t - m.b) / len(lanes)
+    h = _LABEL_FONT * 1.3 + 2
+    out = []
+    for a in fig.layout.annotations:
+        t = pd.Timestamp(a.x)
+        t = t.tz_convert(None) if t.tzinfo else t
+        cx = (t.value - lo) / (hi - lo) * plot_px
+        base = lanes.index(a.y) * lane_px + a.yshift
+        cy = base + h / 2 if a.yanchor == "bottom" else base - h / 2
+        w = _label_px(a.text)
+        out.append(
+            (
+                str(a.text),
+                [(cx - w / 2, cy - h / 2), (cx + w / 2, cy - h / 2),
+                 (cx + w / 2, cy + h / 2), (cx - w / 2, cy + h / 2)],
+            )
+        )  # fmt: skip
+    return out
