@@ -571,10 +571,15 @@ def _scale_from(start: float) -> list[list[Any]]:
     return [[start + (1 - start) * at, c] for at, c in RATE_SCALE]
 
 
-def task_figure(nodes: Sequence[TaskNode], states: Mapping[str, str] | None = None) -> go.Figure:
+def task_figure(
+    nodes: Sequence[TaskNode],
+    states: Mapping[str, str] | None = None,
+    *,
+    current: str | None = None,
+) -> go.Figure:
     """One task's handoffs left to right in causation order: arrows parent → child, each
-    handoff a marker coloured by its last state and labelled "from → to / state"; the
-    markers carry customdata [handoff_id] for selection."""
+    handoff a marker coloured by its last state and labelled "from → to / state", the
+    `current` one ringed; the markers carry customdata [handoff_id] for selection."""
     import plotly.graph_objects as go
 
     states = states or {}
@@ -610,7 +615,10 @@ def task_figure(nodes: Sequence[TaskNode], states: Mapping[str, str] | None = No
         marker={
             "size": 18,
             "color": [_STATE_COLOURS.get(states.get(n.handoff_id, ""), "#90a4ae") for n in nodes],
-            "line": {"width": 1, "color": "#263238"},
+            "line": {
+                "width": [4 if n.handoff_id == current else 1 for n in nodes],
+                "color": "#263238",
+            },
         },
         customdata=[[n.handoff_id] for n in nodes],
         hovertemplate="%{customdata[0]}<br>%{text}<extra></extra>",

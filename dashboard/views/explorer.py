@@ -2,6 +2,8 @@
 
 Find by handoff_id, task_id or idempotency key; `?handoff_id=...` opens one directly (read
 once on arrival). The integrity check runs against the store as it is now, never cached.
+The handoffs of the same task are drawn as a small graph (nodes are handoffs, in causation
+order); clicking one opens it.
 """
 
 import json
@@ -9,7 +11,7 @@ import json
 import pandas as pd
 import streamlit as st
 
-from dashboard import _charts, _data, _ui
+from dashboard import _charts, _data, _graph, _ui
 
 
 def _decoded(v):
@@ -106,6 +108,41 @@ else:
     )
 
 st.plotly_chart(_charts.timeline_figure(transitions), key="ex_timeline")
+if package.get("task_id"):
+    with _ui.guard():
+        siblings = _data.task_handoffs(
+            src.store, src.database, str(package.get("tenant") or ""), str(package["task_id"])
+        )
+    if len(siblings):
+        rows = siblings.to_dict("records")
+        has_cause = any(r["causation_id"] for r in rows)
+        picked = st.plotly_chart(
+            _graph.task_figure(
+                _graph.task_layers(rows),
+                {str(r["handoff_id"]): str(r["last_state"]) for r in rows},
+                current=hid,
+            ),
+            key="ex_task_graph",
+            on_select="rerun",
+            selection_mode=("points",),
+            config={"displayModeBar": False},
+        )
+        st.caption(
+            f"The {len(rows):,} handoff(s) of task `{package['task_id']}`: each node is a handoff "
+            "(this one ringed), coloured by its last state; "
+            + (
+                "an arrow runs from the handoff named by handoff.causation_id to the one it caused."
+                if has_cause
+                else "no handoff names a causation id, so they follow each other in created order."
+            )
+            + " Click a node to open that handoff."
+        )
+        for pt in (picked.selection.points if picked else None) or []:
+            data = pt.get("customdata") if isinstance(pt, dict) else None
+            if isinstance(data, list | tuple) and data and str(data[0]) != hid:
+                # a new arrival for the next run: the search box is set before it is drawn
+                st.query_params["handoff_id"] = str(data[0])
+                st.rerun()
 tdf = pd.DataFrame(transitions)
 if len(tdf):
     # the handoff's own ids are in the header; time_ns would overflow a JS number

@@ -7,7 +7,7 @@ store on that path is allowed (the dashboard never takes chDB's lock itself).
 from __future__ import annotations
 
 import socket
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import pytest
 from _dashboard_seed import IN_WINDOW, WEEK, WINDOW, seed
@@ -135,7 +135,7 @@ def test_deep_link_opens_the_handoff(store_env):
     at = _app({"handoff_id": "h-ok-2"})  # on the root URL: routing opens the explorer
     assert "Handoff h-ok-2" in _texts(at.subheader)
     assert _metrics(at)["Terminal state"] == "committed"
-    assert _charts(at) == 1  # the swimlane timeline
+    assert _charts(at) == 2  # the swimlane timeline and the task graph
     assert at.get("download_button"), "download button missing"
     assert at.success or at.error  # an integrity verdict is always shown
 
@@ -322,3 +322,31 @@ def test_link_with_only_to_takes_the_default_length():
     start, end = ui.link_window("2026-11-20T00:00:00Z", None, now=datetime(2026, 12, 1, 9, 30))
     assert (start, end) == ("2026-11-20T00:00:00Z", "2026-12-01T09:30:00Z")
     assert ui.link_window("junk", None, now=datetime(2026, 12, 1))[0] == "junk"  # shown, named
+
+
+def test_explorer_draws_the_task_in_causation_order(store_env, chdb_client):
+    import json
+
+    from _dashboard_seed import DAY
+
+    from tests.analytics_seed import T, create
+    from tests.analytics_seed import seed as seed_rows
+
+    at0 = DAY + timedelta(hours=16)
+    rows = []
+    for i, (hid, cause) in enumerate([("c-1", ""), ("c-2", "c-1"), ("c-3", "c-1")]):
+        extra = {"handoff.causation_id": cause} if cause else {}
+        t = at0 + timedelta(minutes=i)
+        rows.append(create(hid, t, task_id="task-chain", from_agent="planner",
+                           to_agent=f"worker-{i}", tenant="acme", **extra))  # fmt: skip
+        rows.append(T(hid, "reject", "created", "rejected", t + timedelta(seconds=1),
+                      task_id="task-chain", actor=f"worker-{i}", tenant="acme"))  # fmt: skip
+    seed_rows(chdb_client, store_env, rows)
+    at = _app({"handoff_id": "c-3"})
+    assert "Handoff c-3" in _texts(at.subheader)
+    assert _charts(at) == 2  # the swimlane and the task graph
+    spec = json.loads(at.get("plotly_chart")[1].proto.spec)
+    marks = next(t for t in spec["data"] if t.get("customdata"))
+    assert [c[0] for c in marks["customdata"]] == ["c-1", "c-2", "c-3"]
+    assert marks["x"] == [0, 1, 1]  # c-2 and c-3 were both caused by c-1
+    assert "causation_id" in _texts(at.caption)
