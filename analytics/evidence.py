@@ -1,34 +1,36 @@
 """Evidence packages: everything an auditor needs about one handoff, and proof it is unaltered.
 
-A package is a JSON-able dict (format "handoff-evidence/v1"). `transitions` lists each
-distinct stored row once (rows with equal row hashes are one span stored again: an
-exporter's retry, a collector re-sending a batch), with `arrivals`, how many times it is
-stored; a span id stored with differing content is listed once per content. Its integrity
-section holds:
-- `chain`: a hash chain over the transitions' row hashes (foundation.integrity.row_hash, the same
-  function serve applies at ingest), in machine order: link_i = sha256(link_{i-1} || row_hash_i)
-  starting from GENESIS ("0" * 64);
-- `ledger`: how every stored row (each arrival) compared with transition_ledger when the
-  package was made: `rows` stored rows, `matched` of them found there, the span ids of the
-  others (`mismatched`: no entry with that hash; `missing`: no entry for the span);
-- `package_sha256`: SHA-256 of the canonical JSON of the whole package with this one field
-  removed.
-`verify_package` recomputes all three and compares the package with the store as it is now.
+A package is a JSON-able dict (format "handoff-evidence/v2", built by analytics._package).
+`transitions` lists each distinct stored row once (rows with equal row hashes are one span
+stored again: an exporter's retry, a collector re-sending a batch), with `arrivals`, how
+many times it is stored. Every other field is derived from those rows' hashed columns, so
+verify rebuilds the whole package from the rows it proves and names each field that
+differs. Its integrity section holds:
+- `chain`: a hash chain over the row hashes (foundation.integrity.row_hash, the function
+  serve applies at ingest) in machine order, link_i = sha256(link_{i-1} || row_hash_i);
+- `ledger`: how every stored row compared with transition_ledger at export: `matched`,
+  `mismatched` (no entry with that hash), `missing` (no entry for the span), and
+  `typed_mismatched` (typed columns the hashed attributes contradict);
+- `log`: the signed ledger log (analytics._evidence_log): the newest signed head and an
+  RFC 9162 inclusion proof per transition, so the package verifies offline with the
+  public key;
+- `package_sha256`: a checksum of the rest (anyone can recompute it; it proves nothing).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final
 
 from analytics import reference as ref
 from analytics._common import check_db, ns
-from analytics._rows import POINT_LOOKUP, TASK_COLUMNS, fetch_handoff, fetch_ledger, fetch_rows
+from analytics._evidence_log import log_section
+from analytics._evidence_store import cross_anomalies, fetch_task_rows, related
+from analytics._package import FORMAT, build_package, iso_ns, typed_mismatches
+from analytics._rows import fetch_handoff, fetch_ledger
 from analytics.verify import VerifyResult, package_sha256, verify_offline, verify_package
-from collector import semconv as sc
-from collector.contract import TERMINAL
-from foundation.integrity import GENESIS, HASHED_COLUMNS, chain, row_hash
+from foundation.keys import PublicKeys, SignedHead
+from foundation.ledger_log import read_heads, read_log
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
@@ -38,157 +40,25 @@ __all__ = [
     "VerifyResult",
     "build_package",
     "evidence_package",
+    "iso_ns",
     "package_sha256",
+    "task_bundle",
     "verify_offline",
     "verify_package",
+    "verify_task_bundle",
 ]
 
-FORMAT: Final = "handoff-evidence/v1"
 _RELATED_LIMIT: Final = 200
 
 
-def iso_ns(t_ns: int) -> str:
-    """ISO-8601 UTC with nanoseconds, e.g. 2026-11-23T10:00:00.000000001Z."""
-    sec, frac = divmod(int(t_ns), 1_000_000_000)
-    return datetime.fromtimestamp(sec, UTC).strftime("%Y-%m-%dT%H:%M:%S") + f".{frac:09d}Z"
+TASK_FORMAT: Final = "handoff-task-evidence/v1"
 
 
-def _transition(r: Mapping[str, Any], h: str, arrivals: int) -> dict[str, Any]:
-    return {
-        "event": r["event"],
-        "from_state": r["from_state"],
-        "to_state": r["to_state"],
-        "actor": r["actor"],
-        "time": iso_ns(r["time_ns"]),
-        "time_ns": r["time_ns"],
-        "tenant": r["tenant"],
-        "task_id": r["task_id"],
-        "handoff_id": r["handoff_id"],
-        "span_id": r["span_id"],
-        "trace_id": r["trace_id"],
-        "parent_span_id": r["parent_span_id"],
-        "valid": r["valid"],
-        "counted": ref.counted(r),
-        "evidence_count": r["evidence_count"],
-        "evidence_valid": r["evidence_valid"],
-        "error_code": r["error_code"],
-        "receipt_status": r["receipt_status"],
-        "receipt_hash": r["receipt_hash"],
-        "attributes": dict(sorted(r["attributes"].items())),
-        "row_hash": h,
-        "arrivals": arrivals,
-    }
-
-
-def build_package(
-    rows: Sequence[Mapping[str, Any]],
-    *,
-    ledger: Mapping[str, Sequence[str]],
-    as_of_ns: int,
-    extra_anomalies: Sequence[str] = (),
-    related_spans: Sequence[Mapping[str, Any]] = (),
-) -> dict[str, Any]:
-    """The package for one handoff's stored rows, copies included (pure). ValueError when
-    rows is empty."""
-    if not rows:
-        raise ValueError("no transitions: cannot build an evidence package")
-    copies: dict[str, list[Mapping[str, Any]]] = {}  # row hash -> its stored rows
-    for r in rows:
-        copies.setdefault(row_hash(r), []).append(r)
-    # the first row of each hash stands for its copies: (hash, arrivals) by that row's id
-    stands_for = {id(c[0]): (h, len(c)) for h, c in copies.items()}
-    ordered = ref.machine_order(c[0] for c in copies.values())
-    transitions = [_transition(r, *stands_for[id(r)]) for r in ordered]
-    creates = [r for r in ordered if r["event"] == "create"]
-    head = creates[0] if creates else ordered[0]
-    attrs = head["attributes"] if creates else {}
-    envelope = {
-        name.removeprefix("handoff."): attrs[name]
-        for name in sorted(attrs)
-        if name.startswith("handoff.")
-        and name not in (sc.EVENT, sc.FROM_STATE, sc.TO_STATE, sc.ACTOR, sc.TENANT, sc.VALID)
-    }
-    refs: list[str] = []
-    for r in ordered:
-        for e in r["evidence_refs"]:
-            if e not in refs:
-                refs.append(e)
-    result_rows = [r for r in ordered if r["attributes"].get(sc.EXECUTION_ID)]
-    counted = [r for r in ordered if ref.counted(r)]
-    last = counted[-1] if counted else None
-    receipt_rows = [r for r in ordered if r["receipt_status"] or r["receipt_hash"]]
-    receipt = receipt_rows[-1] if receipt_rows else None
-    links, prev = [], GENESIS
-    for t in transitions:
-        prev = chain(prev, t["row_hash"])
-        links.append(prev)
-    # every arrival is checked (equal rows have equal hashes, so one lookup per transition)
-    mismatched, missing, matched = [], [], 0
-    for t in transitions:
-        have = ledger.get(t["span_id"])
-        if not have:
-            missing.append(t["span_id"])
-        elif t["row_hash"] not in have:
-            mismatched.append(t["span_id"])
-        else:
-            matched += t["arrivals"]
-    pkg: dict[str, Any] = {
-        "format": FORMAT,
-        "handoff_id": head["handoff_id"],
-        "task_id": head["task_id"],
-        "tenant": head["tenant"],
-        "generated_at": iso_ns(as_of_ns),
-        "envelope": envelope,
-        "input_summary": {
-            "objective_summary": attrs.get(sc.OBJECTIVE_SUMMARY, ""),
-            "objective_hash": attrs.get(sc.OBJECTIVE_HASH, ""),
-            "constraints": attrs.get(sc.CONSTRAINTS, ""),
-            "reply_contract": attrs.get(sc.REPLY_CONTRACT, ""),
-        },
-        "evidence_refs": refs,
-        "execution": {
-            "execution_id": result_rows[-1]["attributes"].get(sc.EXECUTION_ID, "")
-            if result_rows
-            else "",
-            "execution_version": result_rows[-1]["attributes"].get(sc.EXECUTION_VERSION, "")
-            if result_rows
-            else "",
-            "actors": sorted({r["actor"] for r in ordered}),
-            "services": sorted({r["service_name"] for r in ordered}),
-        },
-        "transitions": transitions,
-        "terminal": {
-            "state": last["to_state"] if last else "",
-            "is_terminal": bool(last and last["to_state"] in TERMINAL),
-            "receipt": {
-                "status": receipt["receipt_status"] if receipt else "",
-                "hash": receipt["receipt_hash"] if receipt else "",
-                "result_version": receipt["attributes"].get(sc.RESULT_VERSION, "")
-                if receipt
-                else "",
-            },
-        },
-        "anomalies": sorted(
-            set(ref.handoff_anomalies(ordered, as_of_ns=as_of_ns)) | set(extra_anomalies)
-        ),
-        "related_spans": [dict(s) for s in related_spans],
-        "integrity": {
-            "algorithm": "sha256",
-            "row_hash_columns": list(HASHED_COLUMNS),
-            "chain_genesis": GENESIS,
-            "chain": links,
-            "chain_head": links[-1],
-            "ledger": {
-                "rows": len(rows),
-                "matched": matched,
-                "mismatched": mismatched,
-                "missing": missing,
-                "ok": not mismatched,
-            },
-        },
-    }
-    pkg["integrity"]["package_sha256"] = package_sha256(pkg)
-    return pkg
+def _store_log(client: Client, db: str) -> tuple[list[str], SignedHead | None]:
+    """The store's log entries (hex, leaf order) and its newest signed head."""
+    heads = read_heads(client, db)
+    head = max(heads, key=lambda h: (h.tree_size, h.signed_at)) if heads else None
+    return (read_log(client, db).entries() if head is not None else []), head
 
 
 def evidence_package(
@@ -213,73 +83,127 @@ def evidence_package(
     tenants = sorted({r["tenant"] for r in rows})
     if len(tenants) > 1:
         raise ValueError(f"handoff_id {handoff_id!r} exists in tenants {tenants}; pass tenant=")
-    ten = tenants[0]
-    now_ns = ns(as_of or datetime.now(UTC))
-    # the task's rows for the cross-handoff anomalies: the task's handoff ids from the
-    # handoff_tasks index (sql/005), then their rows by primary key (tenant, handoff_id)
-    task_rows = fetch_rows(
-        client,
-        db,
-        f"""tenant = {{t:String}} AND task_id = {{k:String}} AND handoff_id IN (
-            SELECT handoff_id FROM {db}.handoff_tasks
-            WHERE tenant = {{t:String}} AND task_id = {{k:String}})""",
-        {"t": ten, "k": rows[0]["task_id"]},
-        TASK_COLUMNS,
-    )
-    extra = _cross_anomalies(client, db, ten, rows, task_rows, handoff_id)
-    return build_package(
+    return _package(client, db, rows, ns(as_of or datetime.now(UTC)), _store_log(client, db))
+
+
+def _package(client: Client, db: str, rows, now_ns: int, log) -> dict[str, Any]:
+    ten, hid = rows[0]["tenant"], rows[0]["handoff_id"]
+    task_rows = fetch_task_rows(client, db, ten, rows[0]["task_id"])
+    extra = cross_anomalies(client, db, ten, rows, task_rows, hid)
+    pkg = build_package(
         rows,
-        ledger=fetch_ledger(client, db, ten, handoff_id),
+        ledger=fetch_ledger(client, db, ten, hid),
         as_of_ns=now_ns,
         extra_anomalies=extra,
-        related_spans=_related(client, db, sorted({r["trace_id"] for r in rows}), rows),
+        related_spans=related(client, db, sorted({r["trace_id"] for r in rows}), rows),
+        typed_mismatched=typed_mismatches(rows),
     )
+    # the proofs, in the package's transition order (one per distinct row)
+    pkg["integrity"]["log"] = log_section(log[0], log[1], pkg["transitions"])
+    pkg["integrity"]["package_sha256"] = package_sha256(pkg)
+    return pkg
 
 
-def _cross_anomalies(
-    client: Client, db: str, tenant: str, rows, task_rows, handoff_id: str
-) -> list[str]:
-    """idempotency_conflict, stale_fence, bounce: the kinds that need the task's other rows."""
-    kinds: set[str] = set()
-    kinds.update(ref.task_anomalies(task_rows, handoff_id))
-    keys = sorted(
-        {r["idempotency_key"] for r in rows if r["event"] == "create" and r["idempotency_key"]}
-    )
-    if keys:
-        n = client.query(
-            f"""SELECT uniqExact(payload_hash) FROM {db}.handoff_transitions
-            WHERE tenant = {{t:String}} AND event = 'create'
-              AND idempotency_key IN {{k:Array(String)}} AND payload_hash != ''""",
-            parameters={"t": tenant, "k": keys},
-            settings=POINT_LOOKUP,
-        ).result_rows[0][0]
-        if n > 1:
-            kinds.add("idempotency_conflict")
-    return sorted(kinds)
+def _created_ns(pkg: dict[str, Any]) -> tuple[int, str]:
+    creates = [t["time_ns"] for t in pkg["transitions"] if t["event"] == "create"]
+    return (min(creates) if creates else pkg["transitions"][0]["time_ns"], pkg["handoff_id"])
 
 
-def _related(client: Client, db: str, traces: list[str], rows) -> list[dict[str, Any]]:
-    """Other spans of the handoff's traces (not transitions of this handoff), at most 200."""
-    if not traces:
-        return []
-    own = sorted({r["span_id"] for r in rows})
-    res = client.query(
-        f"""SELECT TraceId, SpanId, ParentSpanId, SpanName, ServiceName,
-            toUnixTimestamp64Nano(Timestamp) AS t
-        FROM {db}.otel_traces
-        WHERE TraceId IN {{tr:Array(String)}} AND SpanId NOT IN {{own:Array(String)}}
-        ORDER BY t, SpanId LIMIT {_RELATED_LIMIT}""",
-        parameters={"tr": traces, "own": own},
-        settings=POINT_LOOKUP,
-    )
-    return [
-        {
-            "trace_id": a,
-            "span_id": b,
-            "parent_span_id": c,
-            "name": d,
-            "service": e,
-            "time": iso_ns(t),
-        }
-        for a, b, c, d, e, t in res.result_rows
+def task_bundle(
+    client: Client,
+    *,
+    database: str | None = None,
+    task_id: str,
+    tenant: str | None = None,
+    as_of: datetime | None = None,
+) -> dict[str, Any] | None:
+    """Every handoff of `task_id` as one document (format handoff-task-evidence/v1): its
+    packages in causation order (created time, then handoff id), each with its own proofs
+    against one signed head. None when the task is unknown; ValueError as evidence_package."""
+    db = check_db(database)
+    if not task_id:
+        raise ValueError("task_id must be a non-empty string")
+    params: dict[str, Any] = {"k": task_id}
+    where = "task_id = {k:String}"
+    if tenant is not None:
+        params["t"] = tenant
+        where += " AND tenant = {t:String}"
+    found = client.query(
+        f"SELECT DISTINCT tenant, handoff_id FROM {db}.handoff_transitions WHERE {where}",
+        parameters=params,
+    ).result_rows
+    if not found:
+        return None
+    tenants = sorted({str(t) for t, _h in found})
+    if len(tenants) > 1:
+        raise ValueError(f"task_id {task_id!r} exists in tenants {tenants}; pass tenant=")
+    now_ns = ns(as_of or datetime.now(UTC))
+    log = _store_log(client, db)
+    packages = [
+        _package(client, db, fetch_handoff(client, db, str(h), tenants[0]), now_ns, log)
+        for h in sorted({str(h) for _t, h in found})
     ]
+    packages.sort(key=_created_ns)
+    bundle: dict[str, Any] = {
+        "format": TASK_FORMAT,
+        "task_id": task_id,
+        "tenant": tenants[0],
+        "generated_at": iso_ns(now_ns),
+        "handoffs": [p["handoff_id"] for p in packages],
+        "packages": packages,
+    }
+    return bundle
+
+
+def verify_task_bundle(
+    client: Client | None,
+    bundle: dict[str, Any],
+    *,
+    database: str | None = None,
+    keys: PublicKeys | None = None,
+) -> VerifyResult:
+    """Verify each package of a task bundle (offline when `client` is None, else against
+    the store too), their order, and that together they are the task's handoffs. The
+    task-level anomalies stale_fence and bounce are rebuilt from all packages' rows."""
+    from analytics._package import rows_of
+
+    if not isinstance(bundle.get("packages"), list) or not bundle["packages"]:
+        raise ValueError("task bundle: field 'packages' must be a non-empty list")
+    problems: list[str] = []
+    notes: list[str] = []
+    all_rows = [r for p in bundle["packages"] for r in rows_of(p)]
+    for i, pkg in enumerate(bundle["packages"]):
+        where = f"packages[{i}] ({pkg.get('handoff_id')})"
+        if pkg.get("task_id") != bundle.get("task_id") or pkg.get("tenant") != bundle.get("tenant"):
+            problems.append(f"{where}: not of task {bundle.get('task_id')!r}")
+        local = set(ref.task_anomalies(all_rows, pkg["handoff_id"]))
+        claimed = set(pkg.get("anomalies") or []) & {"stale_fence", "bounce"}
+        if local != claimed:
+            problems.append(f"{where}.anomalies: package {sorted(claimed)}, rebuilt from the "
+                            f"task's rows {sorted(local)} (stale_fence, bounce)")  # fmt: skip
+        if client is None:
+            found = verify_offline(pkg, keys=keys, require_log=True)
+        else:
+            res = verify_package(client, pkg, database=database, keys=keys)
+            found, notes = res.problems, res.notes
+        problems += [f"{where}: {p}" for p in found]
+    order = [_created_ns(p) for p in bundle["packages"]]
+    if order != sorted(order):
+        problems.append("packages: not in created-time order")
+    if bundle.get("handoffs") != [p.get("handoff_id") for p in bundle["packages"]]:
+        problems.append("handoffs: does not list the packages' handoff ids in order")
+    if client is not None:
+        db = check_db(database)
+        now = client.query(
+            f"SELECT DISTINCT handoff_id FROM {db}.handoff_transitions "
+            "WHERE tenant = {t:String} AND task_id = {k:String}",
+            parameters={"t": bundle.get("tenant", ""), "k": bundle.get("task_id", "")},
+        ).result_rows
+        missing = sorted({str(h) for (h,) in now} - set(bundle.get("handoffs") or []))
+        if missing:
+            problems.append(
+                f"handoffs: the store has handoffs of the task not in the bundle: {missing}"
+            )
+    else:
+        notes = ["offline: whether the task has other handoffs is not checked without the store"]
+    return VerifyResult(ok=not problems, problems=problems, notes=notes)

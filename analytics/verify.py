@@ -1,17 +1,45 @@
-"""Verifying evidence packages: offline (hash, row hashes, chain) and against the store now."""
+"""Verifying evidence packages by rebuilding them: from their own rows (offline) and from the
+store as it is now.
+
+Offline (`verify_offline`): the package is rebuilt from the hashed columns of its
+transitions (analytics._package.build_package over rows_of(package)) and compared field by
+field, so an edited terminal state, receipt, anomaly list, envelope, input summary, or a
+transition's derived field or time is named with both values; each row hash must match its
+hashed columns; the ledger comparison made at export must be clean; and, with public keys,
+each row must be in the signed log (an RFC 9162 inclusion proof against a head signed by
+one of the keys). What one package cannot rebuild alone: the cross-handoff anomalies
+(analytics._package.CROSS_KINDS), the related spans (other spans of the same traces, which
+no ledger covers: compared with the store only as a note) and the claimed columns
+(parent_span_id, span_name, service_name), and generated_at, which the exporter states.
+
+Against the store (`verify_package`): all of the above, then the package is rebuilt from
+the rows stored now, the ledger now and the cross-handoff anomalies now, and compared
+again; every stored row must have its ledger entry and be in the signed log; every stored
+typed column must agree with its hashed attributes; and the package's signed head must be
+a prefix of the store's newest (an RFC 9162 consistency proof).
+"""
 
 from __future__ import annotations
 
-import copy
-import hashlib
 from collections import Counter, defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from analytics._common import check_db
+from analytics._evidence_log import check_consistency, check_log_section
+from analytics._package import (
+    CROSS_KINDS,
+    build_package,
+    diff,
+    package_sha256,
+    parse_iso_ns,
+    rows_of,
+    typed_mismatches,
+)
 from analytics._rows import fetch_handoff, fetch_ledger
-from foundation.integrity import GENESIS, HASHED_COLUMNS, canonical_json, chain, row_hash
+from foundation.integrity import HASHED_COLUMNS, row_hash
+from foundation.keys import PublicKeys, SignedHead
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
@@ -21,85 +49,202 @@ __all__ = ["VerifyResult", "package_sha256", "verify_offline", "verify_package"]
 
 @dataclass(frozen=True, slots=True)
 class VerifyResult:
-    """ok is True when nothing differs; problems name each differing row (span_id, column)."""
+    """ok is True when nothing differs; problems name each difference (a field path with
+    the package's and the rebuilt value, or a row by span_id); notes say what was not
+    checked (e.g. signatures without a public key)."""
 
     ok: bool
     problems: list[str] = field(default_factory=list)
-
-
-def package_sha256(package: Mapping[str, Any]) -> str:
-    """SHA-256 hex of the canonical JSON of `package` without integrity.package_sha256."""
-    body = copy.deepcopy(dict(package))
-    integ = dict(body.get("integrity") or {})
-    integ.pop("package_sha256", None)
-    body["integrity"] = integ
-    return hashlib.sha256(canonical_json(body).encode()).hexdigest()
+    notes: list[str] = field(default_factory=list)
 
 
 def _require(package: Any) -> None:
     if not isinstance(package, Mapping):
         raise ValueError("evidence package must be a JSON object")
-    for key in ("handoff_id", "tenant", "transitions", "integrity"):
+    for key in ("format", "handoff_id", "tenant", "generated_at", "transitions", "integrity"):
         if key not in package:
             raise ValueError(f"evidence package: missing field {key!r}")
-    if not isinstance(package["transitions"], list):
-        raise ValueError("evidence package: field 'transitions' must be a list")
-    integ = package["integrity"]
-    if not isinstance(integ, Mapping) or "package_sha256" not in integ or "chain" not in integ:
-        raise ValueError("evidence package: integrity needs 'package_sha256' and 'chain'")
-    for i, t in enumerate(package["transitions"]):
-        missing = [
-            c for c in ("span_id", "row_hash", *HASHED_COLUMNS) if c not in t and c != "time_ns"
-        ]
-        if not isinstance(t, Mapping) or missing or "time_ns" not in t:
-            raise ValueError(f"evidence package: transitions[{i}] lacks {missing or ['time_ns']}")
-        n = t.get("arrivals", 1)  # packages made before `arrivals` list every copy
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"evidence package: transitions[{i}].arrivals must be an int >= 1")
+    if package["format"] != "handoff-evidence/v2":
+        raise ValueError(
+            f"evidence package: format {package['format']!r}; this version verifies "
+            "handoff-evidence/v2 (export the package again)"
+        )
+    if not isinstance(package["transitions"], list) or not package["transitions"]:
+        raise ValueError("evidence package: field 'transitions' must be a non-empty list")
+    if not isinstance(package["integrity"], Mapping):
+        raise ValueError("evidence package: field 'integrity' must be an object")
+    try:
+        parse_iso_ns(package["generated_at"])
+    except ValueError as exc:
+        raise ValueError(f"evidence package: generated_at: {exc}") from None
 
 
-def verify_offline(package: Mapping[str, Any]) -> list[str]:
-    """Problems found from the package alone: its hash, each transition's row hash, the chain.
+def _short(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 120 else text[:117] + "..."
 
-    Raises ValueError naming the field when the package is structurally malformed."""
+
+def _differences(package: Mapping[str, Any], rebuilt: Mapping[str, Any], whom: str) -> list[str]:
+    return [
+        f"{path}: package {_short(a)}, {whom} {_short(b)}" for path, a, b in diff(package, rebuilt)
+    ]
+
+
+def _claimed_ledger(package: Mapping[str, Any]) -> dict[str, list[str]]:
+    """The ledger lookup the package's own ledger section describes."""
+    led = package["integrity"].get("ledger") or {}
+    missing, mismatched = set(led.get("missing", [])), set(led.get("mismatched", []))
+    out: dict[str, list[str]] = {}
+    for t in package["transitions"]:
+        if t["span_id"] in missing:
+            continue
+        out.setdefault(t["span_id"], []).append(
+            "0" * 64 if t["span_id"] in mismatched else t["row_hash"]
+        )
+    return out
+
+
+def _rebuild(
+    package: Mapping[str, Any],
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    ledger: Mapping[str, Sequence[str]],
+    extra_anomalies: Sequence[str],
+    related_spans: Sequence[Mapping[str, Any]],
+    typed: Sequence[str],
+) -> dict[str, Any]:
+    return build_package(
+        rows,
+        ledger=ledger,
+        as_of_ns=parse_iso_ns(package["generated_at"]),
+        extra_anomalies=extra_anomalies,
+        related_spans=related_spans,
+        log=package["integrity"].get("log"),
+        typed_mismatched=typed,
+    )
+
+
+def verify_offline(
+    package: Mapping[str, Any], *, keys: PublicKeys | None = None, require_log: bool = False
+) -> list[str]:
+    """Problems found from the package alone (see the module doc): every field against the
+    package rebuilt from its rows; row hashes; the export's ledger comparison; with `keys`
+    (or `require_log`), the signed head and each row's inclusion proof. Reads and writes
+    nothing. Raises ValueError naming the field when the package is malformed."""
     _require(package)
+    rows = rows_of(package)
     problems = []
-    if package_sha256(package) != package["integrity"]["package_sha256"]:
-        problems.append("package: package_sha256 does not match its content (edited after export)")
-    prev, links = GENESIS, package["integrity"]["chain"]
     for i, t in enumerate(package["transitions"]):
-        if row_hash(t) != t["row_hash"]:
-            problems.append(f"span_id={t['span_id']}: transition fields do not match its row_hash")
-        prev = chain(prev, t["row_hash"])
-        if i >= len(links) or links[i] != prev:
-            problems.append(f"span_id={t['span_id']}: hash chain breaks at link {i}")
-    if len(links) != len(package["transitions"]):
-        problems.append(
-            f"package: chain has {len(links)} links for {len(package['transitions'])} transitions"
+        if row_hash(t) != t.get("row_hash"):
+            problems.append(
+                f"transitions[{i}] (span_id={t['span_id']}): its hashed fields "
+                f"({', '.join(HASHED_COLUMNS)}) do not match its row_hash (edited)"
+            )
+    integ = package["integrity"]
+    led = integ.get("ledger") or {}
+    rebuilt = _rebuild(
+        package,
+        rows,
+        ledger=_claimed_ledger(package),
+        extra_anomalies=sorted(set(package.get("anomalies") or []) & CROSS_KINDS),
+        related_spans=package.get("related_spans") or [],
+        typed=led.get("typed_mismatched", []),
+    )
+    problems += _differences(package, rebuilt, "rebuilt from its rows")
+    for what in ("missing", "mismatched", "typed_mismatched"):
+        if led.get(what):
+            problems.append(f"integrity.ledger.{what}: at export {led[what]}")
+    if keys is not None or require_log:
+        problems += check_log_section(
+            package, keys, generated_at_ns=parse_iso_ns(package["generated_at"])
         )
     return problems
 
 
 def verify_package(
-    client: Client, package: Mapping[str, Any], *, database: str | None = None
+    client: Client,
+    package: Mapping[str, Any],
+    *,
+    database: str | None = None,
+    keys: PublicKeys | None = None,
 ) -> VerifyResult:
-    """Verify a package: offline checks (verify_offline), then against the store as it is now:
-    every packaged row must still be stored with the same row hash, as many times as its
-    `arrivals` (differing columns named), no row may have been added (a copy included), and
-    each stored row must match transition_ledger (where the package found a ledger entry at
-    export). Raises ValueError for a malformed package."""
+    """Verify a package offline (verify_offline) and against the store as it is now (see
+    the module doc); never writes. Raises ValueError for a malformed package."""
+    from analytics._evidence_store import cross_anomalies, fetch_task_rows, related
+    from foundation.ledger_log import read_heads, read_log
+
     db = check_db(database)
-    problems = verify_offline(package)
+    notes: list[str] = []
+    section = package.get("integrity", {}).get("log") if isinstance(package, Mapping) else None
+    has_head = isinstance(section, Mapping) and section.get("head") is not None
+    problems = verify_offline(package, keys=keys, require_log=has_head)
+    if keys is None:
+        notes.append("signatures not checked (no --public-key)")
     tenant, hid = str(package["tenant"]), str(package["handoff_id"])
     stored = fetch_handoff(client, db, hid, tenant)
-    by_span: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for r in stored:
-        by_span[r["span_id"]].append(r)
+    problems += _against_stored(package, stored)
+    problems += typed_mismatches(stored)
     ledger = fetch_ledger(client, db, tenant, hid)
-    no_ledger_at_export = set(package["integrity"].get("ledger", {}).get("missing", []))
-    packaged: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
-    for t in package["transitions"]:
-        packaged[t["span_id"]].append(t)
+    for span, now in sorted(_by_span(stored).items()):
+        have = ledger.get(span, [])
+        for r in now:
+            if not have:
+                problems.append(f"span_id={span}: stored without a ledger entry (not written "
+                                "by serve, or its entry deleted)")  # fmt: skip
+                break
+            if row_hash(r) not in have:
+                problems.append(f"span_id={span}: stored row does not match the ingest ledger")
+                break
+    if stored:
+        task_rows = fetch_task_rows(client, db, tenant, stored[0]["task_id"])
+        rebuilt = _rebuild(
+            package,
+            stored,
+            ledger=ledger,
+            extra_anomalies=cross_anomalies(client, db, tenant, stored, task_rows, hid),
+            related_spans=package.get("related_spans") or [],
+            typed=typed_mismatches(stored),
+        )
+        problems += _differences(package, rebuilt, "rebuilt from the store")
+        related_now = related(client, db, sorted({r["trace_id"] for r in stored}), stored)
+        if related_now != package.get("related_spans"):
+            notes.append("related_spans differ from the store now (spans of the same traces "
+                         "that no ledger covers: context, not proof)")  # fmt: skip
+    heads = read_heads(client, db)
+    store_head = max(heads, key=lambda h: (h.tree_size, h.signed_at)) if heads else None
+    if store_head is not None and keys is not None and (err := keys.check(store_head)):
+        problems.append(f"log: the store's newest head: {err}")
+    if has_head or store_head is not None:
+        entries = read_log(client, db).entries()
+        if has_head:
+            try:
+                pkg_head = SignedHead.from_dict(section["head"])  # type: ignore[index]
+            except ValueError as exc:
+                problems.append(f"integrity.log.head: {exc}")
+            else:
+                problems += check_consistency(pkg_head, entries, store_head)
+        signed = set(entries[: store_head.tree_size]) if store_head is not None else set()
+        for r in stored:
+            if row_hash(r) not in signed:
+                problems.append(f"span_id={r['span_id']}: stored, but in no signed head of "
+                                "the store's log")  # fmt: skip
+    else:
+        notes.append("no signed head in the package or the store: checked against the store only")
+    return VerifyResult(ok=not problems, problems=list(dict.fromkeys(problems)), notes=notes)
+
+
+def _by_span(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
+    out: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for r in rows:
+        out[r["span_id"]].append(r)
+    return out
+
+
+def _against_stored(package: Mapping[str, Any], stored) -> list[str]:
+    """Rows deleted, added, or altered (hashed columns named) since the package was made."""
+    problems = []
+    by_span = _by_span(stored)
+    packaged = _by_span(package["transitions"])
     for span, pts in packaged.items():
         now = by_span.get(span, [])
         if not now:
@@ -118,24 +263,13 @@ def verify_package(
                 f"span_id={span}: stored {now_hashes.total()} times, the package recorded "
                 f"{then_hashes.total()} arrivals (a copy added or deleted after export)"
             )
+        for c in ("parent_span_id", "span_name", "service_name"):
+            if any(t.get(c) != now[0].get(c) for t in pts):
+                problems.append(f"span_id={span}: stored {c} {now[0].get(c)!r} differs from "
+                                f"the package's {pts[0].get(c)!r}")  # fmt: skip
     for span in sorted(set(by_span) - set(packaged)):
         problems.append(f"span_id={span}: stored but not in the package (added after export)")
-    for span, now in sorted(by_span.items()):
-        have = ledger.get(span)
-        if not have:
-            if span not in no_ledger_at_export and span in packaged:
-                problems.append(
-                    f"span_id={span}: ledger entry missing (deleted from transition_ledger)"
-                )
-            continue
-        for r in now:
-            if row_hash(r) not in have:
-                cols = _diff_columns(packaged[span][0], r) if span in packaged else []
-                what = f" (column {', '.join(cols)})" if cols else ""
-                problems.append(
-                    f"span_id={span}: stored row does not match the ingest ledger{what}"
-                )
-    return VerifyResult(ok=not problems, problems=problems)
+    return problems
 
 
 def _diff_columns(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:

@@ -21,6 +21,7 @@ from typing import Final
 __all__ = [
     "EMPTY_ROOT",
     "Frontier",
+    "Levels",
     "consistency_proof",
     "inclusion_proof",
     "leaf_hash",
@@ -213,3 +214,44 @@ class Frontier:
         for _h, node in reversed(self.nodes[:-1]):
             r = node_hash(node, r)
         return r
+
+
+@dataclass(frozen=True, slots=True)
+class Levels:
+    """Every level of the tree over `leaves` (level 0 the leaves, a lone last node carried up
+    unchanged, which is the RFC's left-full tree): O(n) hashes once, then each inclusion
+    proof in O(log n). For many proofs against one tree (an evidence package)."""
+
+    levels: tuple[tuple[bytes, ...], ...]
+
+    @classmethod
+    def of(cls, leaves: Sequence[bytes]) -> Levels:
+        level = tuple(leaves)
+        out = [level]
+        while len(level) > 1:
+            nxt = [node_hash(level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)]
+            if len(level) % 2:
+                nxt.append(level[-1])
+            level = tuple(nxt)
+            out.append(level)
+        return cls(tuple(out))
+
+    @property
+    def size(self) -> int:
+        return len(self.levels[0])
+
+    def root(self) -> bytes:
+        return self.levels[-1][0] if self.size else EMPTY_ROOT
+
+    def inclusion_proof(self, index: int) -> list[bytes]:
+        """Equal to inclusion_proof(index, leaves). ValueError outside 0..size-1."""
+        if not 0 <= index < self.size:
+            raise ValueError(f"leaf index {index} is outside a tree of {self.size} leaves")
+        out = []
+        i = index
+        for level in self.levels[:-1]:
+            sib = i ^ 1
+            if sib < len(level):
+                out.append(level[sib])
+            i >>= 1
+        return out

@@ -24,6 +24,7 @@ _COMMAND_MODULES = (
     "analytics._alerts_cli",  # alerts check, watch
     "dashboard._cli",  # dashboard
     "handoffs._demo_cli",  # simulate, demo
+    "foundation._keys_cli",  # keys generate
 )
 
 

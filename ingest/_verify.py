@@ -7,8 +7,11 @@ For each ingest_batches row the store recomputes, in SQL (so it scales with the 
 - prev_chain_hash is GENESIS or another batch's chain_hash (a batch row deleted);
 - the ledger row count equals the batch's `transitions`.
 One serve writes one chain; `heads` lists the chain ends (more than one: several writers, or
-a cut). Row hashes against handoff_transitions are checked per handoff by the evidence
-packages (analytics/), not here.
+a cut). `verify_ledger` adds the signed log (sql/007): every signed head against the
+leaves as stored now (foundation.ledger_log.check_log), so a ledger rewritten with its
+batch hashes and chain recomputed, a batch inserted or removed, or a truncated log is
+found and its first bad position named. Row hashes against handoff_transitions are checked
+per handoff by the evidence packages (analytics/), not here.
 """
 
 from __future__ import annotations
@@ -17,11 +20,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from foundation.integrity import GENESIS
+from foundation.ledger_log import LogReport, check_log, read_heads, read_log
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
 
-__all__ = ["ChainReport", "verify_chain"]
+    from foundation.keys import PublicKeys
+
+__all__ = ["ChainReport", "LedgerReport", "verify_chain", "verify_ledger"]
 
 _MAX_PROBLEMS = 100
 
@@ -90,3 +96,47 @@ def verify_chain(client: Client, database: str) -> ChainReport:
     ).result_rows
     problems += [f"ledger rows of batch {b} with no ingest_batches row" for (b,) in ledger_orphans]
     return ChainReport(len(rows), tuple(heads), tuple(problems[:_MAX_PROBLEMS]))
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerReport:
+    """The chain check and the signed log check together; `require_signed`: a public key
+    was given, so a log without signed heads is a failure, not a note."""
+
+    chain: ChainReport
+    log: LogReport
+    require_signed: bool = False
+
+    @property
+    def problems(self) -> tuple[str, ...]:
+        extra: tuple[str, ...] = ()
+        if self.require_signed and self.log.heads == 0 and self.log.leaves:
+            extra = ("log: no signed heads, though a public key was given",)
+        return (*self.chain.problems, *self.log.problems, *extra)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def as_dict(self) -> dict:
+        return {
+            **self.chain.as_dict(),
+            "ok": self.ok,
+            "problems": list(self.problems),
+            "log": {
+                "leaves": self.log.leaves,
+                "signed_heads": self.log.heads,
+                "verified_leaves": self.log.verified_size,
+                "unsigned_leaves": self.log.unsigned,
+                "first_bad_position": self.log.first_bad,
+                "notes": list(self.log.notes),
+            },
+        }
+
+
+def verify_ledger(client: Client, database: str, keys: PublicKeys | None = None) -> LedgerReport:
+    """verify_chain plus the whole log against its signed heads (signatures checked when
+    `keys` are given); never raises on tampering."""
+    chain_report = verify_chain(client, database)
+    log_report = check_log(read_log(client, database), read_heads(client, database), keys)
+    return LedgerReport(chain_report, log_report, require_signed=keys is not None)

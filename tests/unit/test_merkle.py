@@ -11,6 +11,7 @@ import pytest
 from foundation.merkle import (
     EMPTY_ROOT,
     Frontier,
+    Levels,
     consistency_proof,
     inclusion_proof,
     leaf_hash,
@@ -118,9 +119,11 @@ def test_every_proof_of_every_size_agrees_with_the_definitions_and_verifies():
     for n in range(1, len(leaves) + 1):
         frontier = frontier.extend([leaves[n - 1]])
         assert frontier.size == n and frontier.root() == roots[n] == root(leaves[:n])
+        levels = Levels.of(leaves[:n])
+        assert levels.root() == roots[n]
         for i in range(n):
             p = inclusion_proof(i, leaves[:n])
-            assert p == ref_path(i, leaves[:n])
+            assert p == ref_path(i, leaves[:n]) == levels.inclusion_proof(i)
             assert verify_inclusion(i, n, leaves[i], p, roots[n])
             assert not verify_inclusion(i, n, leaves[(i + 1) % n], p, roots[n]) or n == 1
         for m in range(n + 1):

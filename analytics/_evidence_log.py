@@ -1,0 +1,154 @@
+"""The signed-log part of an evidence package (pure): inclusion proofs of its rows against
+a signed head, their check, and the consistency of that head with a newer one.
+
+`integrity.log` of a package:
+- `head`: the newest signed head when it was made (foundation.keys.SignedHead as a dict),
+  or None when the store has none (serve ran without --signing-key);
+- `entries`: one per transition, in the same order: its row hash, its leaf index in the
+  log and the RFC 9162 inclusion path (hex), or index None when the head does not cover it;
+- `pending`: span ids of transitions no signed head covered yet;
+- `store_matched_head`: whether the store's leaves reproduced the head's root at export.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from foundation.integrity import log_entry
+from foundation.keys import PublicKeys, SignedHead
+from foundation.merkle import (
+    Levels,
+    consistency_proof,
+    leaf_hash,
+    root,
+    verify_consistency,
+    verify_inclusion,
+)
+
+__all__ = ["check_consistency", "check_log_section", "log_section"]
+
+
+def log_section(
+    entries: Sequence[str], head: SignedHead | None, transitions: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """`integrity.log` for `transitions` (each with row_hash and span_id) given the store's
+    log entries (hex row hashes in leaf order) and its newest signed head."""
+    if head is None:
+        return {
+            "head": None,
+            "entries": [
+                {"row_hash": t["row_hash"], "index": None, "path": []} for t in transitions
+            ],
+            "pending": [t["span_id"] for t in transitions],
+            "store_matched_head": None,
+        }
+    size = min(head.tree_size, len(entries))
+    levels = Levels.of([leaf_hash(log_entry(h)) for h in entries[:size]])
+    matched = size == head.tree_size and levels.root().hex() == head.root
+    wanted = {t["row_hash"] for t in transitions}
+    first: dict[str, int] = {}
+    for i, h in enumerate(entries[:size]):
+        if h in wanted and h not in first:
+            first[h] = i
+    out: list[dict[str, Any]] = []
+    pending: list[str] = []
+    for t in transitions:
+        at = first.get(t["row_hash"])
+        if at is None:
+            pending.append(t["span_id"])
+            out.append({"row_hash": t["row_hash"], "index": None, "path": []})
+        else:
+            path = [p.hex() for p in levels.inclusion_proof(at)]
+            out.append({"row_hash": t["row_hash"], "index": at, "path": path})
+    return {
+        "head": head.as_dict(),
+        "entries": out,
+        "pending": pending,
+        "store_matched_head": matched,
+    }
+
+
+def _head(section: Mapping[str, Any]) -> SignedHead | None:
+    raw = section.get("head")
+    return None if raw is None else SignedHead.from_dict(raw)
+
+
+def check_log_section(
+    package: Mapping[str, Any], keys: PublicKeys | None, *, generated_at_ns: int
+) -> list[str]:
+    """Problems of `integrity.log`: no head, a head not signed by `keys` (not checked when
+    None), a transition without a verifying inclusion proof, a head signed after the
+    package says it was made."""
+    section = package["integrity"].get("log")
+    if not isinstance(section, Mapping):
+        return ["integrity.log: missing (a package made before the signed log)"]
+    try:
+        head = _head(section)
+    except ValueError as exc:
+        return [f"integrity.log.head: {exc}"]
+    if head is None:
+        return ["integrity.log.head: none (serve signed no head): nothing proves these rows "
+                "without the store"]  # fmt: skip
+    problems = []
+    if keys is not None and (err := keys.check(head)):
+        problems.append(f"integrity.log.head: {err}")
+    if head.signed_at > generated_at_ns:
+        problems.append("integrity.log.head: signed after the package's generated_at")
+    if section.get("store_matched_head") is not True:
+        problems.append("integrity.log.store_matched_head: at export the store's log did not "
+                        "reproduce the signed head (the ledger was rewritten)")  # fmt: skip
+    entries = section.get("entries")
+    transitions = package["transitions"]
+    if not isinstance(entries, list) or len(entries) != len(transitions):
+        return [*problems, "integrity.log.entries: not one entry per transition"]
+    root_b = bytes.fromhex(head.root)
+    for i, (t, e) in enumerate(zip(transitions, entries, strict=True)):
+        where = f"transitions[{i}] (span_id={t.get('span_id')})"
+        if not isinstance(e, Mapping) or e.get("row_hash") != t.get("row_hash"):
+            problems.append(f"{where}: its log entry is for another row hash")
+            continue
+        if e.get("index") is None:
+            problems.append(f"{where}: not covered by the signed head (no inclusion proof)")
+            continue
+        try:
+            path = [bytes.fromhex(p) for p in e["path"]]
+            ok = verify_inclusion(
+                int(e["index"]), head.tree_size, leaf_hash(log_entry(t["row_hash"])), path, root_b
+            )
+        except (KeyError, TypeError, ValueError):
+            ok = False
+        if not ok:
+            problems.append(f"{where}: its inclusion proof does not verify against the signed "
+                            "head (row or proof altered)")  # fmt: skip
+    return problems
+
+
+def check_consistency(
+    package_head: SignedHead, store_entries: Sequence[str], store_head: SignedHead | None
+) -> list[str]:
+    """Problems between the package's head and the store's newest head: the store must hold
+    a head at least as large whose tree the package's is a prefix of (RFC 9162 consistency
+    proof over the store's leaves), and the store's leaves must reproduce its head."""
+    m = package_head.tree_size
+    if store_head is None:
+        return [f"log: the store has no signed head, the package one of size {m} (heads deleted)"]
+    n = store_head.tree_size
+    if n < m:
+        return [f"log: the store's newest signed head has {n} leaves, the package's {m} "
+                "(the log was truncated or its heads deleted)"]  # fmt: skip
+    if len(store_entries) < n:
+        return [f"log: the store holds {len(store_entries)} leaves, its newest head signed {n} "
+                "(the log was truncated)"]  # fmt: skip
+    leaves = [leaf_hash(log_entry(h)) for h in store_entries[:n]]
+    problems = []
+    if root(leaves).hex() != store_head.root:
+        problems.append(f"log: the store's leaves do not reproduce its newest signed head "
+                        f"(size {n}): the ledger was rewritten")  # fmt: skip
+    proof = consistency_proof(m, leaves)
+    if not verify_consistency(
+        m, n, bytes.fromhex(package_head.root), bytes.fromhex(store_head.root), proof
+    ):
+        problems.append(f"log: the package's signed head (size {m}) is not a prefix of the "
+                        f"store's newest (size {n}): the log was rewritten since")  # fmt: skip
+    return problems

@@ -1,0 +1,86 @@
+"""What an evidence package reads from the store besides the handoff's own rows: the task's
+other rows (cross-handoff anomalies) and the related spans of its traces. Shared by export
+(analytics.evidence) and verify (analytics.verify)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Final
+
+from analytics import reference as ref
+from analytics._package import iso_ns
+from analytics._rows import POINT_LOOKUP, TASK_COLUMNS, fetch_rows
+from foundation.integrity import derive_columns
+
+if TYPE_CHECKING:
+    from clickhouse_connect.driver.client import Client
+
+__all__ = ["cross_anomalies", "fetch_task_rows", "related"]
+
+_RELATED_LIMIT: Final = 200
+
+
+def fetch_task_rows(client: Client, db: str, tenant: str, task_id: str) -> list[dict[str, Any]]:
+    """The task's rows for the cross-handoff anomalies: the task's handoff ids from the
+    handoff_tasks index (sql/005), then their rows by primary key (tenant, handoff_id), with
+    the typed columns the anomalies read recomputed from the hashed attributes."""
+    rows = fetch_rows(
+        client,
+        db,
+        f"""tenant = {{t:String}} AND task_id = {{k:String}} AND handoff_id IN (
+            SELECT handoff_id FROM {db}.handoff_tasks
+            WHERE tenant = {{t:String}} AND task_id = {{k:String}})""",
+        {"t": tenant, "k": task_id},
+        TASK_COLUMNS + ", attributes, capabilities, evidence_refs",
+    )
+    for r in rows:
+        r.update({k: v for k, v in derive_columns(r.pop("attributes")).items() if k in r})
+    return rows
+
+
+def cross_anomalies(
+    client: Client, db: str, tenant: str, rows, task_rows, handoff_id: str
+) -> list[str]:
+    """idempotency_conflict, stale_fence, bounce: the kinds that need the task's other rows."""
+    kinds: set[str] = set()
+    kinds.update(ref.task_anomalies(task_rows, handoff_id))
+    keys = sorted(
+        {r["idempotency_key"] for r in rows if r["event"] == "create" and r["idempotency_key"]}
+    )
+    if keys:
+        n = client.query(
+            f"""SELECT uniqExact(payload_hash) FROM {db}.handoff_transitions
+            WHERE tenant = {{t:String}} AND event = 'create'
+              AND idempotency_key IN {{k:Array(String)}} AND payload_hash != ''""",
+            parameters={"t": tenant, "k": keys},
+            settings=POINT_LOOKUP,
+        ).result_rows[0][0]
+        if n > 1:
+            kinds.add("idempotency_conflict")
+    return sorted(kinds)
+
+
+def related(client: Client, db: str, traces: list[str], rows) -> list[dict[str, Any]]:
+    """Other spans of the handoff's traces (not transitions of this handoff), at most 200."""
+    if not traces:
+        return []
+    own = sorted({r["span_id"] for r in rows})
+    res = client.query(
+        f"""SELECT TraceId, SpanId, ParentSpanId, SpanName, ServiceName,
+            toUnixTimestamp64Nano(Timestamp) AS t
+        FROM {db}.otel_traces
+        WHERE TraceId IN {{tr:Array(String)}} AND SpanId NOT IN {{own:Array(String)}}
+        ORDER BY t, SpanId LIMIT {_RELATED_LIMIT}""",
+        parameters={"tr": traces, "own": own},
+        settings=POINT_LOOKUP,
+    )
+    return [
+        {
+            "trace_id": a,
+            "span_id": b,
+            "parent_span_id": c,
+            "name": d,
+            "service": e,
+            "time": iso_ns(t),
+        }
+        for a, b, c, d, e, t in res.result_rows
+    ]
