@@ -59,6 +59,17 @@ RANGES: dict[str, timedelta | None] = {
     "Last 30 days": timedelta(days=30),
     "Custom": None,
 }
+#: Pixel widths of handoffs_table's columns (together 890 px).
+TABLE_WIDTHS: dict[str, int] = {
+    "open": 180,
+    "task_id": 130,
+    "tenant": 80,
+    "from_agent": 100,
+    "to_agent": 100,
+    "mode": 70,
+    "created": 140,
+    "last_state": 90,
+}
 #: The window a page opens on, and the length a link naming only one end gets.
 DEFAULT_LENGTH = timedelta(hours=24)
 _ISO = "%Y-%m-%dT%H:%M:%SZ"
@@ -354,21 +365,27 @@ def handoffs_table(
     key: str | None = None,
     height: int | Literal["auto", "stretch", "content"] = "auto",
 ) -> None:
-    """A table of handoffs whose ids link into the explorer (opens in a new tab)."""
+    """A table of handoffs whose ids link into the explorer (opens in a new tab).
+
+    Column widths (px, TABLE_WIDTHS) add up to less than the main column of the wide layout
+    on a 1280 px screen, so the last column is never cut off; a longer id is shortened
+    with "…" in its cell (the link and the explorer show it whole)."""
     if df is None or len(df) == 0:
         st.info("No handoffs match.", icon=":material/info:")
         return
     view = df.copy()
     view.insert(0, "open", [explorer_link(h) for h in view["handoff_id"]])
+    config: dict[str, Any] = {
+        c: st.column_config.Column(c, width=w) for c, w in TABLE_WIDTHS.items() if c in view
+    }
+    config["open"] = st.column_config.LinkColumn(
+        "handoff", display_text=r"explorer\?handoff_id=(.*)", width=TABLE_WIDTHS["open"]
+    )
+    config["handoff_id"] = None
+    if "created" in view:
+        config["created"] = st.column_config.DatetimeColumn(
+            "created (UTC)", format="YYYY-MM-DD HH:mm:ss", width=TABLE_WIDTHS["created"]
+        )
     st.dataframe(
-        view,
-        hide_index=True,
-        key=key,
-        height=height,
-        column_config={
-            "open": st.column_config.LinkColumn(
-                "handoff", display_text=r"explorer\?handoff_id=(.*)", width="large"
-            ),
-            "handoff_id": None,
-        },
+        view, hide_index=True, key=key, height=height, width="stretch", column_config=config
     )

@@ -39,6 +39,7 @@ PAGES = (
     ("overview", f"?{_WINDOW_QS}", "Overview · read from"),  # default page: root URL
     ("slices", f"slices?{_WINDOW_QS}", "Slices · read from"),
     ("anomalies", f"anomalies?{_WINDOW_QS}", "Anomalies · read from"),
+    ("graph", f"graph?{_WINDOW_QS}", "Fleet graph · read from"),
     ("explorer", "?handoff_id=h-ok-2", "Handoff explorer · read from"),  # root deep link
     ("reports", f"reports?week={WEEK}", "Reports · read from"),
 )
@@ -51,6 +52,18 @@ DOWNLOADS = {
     ),
     "reports": ("Download report (HTML)", lambda t: "<html" in t.lower() and WEEK in t),
 }
+
+#: pages whose tables must fit their column: no horizontal scrolling, nothing cut off
+FITTED_TABLES = ("anomalies",)
+_TABLE_OVERFLOW_JS = """() => [...document.querySelectorAll(
+  '[data-testid="stDataFrame"] .dvn-scroller')].map(e => e.scrollWidth - e.clientWidth)"""
+#: the centre of the first marker of the graph's edge-middle trace (the first with points)
+_EDGE_MARKER_JS = """() => {
+  const trace = [...document.querySelectorAll('.js-plotly-plot .scatterlayer .trace')]
+    .find(t => t.querySelector('path.point'));
+  const r = trace.querySelector('path.point').getBoundingClientRect();
+  return [r.x + r.width / 2, r.y + r.height / 2];
+}"""
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -153,6 +166,12 @@ def test_every_page_renders_in_chromium(dashboard_url, tmp_path):
                 )
                 if any(b in body for b in bad):
                     problems.append(f"{name}: unexpected error message:\n{body[:2000]}")
+                if name in FITTED_TABLES:
+                    over = page.evaluate(_TABLE_OVERFLOW_JS)
+                    if not over or max(over) > 1:
+                        problems.append(f"{name}: a table is wider than its column: {over}")
+                if name == "graph":
+                    problems += _click_an_edge(page)
                 if name in DOWNLOADS:
                     label, check = DOWNLOADS[name]
                     with page.expect_download(timeout=PAGE_TIMEOUT_MS) as got:
@@ -163,3 +182,20 @@ def test_every_page_renders_in_chromium(dashboard_url, tmp_path):
         finally:
             browser.close()
     assert not problems, "\n\n".join(problems)
+
+
+def _click_an_edge(page) -> list[str]:
+    """Click the first edge's middle marker: the pair's numbers and handoffs must open."""
+    x, y = page.evaluate(_EDGE_MARKER_JS)
+    page.mouse.click(x, y)
+    try:
+        page.get_by_text("Not committed", exact=True).first.wait_for(timeout=PAGE_TIMEOUT_MS)
+        page.wait_for_function(_DONE_JS, timeout=PAGE_TIMEOUT_MS)
+    except Exception as exc:  # reported with the page text, not raised: other pages still run
+        return [
+            f"graph: clicking an edge did not open the pair ({exc}):\n{page.inner_text('body')[:1500]}"
+        ]
+    page.screenshot(path=str(SHOTS / "graph-pair.png"), full_page=True)
+    if not page.locator('[data-testid="stDataFrame"]').count():
+        return ["graph: the clicked pair shows no handoffs table"]
+    return []
