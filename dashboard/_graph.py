@@ -529,6 +529,7 @@ def fleet_figure(layout: Layout, edges: Sequence[Edge], *, focus: str | None = N
         hovertemplate="%{hovertext}<extra></extra>",
         showlegend=False,
         name="agents",
+        unselected={"marker": {"opacity": 1}},  # a clicked edge does not dim the agents
     )
     for n in layout.nodes:
         annotations.append(

@@ -113,7 +113,9 @@ if package.get("task_id"):
         siblings = _data.task_handoffs(
             src.store, src.database, str(package.get("tenant") or ""), str(package["task_id"])
         )
-    if len(siblings):
+    if len(siblings) == 1:
+        st.caption(f"Task `{package['task_id']}` has no other handoff.")
+    elif len(siblings):
         rows = siblings.to_dict("records")
         has_cause = any(r["causation_id"] for r in rows)
         picked = st.plotly_chart(
@@ -128,7 +130,7 @@ if package.get("task_id"):
             config={"displayModeBar": False},
         )
         st.caption(
-            f"The {len(rows):,} handoff(s) of task `{package['task_id']}`: each node is a handoff "
+            f"The {len(rows):,} handoffs of task `{package['task_id']}`: each node is a handoff "
             "(this one ringed), coloured by its last state; "
             + (
                 "an arrow runs from the handoff named by handoff.causation_id to the one it caused."

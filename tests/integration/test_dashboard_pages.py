@@ -135,7 +135,8 @@ def test_deep_link_opens_the_handoff(store_env):
     at = _app({"handoff_id": "h-ok-2"})  # on the root URL: routing opens the explorer
     assert "Handoff h-ok-2" in _texts(at.subheader)
     assert _metrics(at)["Terminal state"] == "committed"
-    assert _charts(at) == 2  # the swimlane timeline and the task graph
+    assert _charts(at) == 1  # the swimlane timeline (the task has no other handoff to draw)
+    assert "has no other handoff" in _texts(at.caption)
     assert at.get("download_button"), "download button missing"
     assert at.success or at.error  # an integrity verdict is always shown
 
