@@ -221,3 +221,14 @@ def test_dashboard_and_alert_queries_use_only_names_serve_exports(serve):
     for where, expr in queries():
         missing = {n for n in metric_names(expr) if n not in exported and n not in recorded()}
         assert not missing, f"{where}: {sorted(missing)} not on serve's /metrics"
+
+
+def test_reading_the_funnel_keeps_the_dataframe_libraries_out_of_serve(serve):
+    """serve refuses to load pandas and friends (serve._tuning); the funnel reads without
+    them: a scrape refreshes without an error and nothing of theirs is mapped."""
+    from pathlib import Path
+
+    m = _scrape(serve)
+    assert m[("handoffs_funnel_refresh_errors_total", ())] == 0
+    maps = Path(f"/proc/{serve.process.pid}/maps").read_text()
+    assert not [lib for lib in ("/pandas/", "/numpy/", "/pyarrow/", "/polars/") if lib in maps]
