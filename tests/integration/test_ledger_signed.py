@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
+import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -276,3 +279,276 @@ def test_keyless_serve_warns_once_and_health_says_unsigned(tmp_path):
         assert serve.log().count("no signing key") == 1
     finally:
         serve.stop()
+
+
+# ----------------------------------------------------------------------- insiders
+# Each case rewrites a copy of the stopped serve's store in a child process (chDB opens one
+# data path per process), as an insider with write access to ClickHouse but without the
+# signing key would, then runs `handoffs ledger verify` and `handoffs evidence verify` (and a
+# fresh export) on it in the same process. The child prints their exit codes and JSON.
+TAMPER = r'''
+import contextlib, io, json, sys
+from foundation.store import StoreSpec, connect
+from foundation.integrity import GENESIS, batch_hash, chain, row_hash
+from handoffs.cli import main
+
+case, path, db, pub, pkg, pkg_late, fresh = sys.argv[1:8]
+c = connect(StoreSpec(kind="chdb", path=path, database=db))
+S = {"mutations_sync": 2}
+
+def q(sql, **p):
+    return c.query(sql, parameters=p).result_rows
+
+def m(sql, **p):
+    c.command(sql, parameters=p, settings=S)
+
+def span_of(hid, event):
+    return q("SELECT span_id FROM handoff_transitions WHERE handoff_id = {h:String} "
+             "AND event = {e:String}", h=hid, e=event)[0][0]
+
+def forge(hid, event, frm, to, span):
+    """A forged transition span of handoff `hid` in otel_traces (the view types it)."""
+    (trace, tenant, task), = q("SELECT any(trace_id), any(tenant), any(task_id) FROM "
+                               "handoff_transitions WHERE handoff_id = {h:String}", h=hid)
+    t = q("SELECT max(time) FROM handoff_transitions WHERE handoff_id = {h:String}", h=hid)[0][0]
+    attrs = {"handoff.task_id": task, "handoff.handoff_id": hid, "handoff.event": event,
+             "handoff.from_state": frm, "handoff.to_state": to, "handoff.actor": "mallory"}
+    c.insert("otel_traces", [[t, trace, span, "handoff", "agent", attrs, tenant, "forged"]],
+             column_names=["Timestamp", "TraceId", "SpanId", "SpanName", "ServiceName",
+                           "SpanAttributes", "Tenant", "IngestBatch"])
+    cols = ("tenant, toUnixTimestamp64Nano(time) AS time_ns, trace_id, span_id, task_id, "
+            "handoff_id, event, from_state, to_state, actor, attributes")
+    res = c.query(f"SELECT {cols} FROM handoff_transitions WHERE span_id = {{s:String}}",
+                  parameters={"s": span})
+    row = dict(zip(res.column_names, res.result_rows[0]))
+    row["attributes"] = {str(k): str(v) for k, v in row["attributes"].items()}
+    return row
+
+def add_ledger(row, batch):
+    c.insert("transition_ledger", [[row["tenant"], row["handoff_id"], row["span_id"],
+             row["trace_id"], row_hash(row), batch, row["time_ns"] // 10**6]],
+             column_names=["tenant", "handoff_id", "span_id", "trace_id", "row_hash",
+                           "ingest_batch", "ingested_at"])
+
+def rechain():
+    """Recompute every batch's batch_hash, transitions and chain link, in chain order."""
+    batches = {b: (p, ch) for b, p, ch in q(
+        "SELECT ingest_batch, toString(prev_chain_hash), toString(chain_hash) FROM ingest_batches")}
+    prev, old_prev = GENESIS, GENESIS
+    while True:
+        nxt = [b for b, (p, _ch) in batches.items() if p == old_prev]
+        if not nxt:
+            return
+        b = nxt[0]
+        hs = sorted(h for (h,) in q("SELECT toString(row_hash) FROM transition_ledger "
+                                   "WHERE ingest_batch = {b:String}", b=b))
+        bh = batch_hash(hs)
+        new = chain(prev, bh)
+        m("ALTER TABLE ingest_batches UPDATE batch_hash = {bh:String}, prev_chain_hash = "
+          "{p:String}, chain_hash = {c:String}, transitions = {n:UInt32} "
+          "WHERE ingest_batch = {b:String}", bh=bh, p=prev, c=new, n=len(hs), b=b)
+        old_prev, prev = batches[b][1], new
+
+fail_span = span_of("h-failed", "fail")
+first_batch = q("SELECT ingest_batch FROM ingest_batches WHERE prev_chain_hash = {g:String}",
+                g=GENESIS)[0][0]
+if case == "alter_attribute":
+    m("ALTER TABLE handoff_transitions UPDATE attributes = mapUpdate(attributes, "
+      "map('handoff.error_code', '')) WHERE span_id = {s:String}", s=fail_span)
+elif case == "alter_typed":
+    m("ALTER TABLE handoff_transitions UPDATE evidence_valid = true, evidence_count = 3, "
+      "receipt_status = 'ok', receipt_hash = 'sha256:fake' WHERE span_id = {s:String}",
+      s=fail_span)
+elif case == "delete_row":
+    m("ALTER TABLE handoff_transitions DELETE WHERE span_id = {s:String}", s=fail_span)
+elif case == "insert_unledgered":
+    forge("h-failed", "verify", "committed", "verified", "00000000000000f1")
+elif case == "insert_rechained":
+    add_ledger(forge("h-failed", "resolve_committed", "unknown", "committed",
+                     "00000000000000f2"), first_batch)
+    rechain()
+elif case == "insert_tail":
+    row = forge("h-failed", "resolve_committed", "unknown", "committed", "00000000000000f3")
+    add_ledger(row, "forged-batch")
+    (head,) = q("SELECT toString(chain_hash) FROM ingest_batches WHERE chain_hash NOT IN "
+                "(SELECT prev_chain_hash FROM ingest_batches)")[0]
+    bh = batch_hash([row_hash(row)])
+    c.insert("ingest_batches", [["forged-batch", row["tenant"], row["time_ns"] // 10**6, 1, 1,
+             0, bh, head, chain(head, bh), "forged"]],
+             column_names=["ingest_batch", "tenant", "received_at", "spans", "transitions",
+                           "rejected", "batch_hash", "prev_chain_hash", "chain_hash", "source"])
+elif case == "rewrite_ledger":
+    m("ALTER TABLE handoff_transitions UPDATE actor = 'mallory' WHERE span_id = {s:String}",
+      s=fail_span)
+    cols = ("tenant, toUnixTimestamp64Nano(time) AS time_ns, trace_id, span_id, task_id, "
+            "handoff_id, event, from_state, to_state, actor, attributes")
+    res = c.query(f"SELECT {cols} FROM handoff_transitions WHERE span_id = {{s:String}}",
+                  parameters={"s": fail_span})
+    row = dict(zip(res.column_names, res.result_rows[0]))
+    m("ALTER TABLE transition_ledger UPDATE row_hash = {h:String} WHERE span_id = {s:String}",
+      h=row_hash(row), s=fail_span)
+    rechain()
+elif case in ("truncate", "truncate_heads_too"):
+    last = [b for (b,) in q("SELECT ingest_batch FROM ingest_batches WHERE chain_hash NOT IN "
+                            "(SELECT prev_chain_hash FROM ingest_batches)")]
+    for table in ("ingest_batches", "transition_ledger", "handoff_transitions"):
+        m(f"ALTER TABLE {table} DELETE WHERE ingest_batch IN {{b:Array(String)}}", b=last)
+    if case == "truncate_heads_too":
+        (n,) = q("SELECT count() FROM transition_ledger")[0]
+        m("ALTER TABLE ledger_heads DELETE WHERE tree_size > {n:UInt64}", n=n)
+keys = [a for k in pub.split(",") for a in ("--public-key", k)]
+store = ["--store", f"chdb://{path}", "--database", db, *keys, "--json"]
+out = {}
+for name, argv in (("ledger", ["ledger", "verify", *store]),
+                   ("verify", ["evidence", "verify", pkg, *store]),
+                   ("verify_late", ["evidence", "verify", pkg_late, *store]),
+                   ("export", ["evidence", "h-failed", "--out", fresh, *store[:4]]),
+                   ("verify_fresh", ["evidence", "verify", fresh, *store])):
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = main(argv)
+    text = buf.getvalue()
+    out[name] = {"code": code,
+                 "doc": json.loads(text) if name != "export" and text.strip() else None}
+print("RESULT " + json.dumps(out))
+'''
+
+
+def copy_store(src: Path, dst: Path) -> Path:
+    """A copy of a stopped embedded store; the engine's symlinks (absolute) re-pointed."""
+    shutil.copytree(src, dst, symlinks=True)
+    for link in dst.rglob("*"):
+        if link.is_symlink():
+            target = Path(link.readlink())
+            if target.is_relative_to(src):
+                link.unlink()
+                link.symlink_to(dst / target.relative_to(src))
+    return dst
+
+
+def tamper(signed, case: str, tmp: Path) -> dict:
+    store = copy_store(signed["store"], tmp / "store")
+    pkg, late, fresh = tmp / "pkg.json", tmp / "late.json", tmp / "fresh.json"
+    pkg.write_text(json.dumps(signed["failed"]))
+    late.write_text(json.dumps(signed["late"]))
+    out = subprocess.run(
+        [sys.executable, "-c", TAMPER, case, str(store), "handoffs",
+         f"{signed['pub_a']},{signed['pub_b']}",
+         str(pkg), str(late), str(fresh)],
+        capture_output=True, text=True, timeout=180, cwd=Path(__file__).parents[2],
+    )  # fmt: skip
+    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    assert line, out.stdout + out.stderr
+    res = json.loads(line[len("RESULT ") :])
+    res["fresh"] = json.loads(fresh.read_text()) if fresh.exists() else None
+    return res
+
+
+def _problems(res: dict, name: str) -> list[str]:
+    assert res[name]["code"] == 1, res[name]
+    return res[name]["doc"]["problems"]
+
+
+def test_untampered_copy_verifies(signed, tmp_path):
+    res = tamper(signed, "none", tmp_path)
+    assert res["ledger"]["code"] == 0, res["ledger"]
+    assert res["ledger"]["doc"]["log"]["verified_leaves"] == res["ledger"]["doc"]["log"]["leaves"]
+    for name in ("verify", "verify_fresh"):
+        assert res[name]["code"] == 0, res[name]
+
+
+def test_insider_alter_update_of_a_stored_attribute(signed, tmp_path):
+    res = tamper(signed, "alter_attribute", tmp_path)
+    span = _fail_row(signed["failed"])["span_id"]
+    problems = _problems(res, "verify")
+    assert f"span_id={span}: stored row differs from the package (column attributes)" in problems
+    assert "transitions[3].error_code: package 'tool_crash', rebuilt from the store ''" in problems
+    assert res["ledger"]["code"] == 0  # the ledger itself is intact: it is what proves it
+    assert any("does not match the ingest ledger" in p for p in _problems(res, "verify_fresh"))
+
+
+def test_insider_alter_update_of_typed_columns(signed, tmp_path):
+    res = tamper(signed, "alter_typed", tmp_path)
+    span = _fail_row(signed["failed"])["span_id"]
+    problems = _problems(res, "verify")
+    for col, have in (("evidence_valid", "True"), ("evidence_count", "3"),
+                      ("receipt_status", "'ok'"), ("receipt_hash", "'sha256:fake'")):  # fmt: skip
+        assert any(p.startswith(f"span_id={span}: column {col} stored {have}") for p in problems), (
+            col
+        )
+    # a package made after the update still shows what the hashed attributes say, and fails
+    fresh = res["fresh"]
+    assert (
+        _fail_row(fresh)["evidence_valid"] is False and fresh["terminal"]["receipt"]["hash"] == ""
+    )
+    assert any("typed_mismatched" in p for p in _problems(res, "verify_fresh"))
+
+
+def test_insider_delete_of_a_transition(signed, tmp_path):
+    res = tamper(signed, "delete_row", tmp_path)
+    span = _fail_row(signed["failed"])["span_id"]
+    assert f"span_id={span}: in the package but no longer stored (deleted)" in _problems(
+        res, "verify"
+    )
+
+
+def test_insider_insert_without_ledger_entry(signed, tmp_path):
+    """A forged verify row straight into the store: it shows in a fresh export, which then
+    fails verify (offline and against the store), as does the package made before."""
+    res = tamper(signed, "insert_unledgered", tmp_path)
+    span = "00000000000000f1"
+    problems = _problems(res, "verify")
+    assert (
+        f"span_id={span}: stored without a ledger entry (not written by serve, or its entry deleted)"
+        in problems
+    )
+    assert f"span_id={span}: stored but not in the package (added after export)" in problems
+    assert span in res["fresh"]["integrity"]["ledger"]["missing"]
+    assert f"integrity.ledger.missing: at export ['{span}']" in _problems(res, "verify_fresh")
+    fresh = verify_offline(res["fresh"], keys=signed["keys"], require_log=True)
+    assert any(span in p and "not covered by the signed head" in p for p in fresh)
+
+
+def test_insider_insert_with_ledger_and_chain_recomputed(signed, tmp_path):
+    res = tamper(signed, "insert_rechained", tmp_path)
+    ledger = res["ledger"]
+    assert ledger["code"] == 1 and ledger["doc"]["log"]["first_bad_position"] == 0
+    assert any("do not match it (first bad position" in p for p in ledger["doc"]["problems"])
+    problems = _problems(res, "verify")
+    assert (
+        "span_id=00000000000000f2: stored but not in the package (added after export)" in problems
+    )
+    assert any("do not reproduce its newest signed head" in p for p in problems)
+    fresh = verify_offline(res["fresh"], keys=signed["keys"], require_log=True)
+    assert any("store_matched_head" in p for p in fresh)
+    assert any("00000000000000f2" in p and "inclusion proof" in p for p in fresh), fresh
+
+
+def test_insider_insert_appended_as_a_new_batch(signed, tmp_path):
+    res = tamper(signed, "insert_tail", tmp_path)
+    assert res["ledger"]["doc"]["log"]["unsigned_leaves"] == 1  # named: stored, never signed
+    problems = _problems(res, "verify")
+    assert "span_id=00000000000000f3: stored, but in no signed head of the store's log" in problems
+    fresh = verify_offline(res["fresh"], keys=signed["keys"], require_log=True)
+    assert any("00000000000000f3" in p and "not covered by the signed head" in p for p in fresh)
+
+
+def test_insider_rewrites_ledger_rows(signed, tmp_path):
+    res = tamper(signed, "rewrite_ledger", tmp_path)
+    ledger = res["ledger"]
+    assert ledger["code"] == 1 and ledger["doc"]["log"]["first_bad_position"] == 0
+    assert ledger["doc"]["batches"] >= 2 and not any(
+        "chain_hash" in p for p in ledger["doc"]["problems"]
+    )  # the chain was recomputed: only the signed heads catch it
+    problems = _problems(res, "verify")
+    assert "transitions[3].actor: package 'agent-b', rebuilt from the store 'mallory'" in problems
+    assert any("do not reproduce its newest signed head" in p for p in problems)
+
+
+def test_insider_truncates_the_log(signed, tmp_path):
+    res = tamper(signed, "truncate", tmp_path)
+    assert any("the log was truncated" in p for p in _problems(res, "ledger"))
+    res = tamper(signed, "truncate_heads_too", tmp_path / "2")
+    assert res["ledger"]["code"] == 0  # consistent with the older head: only a package knows
+    problems = _problems(res, "verify_late")
+    assert any("the log was truncated or its heads deleted" in p for p in problems), problems
