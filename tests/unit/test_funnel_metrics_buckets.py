@@ -199,3 +199,16 @@ def test_a_scrape_during_a_refresh_answers_from_the_cache_without_waiting():
     gate.set()
     first.join(10)
     assert not first.is_alive()
+
+
+def test_serve_refuses_bad_funnel_flags_before_opening_the_store(tmp_path, monkeypatch, capsys):
+    from handoffs.cli import main
+
+    store = f"chdb://{tmp_path / 'never-opened'}"
+    assert main(["serve", "--store", store, "--metrics-top-pairs", "-1"]) == 2
+    assert "--metrics-top-pairs" in capsys.readouterr().err
+    assert main(["serve", "--store", store, "--metrics-refresh", "-5"]) == 2
+    monkeypatch.setenv("HANDOFFS_METRICS_REFRESH_S", "soon")
+    assert main(["serve", "--store", store]) == 2
+    assert "HANDOFFS_METRICS_REFRESH_S" in capsys.readouterr().err
+    assert not (tmp_path / "never-opened").exists()
