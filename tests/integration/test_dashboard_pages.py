@@ -172,9 +172,10 @@ def test_empty_store_says_so(monkeypatch, chdb_path, fresh_db):
     monkeypatch.setenv("HANDOFFS_DATABASE", fresh_db)
     at = _app(WINDOW)
     assert "No handoffs were created in this window" in _texts(at.info)
-    for page in ("views/slices.py", "views/anomalies.py", "views/reports.py"):
+    for page in ("views/slices.py", "views/anomalies.py", "views/reports.py", "views/graph.py"):
         at.switch_page(page).run()
         assert not at.exception, page
+    assert "No handoffs were created in this window" in _texts(at.info)  # the graph page too
 
 
 def _closed_port() -> int:
