@@ -190,7 +190,13 @@ def _cmd_evidence(args) -> int:
     except ValueError as exc:
         raise _Usage(str(exc)) from None
     if pkg is None:
-        print(f"handoff {args.target[0]!r} not found in database {db}", file=sys.stderr)
+        # the ids users have: an A2A task id is a handoff id; an A2A context id and an OpenAI
+        # Agents SDK trace id are task ids (collector/adapters/)
+        args.task = args.target[0]
+        code = _task_bundle(args, quiet_missing=True)
+        if code != EXIT_CHECK_FAILED:
+            return code
+        print(f"no handoff or task {args.target[0]!r} in database {db}", file=sys.stderr)
         return EXIT_CHECK_FAILED
     text = json.dumps(pkg, indent=2, ensure_ascii=False)
     if args.out:
@@ -206,7 +212,7 @@ def _cmd_evidence(args) -> int:
     return EXIT_OK
 
 
-def _task_bundle(args) -> int:
+def _task_bundle(args, *, quiet_missing: bool = False) -> int:
     from analytics.evidence import task_bundle
 
     client, db = _client(args)
@@ -215,7 +221,8 @@ def _task_bundle(args) -> int:
     except ValueError as exc:
         raise _Usage(str(exc)) from None
     if bundle is None:
-        print(f"task {args.task!r} not found in database {db}", file=sys.stderr)
+        if not quiet_missing:
+            print(f"task {args.task!r} not found in database {db}", file=sys.stderr)
         return EXIT_CHECK_FAILED
     text = json.dumps(bundle, indent=2, ensure_ascii=False)
     if args.out:
@@ -480,7 +487,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "no store is opened and nothing is written.",
     )
     _common(p)
-    p.add_argument("target", nargs="*", metavar="HANDOFF_ID | verify FILE")
+    p.add_argument(
+        "target",
+        nargs="*",
+        metavar="ID | verify FILE",
+        help="a handoff id (an A2A task id is one); a task id (an A2A context id, an OpenAI "
+        "Agents SDK trace id) gives the task's bundle",
+    )
     p.add_argument("--out", metavar="FILE", help="write the package as JSON")
     p.add_argument("--tenant", help="tenant of the handoff (needed when the id exists in several)")
     p.add_argument("--task", metavar="TASK_ID", help="one package of every handoff of the task")

@@ -127,9 +127,24 @@ def signed(tmp_path_factory):
             for a in s["attributes"]:
                 if a["key"] == "handoff.handoff_id":
                     a["value"] = {"stringValue": a["value"]["stringValue"] + "-2"}
-        post(serve, later)
+        odd = transition("h-odd", "create", "", "created", task_id="task-odd",
+                         handoff__capabilities=["code.write", "ünï", ""],
+                         handoff__evidence_refs=["doc:1"], handoff__deadline_ms=9_000,
+                         handoff__fence_token=-3, handoff__state_version=7,
+                         handoff__evidence__valid=True, handoff__evidence__count=0,
+                         handoff__tenant="someone-else", handoff__error_code="x\u202ey")  # fmt: skip
+        post(serve, [*later, span_json(trace_id="dd" * 16, span_id="dd" * 8, start_ns=t0,
+                                       attributes=odd)])  # fmt: skip
         wait_signed(serve)
         pkg_late = export(serve, FAILED + "-2", tmp / "late.json")
+        pkg_odd = export(serve, "h-odd", tmp / "odd.json")
+        store = ["--store", serve.query_url, "--database", serve.database]
+        assert main(["evidence", "--task", "task-9", *store, "--out", str(tmp / "task.json")]) == 0
+        bundle = json.loads((tmp / "task.json").read_text())
+        # a task id where a handoff id is expected (an A2A context id, an OpenAI trace id)
+        assert main(["evidence", "task-9", *store, "--out", str(tmp / "by-id.json")]) == 0
+        by_id = json.loads((tmp / "by-id.json").read_text())
+        assert main(["evidence", "nothing-by-that-id", *store]) == 1
     finally:
         assert serve.stop() == 0
     return {
@@ -141,6 +156,9 @@ def signed(tmp_path_factory):
         "failed": pkg_failed,
         "ok": pkg_ok,
         "late": pkg_late,
+        "odd": pkg_odd,
+        "bundle": bundle,
+        "by_id": by_id,
     }
 
 
@@ -270,6 +288,38 @@ def test_a_head_not_signed_by_the_key_fails(signed):
 
     problems = verify_offline(_forge(signed["failed"], edit), keys=signed["keys"], require_log=True)
     assert any("signature of key" in p and "does not verify" in p for p in problems), problems
+
+
+def test_the_views_typed_columns_and_derive_columns_agree(signed):
+    """The package's typed fields come from foundation.integrity.derive_columns; the ledger
+    section compares them with what sql/002's view stored, for awkward values too."""
+    for name in ("failed", "ok", "late", "odd"):
+        assert signed[name]["integrity"]["ledger"]["typed_mismatched"] == [], name
+    odd = signed["odd"]["transitions"][0]
+    assert odd["evidence_valid"] is True and odd["evidence_count"] == 0
+    assert signed["odd"]["envelope"]["capabilities"] == '["code.write","ünï",""]'
+
+
+def test_task_bundle_verifies_and_names_edits(signed, tmp_path, capsys):
+    from analytics.evidence import verify_task_bundle
+
+    bundle = signed["bundle"]
+    assert signed["by_id"]["handoffs"] == bundle["handoffs"]
+    assert bundle["handoffs"] == [FAILED, OK, FAILED + "-2", OK + "-2"]  # created-time order
+    assert verify_task_bundle(None, bundle, keys=signed["keys"]).ok
+    f = tmp_path / "task.json"
+    f.write_text(json.dumps(bundle))
+    pubs = ["--public-key", str(signed["pub_a"]), "--public-key", str(signed["pub_b"])]
+    assert main(["evidence", "verify", str(f), *pubs, "--offline"]) == 0
+    capsys.readouterr()
+    dropped = copy.deepcopy(bundle)
+    dropped["packages"].reverse()
+    res = verify_task_bundle(None, dropped, keys=signed["keys"])
+    assert "packages: not in created-time order" in res.problems
+    edited = copy.deepcopy(bundle)
+    edited["packages"][1] = _forge(edited["packages"][1], EDITS["envelope.to_agent"])
+    res = verify_task_bundle(None, edited, keys=signed["keys"])
+    assert any(p.startswith(f"packages[1] ({OK}): envelope.to_agent:") for p in res.problems)
 
 
 def test_keyless_serve_warns_once_and_health_says_unsigned(tmp_path):
