@@ -602,3 +602,20 @@ def test_insider_truncates_the_log(signed, tmp_path):
     assert res["ledger"]["code"] == 0  # consistent with the older head: only a package knows
     problems = _problems(res, "verify_late")
     assert any("the log was truncated or its heads deleted" in p for p in problems), problems
+
+
+def test_a_signer_restarted_on_a_rewritten_log_refuses_to_sign(signed, tmp_path):
+    """serve on a store whose signed log was rewritten (and the chain recomputed) does not
+    sign over it: it says why once; ledger verify names the place."""
+    res = tamper(signed, "rewrite_ledger", tmp_path)
+    assert res["ledger"]["code"] == 1
+    serve = start_serve(tmp_path, store_dir=tmp_path / "store",
+                        extra_args=("--signing-key", str(signed["dir"] / "b.key"),
+                                    "--sign-every", "0.2"))  # fmt: skip
+    try:
+        wait_until(lambda: "halted: the stored log no longer matches" in serve.log(), 30,
+                   "the signer to refuse")  # fmt: skip
+        post(serve, _spans(time.time_ns())[:1])  # new batches are not signed either
+        assert serve.log().count("signer: halted") == 1
+    finally:
+        serve.stop()
