@@ -1,0 +1,197 @@
+"""Cost of the signed ledger log: ingest with signing on vs off (paired, same run), evidence
+package build and verify times, and the proof size per transition.
+
+Each round starts two fresh serves one after the other on fresh stores, one without a
+signing key and one with `--signing-key` (`--sign-every` seconds), and sends both the same
+OTLP/protobuf requests (`--requests` x `--spans` transition spans, five per handoff); the
+ingest rate is measured from the first request sent to the moment serve reports nothing
+queued. Signing runs in its own thread after the batches are stored, so the time until a
+signed head covers every row is printed apart. After the last signed round, `--packages`
+packages are exported through the query port and verified offline (public key, no store)
+and against the store.
+
+Prints figures with units and a last line
+`RESULT off_spans_per_s=<> on_spans_per_s=<> on_off_ratio=<median of pairs> build_ms=<>
+verify_offline_ms=<> verify_store_ms=<> proof_bytes_per_transition=<>`.
+
+    .venv/bin/python bench/signing.py --requests 10 --spans 2000 --rounds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import requests
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from analytics.evidence import evidence_package
+from analytics.verify import verify_offline, verify_package
+from foundation.keys import PublicKeys, generate_keypair, load_public_key
+from ingest.testing import request_protobuf, span_json, transition
+from serve.testing import ServeHandle, start_serve, wait_until
+
+_STEPS = [
+    ("create", "", "created", {}),
+    ("accept", "created", "accepted", {}),
+    ("start", "accepted", "running", {}),
+    ("commit", "running", "committed",
+     {"handoff__evidence__count": 1, "handoff__evidence__valid": True,
+      "handoff__receipt__status": "ok", "handoff__receipt__hash": "sha256:0f"}),
+    ("verify", "committed", "verified", {}),
+]  # fmt: skip
+
+
+def _bodies(n_requests: int, n_spans: int) -> list[bytes]:
+    t0 = time.time_ns() - 3600 * 10**9
+    out = []
+    for k in range(n_requests):
+        spans = []
+        for i in range(n_spans):
+            h, step = divmod(i, len(_STEPS))
+            ev, f, t, extra = _STEPS[step]
+            spans.append(
+                span_json(
+                    trace_id=f"{k + 1:08x}{h + 1:024x}",
+                    span_id=f"{k + 1:06x}{i + 1:010x}",
+                    start_ns=t0 + (k * n_spans + i) * 1000,
+                    attributes=transition(f"h-{k}-{h}", ev, f, t, task_id=f"t-{k}-{h}", **extra),
+                )
+            )
+        out.append(request_protobuf(spans))
+    return out
+
+
+def _ingest(serve: ServeHandle, bodies: list[bytes]) -> float:
+    """Seconds from the first request to everything stored."""
+    start = time.perf_counter()
+    with requests.Session() as s:
+        for body in bodies:
+            r = s.post(
+                f"{serve.otlp_url}/v1/traces",
+                data=body,
+                headers={"Content-Type": "application/x-protobuf"},
+                timeout=120,
+            )
+            r.raise_for_status()
+    serve.wait_stored(timeout=600)
+    return time.perf_counter() - start
+
+
+def _signed_size(serve: ServeHandle) -> int:
+    c = serve.client()
+    try:
+        return int(c.query("SELECT max(tree_size) FROM ledger_heads").result_rows[0][0] or 0)
+    finally:
+        c.close()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=10, help="requests per serve")
+    ap.add_argument("--spans", type=int, default=2000, help="spans per request (5 per handoff)")
+    ap.add_argument("--rounds", type=int, default=2, help="off/on pairs")
+    ap.add_argument("--sign-every", type=float, default=1.0, help="serve --sign-every, seconds")
+    ap.add_argument("--packages", type=int, default=20, help="packages to build and verify")
+    a = ap.parse_args()
+    total = a.requests * a.spans
+    bodies = _bodies(a.requests, a.spans)
+    rates: dict[str, list[float]] = {"off": [], "on": []}
+    ratios = []
+    with tempfile.TemporaryDirectory(prefix="bench-signing-") as tmp_s:
+        tmp = Path(tmp_s)
+        _key, pub, kid = generate_keypair(tmp / "bench")
+        keys = PublicKeys.of([load_public_key(pub)])
+        measured = None
+        for rnd in range(a.rounds):
+            pair = {}
+            for mode in ("off", "on"):
+                d = tmp / f"{mode}-{rnd}"
+                d.mkdir()
+                extra = ("--signing-key", str(tmp / "bench.key"), "--sign-every",
+                         str(a.sign_every)) if mode == "on" else ()  # fmt: skip
+                serve = start_serve(d, extra_args=extra)
+                try:
+                    secs = _ingest(serve, bodies)
+                    pair[mode] = total / secs
+                    rates[mode].append(pair[mode])
+                    line = f"round {rnd + 1} signing {mode:3}: {total:,} spans in {secs:.2f} s = {pair[mode]:,.0f} spans/s"
+                    if mode == "on":
+                        t = time.perf_counter()
+                        wait_until(lambda s=serve: _signed_size(s) >= total, 300, "a signed head")
+                        line += f"; a signed head covered every row {time.perf_counter() - t:.2f} s after the last was stored"
+                        if rnd == a.rounds - 1:
+                            measured = _packages(serve, keys, a.packages)
+                    print(line, flush=True)
+                finally:
+                    serve.stop()
+            ratios.append(pair["on"] / pair["off"])
+    assert measured is not None
+    build_ms, off_ms, store_ms, proof_b, hashes, pkg_b = measured
+    off_r, on_r, ratio = (
+        statistics.median(rates["off"]),
+        statistics.median(rates["on"]),
+        statistics.median(ratios),
+    )
+    print(
+        f"ingest: signing off {off_r:,.0f} spans/s, on {on_r:,.0f} spans/s (median of {a.rounds}); "
+        f"on/off ratio {ratio:.3f} (median of the pairs {', '.join(f'{r:.3f}' for r in ratios)})"
+    )
+    print(f"log: {total:,} leaves; key {kid}")
+    print(
+        f"package build (query port, HTTP): {build_ms:.1f} ms per package (median of {a.packages}); "
+        f"{pkg_b / 1024:.1f} KiB per package"
+    )
+    print(
+        f"verify offline (public key, no store): {off_ms:.1f} ms per package; "
+        f"against the store: {store_ms:.1f} ms per package"
+    )
+    print(
+        f"proof size: {proof_b:.0f} bytes per transition in the JSON ({hashes:.1f} hashes of 32 bytes)"
+    )
+    print(f"RESULT off_spans_per_s={off_r:.0f} on_spans_per_s={on_r:.0f} on_off_ratio={ratio:.3f} "
+          f"build_ms={build_ms:.1f} verify_offline_ms={off_ms:.1f} verify_store_ms={store_ms:.1f} "
+          f"proof_bytes_per_transition={proof_b:.0f}")  # fmt: skip
+    return 0
+
+
+def _packages(serve: ServeHandle, keys: PublicKeys, n: int):
+    """(build ms, offline verify ms, store verify ms, proof bytes and hashes per transition,
+    package bytes), medians over `n` handoffs spread over the log."""
+    client = serve.client()
+    builds, offs, stores, proof_bytes, hashes, sizes = [], [], [], [], [], []
+    try:
+        ids = [r[0] for r in client.query(
+            f"SELECT DISTINCT handoff_id FROM handoff_transitions ORDER BY cityHash64(handoff_id) LIMIT {n}"
+        ).result_rows]  # fmt: skip
+        for hid in ids:
+            t = time.perf_counter()
+            pkg = evidence_package(client, database=serve.database, handoff_id=hid)
+            builds.append((time.perf_counter() - t) * 1000)
+            assert pkg is not None and not pkg["integrity"]["log"]["pending"], hid
+            doc = json.loads(json.dumps(pkg))
+            t = time.perf_counter()
+            assert verify_offline(doc, keys=keys, require_log=True) == []
+            offs.append((time.perf_counter() - t) * 1000)
+            t = time.perf_counter()
+            res = verify_package(client, doc, database=serve.database, keys=keys)
+            stores.append((time.perf_counter() - t) * 1000)
+            assert res.ok, res.problems
+            entries = doc["integrity"]["log"]["entries"]
+            proof_bytes += [len(json.dumps(e)) for e in entries]
+            hashes += [len(e["path"]) for e in entries]
+            sizes.append(len(json.dumps(doc)))
+    finally:
+        client.close()
+    med = statistics.median
+    return med(builds), med(offs), med(stores), med(proof_bytes), med(hashes), med(sizes)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
