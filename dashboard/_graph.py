@@ -519,7 +519,7 @@ def fleet_figure(layout: Layout, edges: Sequence[Edge], *, focus: str | None = N
         mode="markers",
         marker={
             "size": [12 + 10 * math.sqrt(volume[n.name] / nmax) for n in layout.nodes],
-            "color": "#37474f",
+            "color": ["#1565c0" if n.name == focus else "#37474f" for n in layout.nodes],
             "line": {"width": 2, "color": "white"},
         },
         hovertext=[
@@ -538,7 +538,7 @@ def fleet_figure(layout: Layout, edges: Sequence[Edge], *, focus: str | None = N
                 "y": n.label_y,
                 "xref": "x",
                 "yref": "y",
-                "text": n.label,
+                "text": f"<b>{n.label}</b>" if n.name == focus else n.label,
                 "showarrow": False,
                 "textangle": n.label_angle,
                 "xanchor": "center",
