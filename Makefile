@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e ".[dev,openai-agents,a2a]"
+	$(BIN)/pip install --quiet -e ".[dev,openai-agents,a2a,derive-tests]"
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -105,6 +105,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="S",
         help="seconds between two signed ledger heads at most (env HANDOFFS_SIGN_EVERY_S, default 5)",
     )
+    p.add_argument(
+        "--derive",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="derive handoff transitions from the spans agent frameworks export (OpenInference, "
+        "OpenLLMetry, GenAI conventions; docs/derived-handoffs.md), a pass every "
+        "HANDOFFS_DERIVE_EVERY_S seconds (default 2); default on",
+    )
     p.set_defaults(func=_serve)
 
 
@@ -212,6 +220,7 @@ def _serve(args: argparse.Namespace) -> int:
             metrics_top_pairs=_metrics_top_pairs(args),
             metrics_refresh_s=_metrics_refresh_s(args),
             **_signing(args),
+            derive=args.derive,
         )
     except (ValueError, StoreError) as exc:
         print(f"handoffs serve: {exc}", file=sys.stderr)

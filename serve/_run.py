@@ -71,6 +71,8 @@ class ServeConfig:
     #: Ed25519 key the ledger heads are signed with (serve._signer); None = heads unsigned
     signing_key: Path | None = None
     sign_every_s: float = 5.0
+    #: derive handoffs from framework spans (derive/): a pass every HANDOFFS_DERIVE_EVERY_S s
+    derive: bool = True
 
 
 #: seconds serve's shutdown lets running OTLP/gRPC calls finish (decode, spool, answer)
@@ -228,12 +230,26 @@ def run_serve(
             flush=True,
         )
     signer = _start_signer(cfg)
+    deriver = None
+    if cfg.derive:  # a pass over recently stored traces, through the normal ingest path
+        from derive import DERIVE_EVERY_S, DerivePass
+        from foundation.settings import resolve
+
+        deriver = DerivePass(
+            lambda: connect(spec),
+            spec.database,
+            lambda body, tenant: ingestor.submit(body, "protobuf", tenant=tenant),
+            every_s=float(resolve(DERIVE_EVERY_S, None)),
+        )
+        deriver.start()
     if ready is not None:
         ready.set()
     merges = MergePriority(tuned.merge_nice)
     while not stop.wait(0.5):
         merges.poll()
     print("serve: stopping: no new requests; storing what is spooled", file=sys.stderr, flush=True)
+    if deriver is not None:
+        deriver.stop()
     otlp.shutdown()
     otlp.server_close()
     if funnel is not None:

@@ -1,0 +1,35 @@
+"""Zero-code intake: wire-contract handoff transitions derived from the spans agent
+frameworks already export (OpenInference, OpenLLMetry, OTel GenAI conventions).
+
+Rules are pure functions over frozen span records (one module per source); `derive_trace`
+runs them over one trace; `DerivePass` is the idempotent pass serve runs every few seconds
+over recently stored traces, submitting derived spans through the normal ingest path.
+Mapping tables and limits: docs/derived-handoffs.md.
+"""
+
+from __future__ import annotations
+
+from derive._model import DERIVED_BY, DERIVED_FROM, Derived, Observed, SpanEvent, SpanRecord, plan
+from derive._otlp import SCOPE, encode
+from derive._pass import DERIVE_EVERY_S, DerivePass, PassResult, new_transitions
+from derive._rules import RULES, derive_trace
+from derive._trace import TraceIndex
+
+__all__ = [
+    "DERIVED_BY",
+    "DERIVED_FROM",
+    "DERIVE_EVERY_S",
+    "RULES",
+    "SCOPE",
+    "DerivePass",
+    "Derived",
+    "Observed",
+    "PassResult",
+    "SpanEvent",
+    "SpanRecord",
+    "TraceIndex",
+    "derive_trace",
+    "encode",
+    "new_transitions",
+    "plan",
+]

@@ -1,0 +1,214 @@
+"""The derivation pass: read spans of recently touched traces, run the rules, submit what is
+new through serve's normal ingest path (validation, spool, dedup, ledger).
+
+A handoff's spans and its target agent's spans arrive in different OTLP requests, so a pass
+works on whole stored traces, not on one request. Each pass reads the traces that received a
+span (not a transition span) since its cursor (`otel_traces.InsertedAt`, whole seconds; the
+last second is read again, which is harmless: output is deterministic), all their stored
+spans, and derives per trace (derive._rules.derive_trace). A derived span already stored in
+the trace, or submitted by this pass object before, is not submitted again; so a replayed or
+resent source span derives nothing twice, and a second pass stores nothing new.
+
+Delay from a source span's arrival to its derived transition in handoff_transitions: up to
+`every_s` (the pass interval) + the pass + serve's write of the derived request.
+Errors of the store or of ingest are logged, counted in `stats["errors"]` and retried at the
+next pass (the cursor does not move); the thread never dies.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, Final
+
+from derive._model import Derived, SpanRecord
+from derive._otlp import encode
+from derive._rules import RULES, Rule, derive_trace
+from foundation.settings import Setting
+
+if TYPE_CHECKING:
+    from clickhouse_connect.driver.client import Client
+
+__all__ = ["DERIVE_EVERY_S", "DerivePass", "PassResult"]
+
+log = logging.getLogger("handoffs.derive")
+
+DERIVE_EVERY_S: Final = Setting(
+    "HANDOFFS_DERIVE_EVERY_S", "2", "seconds between two passes of handoff derivation"
+)
+#: trace ids read per query
+_CHUNK: Final = 1000
+#: derived span ids remembered as submitted (the store is asked too; this covers the time
+#: between a submit and its write)
+_REMEMBER: Final = 200_000
+
+_TOUCHED_SQL: Final = """
+SELECT Tenant, TraceId
+FROM {db}.otel_traces
+WHERE InsertedAt >= {{since:DateTime}} AND InsertedAt <= {{until:DateTime}}
+  AND Timestamp >= {{oldest:DateTime64(9)}}
+  AND SpanAttributes['handoff.handoff_id'] = ''
+GROUP BY Tenant, TraceId
+"""
+
+_SPANS_SQL: Final = """
+SELECT Tenant, TraceId, SpanId, ParentSpanId, SpanName,
+       toUnixTimestamp64Nano(Timestamp) AS start_ns, Duration, StatusCode, StatusMessage,
+       ScopeName, ServiceName, SpanAttributes
+FROM {db}.otel_traces
+WHERE TraceId IN {{ids:Array(String)}} AND Timestamp >= {{oldest:DateTime64(9)}}
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class PassResult:
+    """One pass: traces read, spans read, derived transitions submitted, seconds taken."""
+
+    traces: int
+    spans: int
+    submitted: int
+    seconds: float
+
+
+def _record(row: Sequence[Any]) -> SpanRecord:
+    tenant, tid, sid, psid, name, start, dur, status, msg, scope, service, attrs = row
+    return SpanRecord(
+        trace_id=tid,
+        span_id=sid,
+        parent_span_id=psid,
+        name=name,
+        start_ns=int(start),
+        end_ns=int(start) + int(dur),
+        status=status,
+        status_message=msg,
+        scope=scope,
+        service_name=service,
+        attributes=attrs,
+        tenant=tenant or "default",
+    )
+
+
+def new_transitions(spans: Iterable[SpanRecord], rules: Iterable[Rule] = RULES) -> list[Derived]:
+    """What one trace's stored spans derive that is not stored already (pure)."""
+    spans = list(spans)
+    stored = {s.span_id for s in spans if s.is_derived}
+    return [d for d in derive_trace(spans, rules) if d.span_id not in stored]
+
+
+class DerivePass:
+    """The pass (module doc) and its thread: `run_once()`, or `start()` / `stop()`.
+
+    `connect`: opens a client on the store. `submit(body, tenant)`: ingests one OTLP/protobuf
+    request (serve: Ingestor.submit). `every_s`: seconds between passes. `trace_window_s`: a
+    trace's spans older than this (by span time) are not read. `clock` -> seconds since the
+    epoch. Raises ValueError on a non-positive interval or window.
+    """
+
+    def __init__(
+        self,
+        connect: Callable[[], Client],
+        database: str,
+        submit: Callable[[bytes, str], object],
+        *,
+        every_s: float = 2.0,
+        trace_window_s: float = 3600.0,
+        rules: Iterable[Rule] = RULES,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if every_s <= 0 or trace_window_s <= 0:
+            raise ValueError("every_s and trace_window_s must be more than 0 seconds")
+        self._connect = connect
+        self._db = database
+        self._submit = submit
+        self.every_s = every_s
+        self._window = trace_window_s
+        self._rules = tuple(rules)
+        self._clock = clock
+        self._cursor = int(clock() - trace_window_s)
+        self._sent: OrderedDict[str, None] = OrderedDict()
+        self._client: Client | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.stats = {"passes": 0, "traces": 0, "spans": 0, "submitted": 0, "errors": 0}
+
+    def run_once(self) -> PassResult:
+        """One pass; raises what the store or ingest raised (the cursor then stays)."""
+        t0 = time.perf_counter()
+        if self._client is None:
+            self._client = self._connect()
+        c = self._client
+        until = int(self._clock())
+        oldest = datetime.fromtimestamp(self._clock() - self._window, UTC)
+        touched = c.query(
+            _TOUCHED_SQL.format(db=self._db),
+            parameters={
+                "since": datetime.fromtimestamp(self._cursor, UTC),
+                "until": datetime.fromtimestamp(until, UTC) + timedelta(seconds=1),
+                "oldest": oldest,
+            },
+        ).result_rows
+        ids = sorted({tid for _, tid in touched})
+        spans = submitted = 0
+        for i in range(0, len(ids), _CHUNK):
+            by_trace: dict[str, list[SpanRecord]] = {}
+            rows = c.query(
+                _SPANS_SQL.format(db=self._db),
+                parameters={"ids": ids[i : i + _CHUNK], "oldest": oldest},
+            ).result_rows
+            for row in rows:
+                by_trace.setdefault(row[1], []).append(_record(row))
+            spans += len(rows)
+            fresh: dict[str, list[Derived]] = {}
+            for trace_spans in by_trace.values():
+                for d in new_transitions(trace_spans, self._rules):
+                    if d.span_id not in self._sent:
+                        fresh.setdefault(d.tenant, []).append(d)
+            for tenant, items in fresh.items():
+                self._submit(encode(items), tenant)
+                for d in items:
+                    self._sent[d.span_id] = None
+                submitted += len(items)
+        while len(self._sent) > _REMEMBER:
+            self._sent.popitem(last=False)
+        self._cursor = until  # that second is read again next time: arrivals may follow
+        result = PassResult(len(ids), spans, submitted, time.perf_counter() - t0)
+        self.stats["passes"] += 1
+        self.stats["traces"] += result.traces
+        self.stats["spans"] += result.spans
+        self.stats["submitted"] += result.submitted
+        return result
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="derive", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop after the running pass; close the client. Idempotent."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every_s):
+            try:
+                r = self.run_once()
+                if r.submitted:
+                    log.info("derive: %d transition(s) from %d trace(s), %.3f s",
+                             r.submitted, r.traces, r.seconds)  # fmt: skip
+            except Exception:
+                self.stats["errors"] += 1
+                log.exception("derive: pass failed; retried in %g s", self.every_s)
+                if self._client is not None:
+                    try:
+                        self._client.close()
+                    except Exception:
+                        log.debug("derive: closing the client failed", exc_info=True)
+                    self._client = None

@@ -1,0 +1,39 @@
+"""Every rule, and the one pure function the pass calls per trace."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Final
+
+from derive._model import Derived, Observed, SpanRecord, plan
+from derive._trace import TraceIndex
+from derive.genai import genai_rule
+from derive.openai_agents import openinference_rule, openllmetry_rule
+
+Rule = Callable[[TraceIndex], list[Observed]]
+
+#: in order; a span is read by at most one rule (the first that derives from it)
+RULES: Final[tuple[Rule, ...]] = (openinference_rule, openllmetry_rule, genai_rule)
+
+
+def derive_trace(spans: Iterable[SpanRecord], rules: Iterable[Rule] = RULES) -> list[Derived]:
+    """The derived transitions of one trace's stored spans, deterministic (same spans, same
+    output, same span ids). Nothing when the trace already holds handoff transitions that
+    were not derived (the shim's or an adapter's): those count, derivation would double
+    them."""
+    trace = TraceIndex(s for s in spans)
+    if trace.has_handoff_spans_not_derived():
+        return []
+    out: list[Derived] = []
+    seen_sources: set[str] = set()
+    seen_ids: set[str] = set()
+    for rule in rules:
+        for o in rule(trace):
+            if o.source.span_id in seen_sources:
+                continue
+            seen_sources.add(o.source.span_id)
+            for d in plan(o):
+                if d.span_id not in seen_ids:
+                    seen_ids.add(d.span_id)
+                    out.append(d)
+    return out

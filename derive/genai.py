@@ -1,0 +1,89 @@
+"""Handoffs in the OTel GenAI semantic conventions: a transfer recorded as an
+`execute_tool` span with `gen_ai.agent.handoff.source.name` / `.target.name` (proposed
+attributes), the target's run as the `invoke_agent` span that follows it.
+
+The target's run: the first `invoke_agent` span of the target agent in the same trace that
+starts at or after the tool span and is not one of its ancestors. The run ended (what is
+missing will not come) once the trace's root span (no parent) is stored. Mapping table:
+docs/derived-handoffs.md.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from derive._model import Observed, SpanRecord, Target, slug
+from derive._trace import TraceIndex, next_after
+
+__all__ = ["GENAI", "SOURCE_NAME", "TARGET_NAME", "genai_rule"]
+
+GENAI: Final = "genai.execute_tool.handoff"
+SOURCE_NAME: Final = "gen_ai.agent.handoff.source.name"
+TARGET_NAME: Final = "gen_ai.agent.handoff.target.name"
+_OP: Final = "gen_ai.operation.name"
+_AGENT: Final = "gen_ai.agent.name"
+_MODEL_OPS: Final = frozenset({"chat", "text_completion", "generate_content", "execute_tool"})
+
+
+def _is_invoke(s: SpanRecord) -> bool:
+    return s.attr(_OP) == "invoke_agent"
+
+
+def _is_transfer(s: SpanRecord) -> bool:
+    return s.attr(_OP) == "execute_tool" and bool(s.attr(TARGET_NAME) or s.attr(SOURCE_NAME))
+
+
+def _target(trace: TraceIndex, span: SpanRecord) -> Target:
+    error = None
+    if span.status == "Error":
+        error = slug(span.status_message or span.attr("error.type"))
+    evidence = []
+    for s in sorted(trace.descendants(span), key=lambda x: (x.start_ns, x.span_id)):
+        if s.status == "Error":
+            if error is None and s.attr(_OP) not in ("execute_tool",):
+                error = slug(s.status_message or s.attr("error.type"))
+        elif s.attr(_OP) in _MODEL_OPS and not _is_transfer(s):
+            evidence.append(f"genai:{s.span_id}")
+    return Target(span, error, tuple(evidence))
+
+
+def genai_rule(trace: TraceIndex) -> list[Observed]:
+    """Handoffs of GenAI-convention transfer tool spans in `trace` (module doc)."""
+    tools = [s for s in trace.spans if _is_transfer(s)]
+    if not tools:
+        return []
+    invokes = [s for s in trace.spans if _is_invoke(s)]
+    root = next((s for s in trace.spans if not s.parent_span_id), None)
+    claimed: set[str] = set()
+    out = []
+    for t in tools:
+        enclosing = trace.nearest(t, _is_invoke)
+        from_agent = t.attr(SOURCE_NAME) or t.attr(_AGENT)
+        if not from_agent and enclosing is not None:
+            from_agent = enclosing.attr(_AGENT)
+        if not from_agent:
+            continue
+        to_agent = t.attr(TARGET_NAME) or None
+        up = {a.span_id for a in trace.ancestors(t)}
+        runs = [
+            s
+            for s in invokes
+            if s.span_id not in up and to_agent is not None and s.attr(_AGENT) == to_agent
+        ]
+        nxt = next_after(runs, t.start_ns, claimed)
+        if nxt is not None:
+            claimed.add(nxt.span_id)
+        out.append(
+            Observed(
+                rule=GENAI,
+                task_id=t.trace_id,
+                handoff_id=f"{t.trace_id}/{t.span_id}",
+                source=t,
+                from_agent=from_agent,
+                to_agent=to_agent,
+                topology="in_process",
+                target=_target(trace, nxt) if nxt is not None else None,
+                run_ended_ns=root.end_ns if root is not None else None,
+            )
+        )
+    return out
