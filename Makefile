@@ -20,9 +20,10 @@ demo: $(STAMP)
 
 ## Lint (ruff, pinned), type-check (mypy, pinned), the layer contracts (import-linter), then
 ## the whole test suite
-## (installs Debian's chromium for the browser tests if missing)
+## (installs Debian's chromium for the browser tests and prometheus for promtool if missing)
 test: $(STAMP)
 	bash scripts/ensure-chromium
+	bash scripts/ensure-promtool
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
