@@ -9,8 +9,9 @@ differs. Its integrity section holds:
 - `chain`: a hash chain over the row hashes (foundation.integrity.row_hash, the function
   serve applies at ingest) in machine order, link_i = sha256(link_{i-1} || row_hash_i);
 - `ledger`: how every stored row compared with transition_ledger at export: `matched`,
-  `mismatched` (no entry with that hash), `missing` (no entry for the span), and
-  `typed_mismatched` (typed columns the hashed attributes contradict);
+  `mismatched` (no entry with that hash), `missing` (no entry for the span);
+- `typed_columns`: the stored typed columns (evidence_valid, receipt_hash, ...) that the
+  row's hashed attributes contradict at export (an ALTER UPDATE after ingest);
 - `log`: the signed ledger log (analytics._evidence_log): the newest signed head and an
   RFC 9162 inclusion proof per transition, so the package verifies offline with the
   public key;

@@ -148,12 +148,15 @@ def verify_offline(
         ledger=_claimed_ledger(package),
         extra_anomalies=sorted(set(package.get("anomalies") or []) & CROSS_KINDS),
         related_spans=package.get("related_spans") or [],
-        typed=led.get("typed_mismatched", []),
+        typed=(integ.get("typed_columns") or {}).get("mismatched", []),
     )
     problems += _differences(package, rebuilt, "rebuilt from its rows")
-    for what in ("missing", "mismatched", "typed_mismatched"):
+    for what in ("missing", "mismatched"):
         if led.get(what):
             problems.append(f"integrity.ledger.{what}: at export {led[what]}")
+    typed = (integ.get("typed_columns") or {}).get("mismatched")
+    if typed:
+        problems.append(f"integrity.typed_columns.mismatched: at export {typed}")
     if keys is not None or require_log:
         problems += check_log_section(
             package, keys, generated_at_ns=parse_iso_ns(package["generated_at"])
@@ -182,7 +185,8 @@ def verify_package(
         notes.append("signatures not checked (no --public-key)")
     tenant, hid = str(package["tenant"]), str(package["handoff_id"])
     stored = fetch_handoff(client, db, hid, tenant)
-    problems += _against_stored(package, stored)
+    row_problems = _against_stored(package, stored)
+    problems += row_problems
     problems += typed_mismatches(stored)
     ledger = fetch_ledger(client, db, tenant, hid)
     for span, now in sorted(_by_span(stored).items()):
@@ -205,7 +209,7 @@ def verify_package(
             related_spans=package.get("related_spans") or [],
             typed=typed_mismatches(stored),
         )
-        problems += _differences(package, rebuilt, "rebuilt from the store")
+        problems += _store_differences(package, rebuilt, rows_differ=bool(row_problems))
         related_now = related(client, db, sorted({r["trace_id"] for r in stored}), stored)
         if related_now != package.get("related_spans"):
             notes.append("related_spans differ from the store now (spans of the same traces "
@@ -231,6 +235,31 @@ def verify_package(
     else:
         notes.append("no signed head in the package or the store: checked against the store only")
     return VerifyResult(ok=not problems, problems=list(dict.fromkeys(problems)), notes=notes)
+
+
+_ROW_FIELDS = frozenset({*HASHED_COLUMNS, "time", "row_hash", "arrivals"})
+
+
+def _store_differences(
+    package: Mapping[str, Any], rebuilt: Mapping[str, Any], *, rows_differ: bool
+) -> list[str]:
+    """Fields of the package that differ from the package rebuilt from the store. When
+    stored rows were already named as added, deleted or altered, only what those messages do
+    not say: the derived fields of a transition still at the same place (with its span id);
+    the rest (terminal state, chain, ledger counts...) follows from the rows named."""
+    if not rows_differ:
+        return _differences(package, rebuilt, "rebuilt from the store")
+    out = []
+    mine, theirs = package["transitions"], rebuilt["transitions"]
+    for i, (a, b) in enumerate(zip(mine, theirs, strict=False)):
+        if a.get("span_id") != b.get("span_id"):
+            continue
+        for path, va, vb in diff(a, b, f"transitions[{i}]"):
+            name = path.split(".", 1)[1].split("[", 1)[0].split(".", 1)[0]
+            if name not in _ROW_FIELDS:
+                out.append(f"{path} (span_id={a['span_id']}): package {_short(va)}, "
+                           f"rebuilt from the store {_short(vb)}")  # fmt: skip
+    return out
 
 
 def _by_span(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:

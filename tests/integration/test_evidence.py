@@ -86,8 +86,8 @@ def test_package_content(chdb_client, reader, db):
     assert pkg["anomalies"] == ["duplicate_delivery"]
     integ = pkg["integrity"]
     assert len(integ["chain"]) == 6 and integ["chain_head"] == integ["chain"][-1]
-    assert integ["ledger"] == {"rows": 6, "matched": 6, "mismatched": [], "missing": [],
-                               "typed_mismatched": [], "ok": True}  # fmt: skip
+    assert integ["ledger"] == {"rows": 6, "matched": 6, "mismatched": [], "missing": [], "ok": True}
+    assert integ["typed_columns"]["mismatched"] == []
     assert integ["log"]["head"] is None  # seeded without serve: no signed head
     assert evidence_package(reader, database=db, handoff_id="nope") is None
     # a non-handoff span of the same trace (e.g. the coder's tool call) is a related span
@@ -119,8 +119,7 @@ def test_tampering_with_a_stored_row_is_detected_and_named(chdb_client, reader, 
         p.startswith(f"span_id={start_span}: stored row does not match the ingest ledger")
         for p in res.problems
     )
-    # the rebuild from the store names the field with both values
-    assert "transitions[3].actor: package 'coder', rebuilt from the store 'mallory'" in res.problems
+    assert all(start_span in p for p in res.problems)  # only the tampered row is named
     # a package made AFTER the tampering still fails: the ledger remembers the ingested row
     later = evidence_package(reader, database=db, handoff_id="h1")
     assert later["integrity"]["ledger"]["mismatched"] == [start_span]

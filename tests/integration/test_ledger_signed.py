@@ -294,7 +294,7 @@ def test_the_views_typed_columns_and_derive_columns_agree(signed):
     """The package's typed fields come from foundation.integrity.derive_columns; the ledger
     section compares them with what sql/002's view stored, for awkward values too."""
     for name in ("failed", "ok", "late", "odd"):
-        assert signed[name]["integrity"]["ledger"]["typed_mismatched"] == [], name
+        assert signed[name]["integrity"]["typed_columns"]["mismatched"] == [], name
     odd = signed["odd"]["transitions"][0]
     assert odd["evidence_valid"] is True and odd["evidence_count"] == 0
     assert signed["odd"]["envelope"]["capabilities"] == '["code.write","ünï",""]'
@@ -512,7 +512,10 @@ def test_insider_alter_update_of_a_stored_attribute(signed, tmp_path):
     span = _fail_row(signed["failed"])["span_id"]
     problems = _problems(res, "verify")
     assert f"span_id={span}: stored row differs from the package (column attributes)" in problems
-    assert "transitions[3].error_code: package 'tool_crash', rebuilt from the store ''" in problems
+    assert (
+        f"transitions[3].error_code (span_id={span}): package 'tool_crash', rebuilt from the store ''"
+        in problems
+    )
     assert res["ledger"]["code"] == 0  # the ledger itself is intact: it is what proves it
     assert any("does not match the ingest ledger" in p for p in _problems(res, "verify_fresh"))
 
@@ -531,7 +534,7 @@ def test_insider_alter_update_of_typed_columns(signed, tmp_path):
     assert (
         _fail_row(fresh)["evidence_valid"] is False and fresh["terminal"]["receipt"]["hash"] == ""
     )
-    assert any("typed_mismatched" in p for p in _problems(res, "verify_fresh"))
+    assert any("typed_columns.mismatched" in p for p in _problems(res, "verify_fresh"))
 
 
 def test_insider_delete_of_a_transition(signed, tmp_path):
@@ -591,7 +594,8 @@ def test_insider_rewrites_ledger_rows(signed, tmp_path):
         "chain_hash" in p for p in ledger["doc"]["problems"]
     )  # the chain was recomputed: only the signed heads catch it
     problems = _problems(res, "verify")
-    assert "transitions[3].actor: package 'agent-b', rebuilt from the store 'mallory'" in problems
+    span = _fail_row(signed["failed"])["span_id"]
+    assert f"span_id={span}: stored row differs from the package (column actor)" in problems
     assert any("do not reproduce its newest signed head" in p for p in problems)
 
 
