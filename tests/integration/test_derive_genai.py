@@ -1,0 +1,105 @@
+"""OTel GenAI semantic conventions: an app's `invoke_agent` spans and a transfer recorded as
+an `execute_tool` span with `gen_ai.agent.handoff.source.name` / `.target.name`, emitted
+with the real OTel SDK and OTLP/HTTP exporter (batched: the handoff and the target's run
+arrive in different requests) to a real `handoffs serve`, which derives the handoffs.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+import analytics
+from serve.testing import wait_until
+
+RULE = "genai.execute_tool.handoff"
+
+
+@pytest.fixture(scope="module")
+def serve(tmp_path_factory):
+    from serve.testing import start_serve
+
+    s = start_serve(
+        tmp_path_factory.mktemp("derive-genai"), env={"HANDOFFS_DERIVE_EVERY_S": "0.25"}
+    )
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def tracer(serve):
+    p = TracerProvider(resource=Resource.create({"service.name": "support-desk"}))
+    p.add_span_processor(
+        BatchSpanProcessor(
+            OTLPSpanExporter(f"{serve.otlp_url}/v1/traces"),
+            schedule_delay_millis=50,
+            max_export_batch_size=2,
+        )
+    )
+    yield p.get_tracer("support-desk")
+    p.shutdown()
+
+
+def invoke(tracer, agent: str, *, transfer_to: str | None = None, fail: bool = False) -> None:
+    with tracer.start_as_current_span(
+        f"invoke_agent {agent}",
+        attributes={"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": agent},
+    ) as run:
+        with tracer.start_as_current_span(
+            "chat gpt-x", attributes={"gen_ai.operation.name": "chat"}
+        ):
+            pass
+        if fail:
+            run.set_status(trace.Status(trace.StatusCode.ERROR, "model unavailable"))
+        if transfer_to:
+            with tracer.start_as_current_span(
+                f"execute_tool transfer_to_{transfer_to}",
+                attributes={
+                    "gen_ai.operation.name": "execute_tool",
+                    "gen_ai.tool.name": f"transfer_to_{transfer_to}",
+                    "gen_ai.agent.handoff.source.name": agent,
+                    "gen_ai.agent.handoff.target.name": transfer_to,
+                },
+            ):
+                pass
+
+
+def test_genai_transfers_become_handoffs(serve, tracer):
+    start = datetime.now(UTC) - timedelta(milliseconds=1)
+    with tracer.start_as_current_span("conversation 1"):  # triage -> billing -> triage
+        invoke(tracer, "triage", transfer_to="billing")
+        invoke(tracer, "billing", transfer_to="triage")
+        invoke(tracer, "triage")
+    with tracer.start_as_current_span("conversation 2"):  # triage -> refunds, which fails
+        invoke(tracer, "triage", transfer_to="refunds")
+        invoke(tracer, "refunds", fail=True)
+    window = analytics.Window(start=start, end=datetime.now(UTC) + timedelta(seconds=1))
+
+    def funnel():
+        with serve.client() as c:
+            row = analytics.funnel(c, database=serve.database, window=window).iloc[0]
+        return tuple(int(row[k]) for k in ("volume", "settled", "accepted", "executed"))
+
+    assert wait_until(lambda: funnel() == (3, 3, 3, 2), 30, "3 derived handoffs")
+    with serve.client() as c:
+        kinds = analytics.anomalies(c, database=serve.database, window=window)
+        counts = {r["kind"]: int(r["count"]) for _, r in kinds.iterrows() if r["count"]}
+        assert counts == {"bounce": 1}
+        (hid,) = c.query(
+            f"SELECT handoff_id FROM {serve.database}.handoff_transitions "
+            "WHERE event = 'fail' AND time >= {t:DateTime64(9)}",
+            parameters={"t": start},
+        ).result_columns[0]
+        pkg = analytics.evidence_package(c, database=serve.database, handoff_id=hid)
+        assert analytics.verify_package(c, pkg, database=serve.database).ok
+    assert [t["event"] for t in pkg["transitions"]] == ["create", "accept", "start", "fail"]
+    assert (pkg["envelope"]["from_agent"], pkg["envelope"]["to_agent"]) == ("triage", "refunds")
+    assert pkg["terminal"]["state"] == "failed"
+    assert pkg["transitions"][-1]["attributes"]["handoff.error_code"] == "model_unavailable"
+    assert {t["attributes"]["handoff.derived_by"] for t in pkg["transitions"]} == {RULE}
