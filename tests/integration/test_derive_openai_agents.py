@@ -310,3 +310,22 @@ def test_adapter_and_instrumentation_on_one_run_count_once(serve, provider, adap
     _marker(serve, provider, kind, rule)  # every pass over the runs above is done
     assert summary(serve, window) == adapter_expected
     assert _derived_rows(serve, start, rule, end=window.end) == []
+
+
+def test_funnel_by_origin_tells_adapter_from_derived(serve, provider):
+    from analytics.origin import funnel_by_origin
+
+    start = datetime.now(UTC) - timedelta(milliseconds=1)
+    proc = HandoffTracingProcessor(tracer_provider=provider)
+    set_trace_processors([proc])
+    run_scenario("single", provider)
+    set_trace_processors([])
+    with instrumented("openinference", provider):
+        run_scenario("failing_target", provider)
+    provider.force_flush()
+    rule = "openinference.openai_agents.handoff"
+    wait_until(lambda: len(_derived_rows(serve, start, rule)) == 4, 30, "the failure derived")
+    with serve.client() as c:
+        df = funnel_by_origin(c, database=serve.database, window=_window(start))
+    got = {r["origin"]: (r["volume"], r["committed"], r["p_e2e"]) for _, r in df.iterrows()}
+    assert got == {"adapter:openai_agents": (1, 1, 1.0), f"derived:{rule}": (1, 0, 0.0)}

@@ -227,3 +227,10 @@ def test_sdk_error_texts():
         "a", "b"
     )  # fmt: skip
     assert requested_agents("no list") == ()
+
+
+def test_analytics_reads_the_attribute_derive_writes():
+    import derive
+    from analytics.origin import DERIVED_BY
+
+    assert DERIVED_BY == derive.DERIVED_BY

@@ -1,0 +1,98 @@
+"""Where each handoff came from: the shim, an adapter, or derivation from framework spans.
+
+A handoff's origin is read from its `create` transition, never from a column of its own
+(the schema and the SQL decoder stay as they are):
+
+| origin | how it is told |
+|---|---|
+| `derived:<rule>` | `handoff.derived_by` in the create span's attributes (derive/) |
+| `adapter:<name>` | the create span's parent span is from the scope `collector.adapters.<name>` (the OpenAI Agents SDK adapter parents every create under its run span) |
+| `shim` | neither: the shim, or another emitter of the wire contract |
+
+Limits: an adapter whose creates have no parent span of its own scope (the A2A adapter)
+shows as `shim`; a handoff without a stored create is not in the cohort at all.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Final
+
+from analytics._common import Window, check_db, cohort_sql, ts
+from analytics.metrics import COUNT_COLUMNS, RATE_COLUMNS, add_rates
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from clickhouse_connect.driver.client import Client
+
+__all__ = ["DERIVED_BY", "ORIGINS", "funnel_by_origin", "origin_sql"]
+
+#: the attribute derive/ stamps on every derived transition (derive.DERIVED_BY)
+DERIVED_BY: Final = "handoff.derived_by"
+ADAPTER_SCOPE: Final = "collector.adapters."
+ORIGINS: Final = ("shim", "adapter:<name>", "derived:<rule>")
+#: how far before the window an adapter's run span may start (a run longer than this
+#: shows its handoffs as `shim`)
+_RUN_SPAN_LOOKBACK_S: Final = 86_400
+
+
+def origin_sql(db: str, window: Window, *, tenant_param: bool) -> str:
+    """SQL of one row per handoff created in `window`: tenant, handoff_id, origin."""
+    tenant_and = "AND tenant = {tenant:String}" if tenant_param else ""
+    start, end = ts(window.start), ts(window.end)
+    return f"""
+SELECT t.tenant AS tenant, t.handoff_id AS handoff_id,
+    multiIf(t.derived != '', concat('derived:', t.derived),
+            p.scope != '', concat('adapter:', substring(p.scope, {len(ADAPTER_SCOPE) + 1})),
+            'shim') AS origin
+FROM (
+    SELECT tenant, handoff_id, any(attributes['{DERIVED_BY}']) AS derived,
+        any(trace_id) AS trace_id, any(parent_span_id) AS parent_span_id
+    FROM {db}.handoff_transitions
+    WHERE event = 'create' AND time >= {start} AND time < {end} {tenant_and}
+    GROUP BY tenant, handoff_id
+) AS t
+LEFT JOIN (
+    SELECT TraceId, SpanId, any(ScopeName) AS scope
+    FROM {db}.otel_traces
+    WHERE startsWith(ScopeName, '{ADAPTER_SCOPE}')
+      AND Timestamp >= {start} - INTERVAL {_RUN_SPAN_LOOKBACK_S} SECOND AND Timestamp < {end}
+    GROUP BY TraceId, SpanId
+) AS p ON p.TraceId = t.trace_id AND p.SpanId = t.parent_span_id
+"""
+
+
+def funnel_by_origin(
+    client: Client, *, database: str | None = None, window: Window, tenant: str | None = None
+) -> pd.DataFrame:
+    """The funnel (analytics.funnel's counts and rates) per origin: columns origin +
+    COUNT_COLUMNS + RATE_COLUMNS, one row per origin seen, sorted by origin."""
+    db = check_db(database)
+    t = tenant is not None
+    sql = f"""
+SELECT if(o.origin = '', 'shim', o.origin) AS origin,
+    count() AS volume,
+    countIf(is_settled) AS settled,
+    countIf(NOT is_settled) AS in_flight,
+    countIf(is_settled AND is_a) AS accepted,
+    countIf(is_settled AND is_e) AS executed,
+    countIf(is_settled AND is_v) AS evidenced,
+    countIf(is_settled AND is_k) AS committed,
+    countIf(is_settled AND is_unk) AS unknown,
+    countIf(is_settled AND is_esc) AS escalated,
+    countIf(is_unresolved) AS unresolved_now
+FROM ({cohort_sql(db, window, tenant_param=t, extra=())}) AS c
+LEFT JOIN ({origin_sql(db, window, tenant_param=t)}) AS o
+    ON o.tenant = c.tenant AND o.handoff_id = c.handoff_id
+GROUP BY origin
+ORDER BY origin
+"""
+    params: dict[str, Any] = {"tenant": tenant} if t else {}
+    df = client.query_df(sql, parameters=params)
+    for c in COUNT_COLUMNS:
+        df[c] = df[c].astype("int64") if len(df) else df.get(c)
+    if df.empty:
+        import pandas as pd
+
+        return pd.DataFrame(columns=["origin", *COUNT_COLUMNS, *RATE_COLUMNS])
+    add_rates(df)
+    return df[["origin", *COUNT_COLUMNS, *RATE_COLUMNS]].reset_index(drop=True)
