@@ -190,14 +190,15 @@ def derive_columns(attributes: Mapping[str, str]) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- the ledger log's order
 def chain_order(
-    batches: Sequence[tuple[str, str, str, int]],
+    batches: Sequence[tuple[str, str, str, int]], *, start: str = GENESIS
 ) -> tuple[list[str], list[str]]:
     """(ordered, unreachable) batch ids of ingest_batches rows (ingest_batch,
     prev_chain_hash, chain_hash, received_at_ns): `ordered` walks the chain from GENESIS,
     each link to the batches that name it as prev_chain_hash (one serve writes one chain;
     where several follow one link, by received_at then id, each with its whole branch
     before the next); `unreachable` are the others (their chain link is missing), by
-    received_at then id. Pure; the log's leaf order (sql/007_ledger_heads.sql)."""
+    received_at then id. Pure; the log's leaf order (sql/007_ledger_heads.sql). `start`:
+    walk from this chain link instead (the batches after it)."""
     children: dict[str, list[tuple[int, str, str]]] = {}
     for bid, prev, ch, at in batches:
         children.setdefault(prev, []).append((int(at), bid, ch))
@@ -205,7 +206,7 @@ def chain_order(
         kids.sort()
     ordered: list[str] = []
     seen: set[str] = set()
-    stack = list(reversed(children.get(GENESIS, [])))
+    stack = list(reversed(children.get(start, [])))
     while stack:  # depth first: the first child's whole branch before the second's
         _at, bid, ch = stack.pop()
         if bid in seen:

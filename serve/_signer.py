@@ -7,9 +7,12 @@ never rehashed) and writes one Ed25519-signed head to `ledger_heads`. A batch is
 once all its ledger rows are visible (the writer stores data before chain rows).
 
 It never signs a log that does not extend what it signed: at start it rebuilds the tree up
-to the newest head in the store and compares roots; while running, the chain order of what
-it already signed must stay a prefix. When either fails it stops signing, logs why once,
-and says so in `state` (`handoffs ledger verify` names the place). Batches found at start
+to the newest head in the store (one read of the whole log) and compares roots and chain
+link; then each tick reads only the batches chained after its last one (received within
+the hour before it or later), and the batch of its newest head must stay in the store.
+When a check fails it stops signing, logs why once, and says so in `state` (`handoffs
+ledger verify` names the place). Ledger rows rewritten below the newest head while serve
+runs are found by `handoffs ledger verify`, not by the signer. Batches found at start
 after the newest head were stored while no signer ran: it signs them and says how many.
 Errors of the store are logged and retried at the next tick; the thread never dies.
 """
@@ -22,7 +25,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
-from foundation.integrity import chain_order, log_entry
+from foundation.integrity import GENESIS, chain_order, log_entry
 from foundation.keys import sign_head
 from foundation.ledger_log import read_heads
 from foundation.merkle import Frontier, leaf_hash
@@ -42,6 +45,10 @@ SIGNING_KEY: Final = Setting(
     "Ed25519 private key file (PEM, from `handoffs keys generate`) serve signs ledger heads "
     "with; empty = heads are not signed",
 )
+#: a tick reads the batches received from an hour before the last signed one on: requests
+#: written concurrently may store a later batch with an earlier receive time
+_WINDOW_MS: Final = 3_600_000
+
 SIGN_EVERY_S: Final = Setting(
     "HANDOFFS_SIGN_EVERY_S", "5", "seconds between two signed ledger heads at most"
 )
@@ -72,8 +79,9 @@ class Signer:
         self._thread = threading.Thread(target=self._run, name="ledger-signer", daemon=True)
         self._client: Client | None = None
         self._frontier = Frontier()
-        self._signed: list[str] = []  # batch ids in the tree, chain order
-        self._chain_hash = ""
+        self._batches_signed = 0  # batches in the tree
+        self._chain_hash = GENESIS  # the chain link of the last batch in the tree
+        self._received_ns: int | None = None  # when it was received (None: read all)
         self._loaded = False
         self.state = "signing"
         self.heads_signed = 0
@@ -105,16 +113,25 @@ class Signer:
             self._client = self._connect()
         return self._client
 
-    def _batches(self, client: Client) -> tuple[list[str], dict[str, tuple[str, int]]]:
+    def _batches(
+        self, client: Client, since_ns: int | None
+    ) -> tuple[list[str], dict[str, tuple[str, int, int]]]:
+        """Batch ids after the signed chain link, in chain order, and id -> (chain_hash,
+        transitions, received_at ns). `since_ns`: read only batches received from then on
+        (None: all), so a tick reads what is new, not the whole table."""
+        where = (
+            ""
+            if since_ns is None
+            else f"WHERE received_at >= fromUnixTimestamp64Milli({since_ns // 10**6 - _WINDOW_MS})"
+        )
         rows = client.query(
             f"""SELECT ingest_batch, prev_chain_hash, chain_hash,
                        toUnixTimestamp64Nano(toDateTime64(received_at, 9)), transitions
-                FROM {self._db}.ingest_batches"""
+                FROM {self._db}.ingest_batches {where}"""
         ).result_rows
-        info = {_s(b): (_s(c), int(n)) for b, _p, c, _t, n in rows}
-        ordered, _unreachable = chain_order(
-            [(_s(b), _s(p), _s(c), int(t)) for b, p, c, t, _n in rows]
-        )
+        info = {_s(b): (_s(c), int(n), int(t)) for b, _p, c, t, n in rows}
+        links = [(_s(b), _s(p), _s(c), int(t)) for b, p, c, t, _n in rows]
+        ordered, _unreachable = chain_order(links, start=self._chain_hash)
         return ordered, info
 
     def _hashes(self, client: Client, batch_ids: list[str]) -> dict[str, list[str]]:
@@ -128,27 +145,34 @@ class Signer:
         ).result_rows
         return {_s(b): [_s(h) for h in hs] for b, hs in rows}
 
-    def _load(self, client: Client, ordered: list[str], info) -> None:
+    def _load(self, client: Client) -> None:
         """Rebuild the tree up to the newest stored head and check it still matches."""
-        heads = read_heads(client, self._db)
         self._loaded = True
+        heads = read_heads(client, self._db)
         if not heads:
             return
         head = max(heads, key=lambda h: (h.tree_size, h.signed_at))
+        ordered, info = self._batches(client, None)
         hashes = self._hashes(client, ordered[: head.batches])
         leaves = [
             leaf_hash(log_entry(h)) for b in ordered[: head.batches] for h in hashes.get(b, [])
         ]
         frontier = Frontier.of(leaves)
-        if frontier.size != head.tree_size or frontier.root().hex() != head.root:
+        last = ordered[head.batches - 1] if 0 < head.batches <= len(ordered) else None
+        if (
+            frontier.size != head.tree_size
+            or frontier.root().hex() != head.root
+            or last is None
+            or info[last][0] != head.chain_hash
+        ):
             self.state = (
                 f"halted: the stored log no longer matches the newest signed head (size "
                 f"{head.tree_size}); run `handoffs ledger verify`"
             )
             log.error("signer: %s", self.state)
             return
-        self._frontier, self._signed = frontier, ordered[: head.batches]
-        self._chain_hash = head.chain_hash
+        self._frontier, self._batches_signed = frontier, head.batches
+        self._chain_hash, self._received_ns = head.chain_hash, info[last][2]
         if len(ordered) > head.batches:
             log.warning(
                 "signer: %d batch(es) stored after the newest signed head while no signer ran; "
@@ -157,26 +181,29 @@ class Signer:
             )
 
     def tick(self) -> bool:
-        """One round: sign a head when batches were stored since the last one. True when a
+        """One round: sign a head when batches were stored after the last one. True when a
         head was written."""
         if self.state != "signing":
             return False
         client = self._db_client()
-        ordered, info = self._batches(client)
         if not self._loaded:
-            self._load(client, ordered, info)
+            self._load(client)
             if self.state != "signing":
                 return False
-        k = len(self._signed)
-        if ordered[:k] != self._signed:
-            self.state = (
-                "halted: the ingest chain changed below the signed head (a batch removed or "
-                "inserted); run `handoffs ledger verify`"
-            )
-            log.error("signer: %s", self.state)
-            return False
-        new = ordered[k:]
+        new, info = self._batches(client, self._received_ns)
         if not new:
+            if (
+                self._batches_signed
+                and not client.query(
+                    f"SELECT count() FROM {self._db}.ingest_batches WHERE chain_hash = {{c:String}}",
+                    parameters={"c": self._chain_hash},
+                ).result_rows[0][0]
+            ):
+                self.state = (
+                    "halted: the batch of the newest signed head is gone from ingest_batches "
+                    "(removed or rewritten); run `handoffs ledger verify`"
+                )
+                log.error("signer: %s", self.state)
             return False
         hashes = self._hashes(client, new)
         take: list[str] = []
@@ -187,38 +214,23 @@ class Signer:
         if not take:
             return False
         frontier = self._frontier.extend(leaf_hash(log_entry(h)) for b in take for h in hashes[b])
-        signed = [*self._signed, *take]
         head = sign_head(
             self._key,
             tree_size=frontier.size,
             root=frontier.root(),
             signed_at=self._clock(),
-            batches=len(signed),
+            batches=self._batches_signed + len(take),
             chain_hash=info[take[-1]][0],
         )
         client.insert(
             f"{self._db}.ledger_heads",
-            [
-                [
-                    head.tree_size,
-                    head.root,
-                    head.signed_at,
-                    head.batches,
-                    head.chain_hash,
-                    head.key_id,
-                    head.signature,
-                ]
-            ],
-            column_names=[
-                "tree_size",
-                "root",
-                "signed_at",
-                "batches",
-                "chain_hash",
-                "key_id",
-                "signature",
-            ],
-        )
-        self._frontier, self._signed, self._chain_hash = frontier, signed, head.chain_hash
+            [[head.tree_size, head.root, head.signed_at, head.batches, head.chain_hash,
+              head.key_id, head.signature]],
+            column_names=["tree_size", "root", "signed_at", "batches", "chain_hash", "key_id",
+                          "signature"],
+        )  # fmt: skip
+        self._frontier, self._batches_signed = frontier, head.batches
+        self._chain_hash = head.chain_hash
+        self._received_ns = max(info[b][2] for b in take)
         self.heads_signed += 1
         return True
