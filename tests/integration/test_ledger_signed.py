@@ -37,6 +37,7 @@ def _spans(t0: int) -> list[dict]:
         ("fail", "running", "failed", {"handoff__error_code": "tool_crash",
                                        "handoff__evidence__count": 0,
                                        "handoff__evidence__valid": False}),
+        ("accept", "created", "accepted", {}),  # delivered again: an anomaly to hide
     ]  # fmt: skip
     ok = [
         ("create", "", "created", {}),
@@ -168,10 +169,7 @@ def test_untouched_packages_verify_offline_with_no_store(signed, tmp_path, capsy
     for name in ("failed", "ok", "late"):
         assert verify_offline(signed[name], keys=keys, require_log=True) == [], name
     pkg = signed["failed"]
-    assert (
-        pkg["terminal"]["state"] == "failed"
-        and "committed_without_evidence" not in pkg["anomalies"]
-    )
+    assert pkg["terminal"]["state"] == "failed" and pkg["anomalies"] == ["duplicate_delivery"]
     assert pkg["integrity"]["log"]["pending"] == [] and pkg["integrity"]["ledger"]["ok"]
     # the CLI, with no store anywhere: nothing is opened or created in the working directory
     monkeypatch.chdir(tmp_path)
@@ -200,7 +198,7 @@ def _fail_row(pkg: dict) -> dict:
 EDITS = {
     "terminal.state": lambda p: p["terminal"].update(state="committed"),
     "terminal.receipt.hash": lambda p: p["terminal"]["receipt"].update(status="ok", hash="sha256:made-up"),
-    "anomalies": lambda p: p.update(anomalies=["invented"]),
+    "anomalies": lambda p: p.update(anomalies=[]),
     "envelope.to_agent": lambda p: p["envelope"].update(to_agent="mallory"),
     "input_summary.objective_summary": lambda p: p["input_summary"].update(objective_summary="nothing"),
     "evidence_count": lambda p: _fail_row(p).update(evidence_count=5),
@@ -244,8 +242,11 @@ def test_forged_package_with_everything_recomputed_fails(signed, tmp_path, capsy
     assert "terminal.state: package 'committed', rebuilt from its rows 'failed'" in problems
     assert "envelope.to_agent: package 'mallory', rebuilt from its rows 'agent-b'" in problems
     assert any(p.startswith("terminal.receipt.hash: package 'sha256:made-up'") for p in problems)
-    assert any(p.startswith("transitions[3].evidence_count: package 5") for p in problems)
+    assert any(p.startswith("transitions[4].evidence_count: package 5") for p in problems)
     assert any(p.startswith("input_summary.objective_summary:") for p in problems)
+    assert (
+        "anomalies[0]: package '(absent)', rebuilt from its rows 'duplicate_delivery'" in problems
+    )
 
 
 def test_edited_rows_fail_their_proofs_even_with_hashes_recomputed(signed):
@@ -266,7 +267,7 @@ def test_edited_rows_fail_their_proofs_even_with_hashes_recomputed(signed):
     pkg = _forge(signed["failed"], edit)
     problems = verify_offline(pkg, keys=signed["keys"], require_log=True)
     assert problems == [
-        "transitions[3] (span_id=0000000100000004): its inclusion proof does not verify "
+        "transitions[4] (span_id=0000000100000004): its inclusion proof does not verify "
         "against the signed head (row or proof altered)"
     ]
 
@@ -513,7 +514,7 @@ def test_insider_alter_update_of_a_stored_attribute(signed, tmp_path):
     problems = _problems(res, "verify")
     assert f"span_id={span}: stored row differs from the package (column attributes)" in problems
     assert (
-        f"transitions[3].error_code (span_id={span}): package 'tool_crash', rebuilt from the store ''"
+        f"transitions[4].error_code (span_id={span}): package 'tool_crash', rebuilt from the store ''"
         in problems
     )
     assert res["ledger"]["code"] == 0  # the ledger itself is intact: it is what proves it
