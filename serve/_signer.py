@@ -48,6 +48,8 @@ SIGNING_KEY: Final = Setting(
 #: a tick reads the batches received from an hour before the last signed one on: requests
 #: written concurrently may store a later batch with an earlier receive time
 _WINDOW_MS: Final = 3_600_000
+#: ticks the next batch may lack ledger rows before the signer says so
+_WARN_AFTER_TICKS: Final = 12
 
 SIGN_EVERY_S: Final = Setting(
     "HANDOFFS_SIGN_EVERY_S", "5", "seconds between two signed ledger heads at most"
@@ -85,6 +87,7 @@ class Signer:
         self._loaded = False
         self.state = "signing"
         self.heads_signed = 0
+        self._waits = 0  # ticks in a row the next batch lacked ledger rows
 
     def start(self) -> None:
         self._thread.start()
@@ -134,12 +137,23 @@ class Signer:
         ordered, _unreachable = chain_order(links, start=self._chain_hash)
         return ordered, info
 
-    def _hashes(self, client: Client, batch_ids: list[str]) -> dict[str, list[str]]:
+    def _hashes(
+        self, client: Client, batch_ids: list[str], since_ns: int | None = None
+    ) -> dict[str, list[str]]:
+        """Each batch's ledger row hashes, sorted. `since_ns`: the batches were received from
+        then on (ledger rows carry their batch's receive time), so older partitions and
+        parts are skipped."""
         if not batch_ids:
             return {}
+        window = (
+            ""
+            if since_ns is None
+            else f" AND ingested_at >= fromUnixTimestamp64Milli({since_ns // 10**6 - _WINDOW_MS})"
+        )
         rows = client.query(
             f"""SELECT ingest_batch, arraySort(groupArray(toString(row_hash)))
-                FROM {self._db}.transition_ledger WHERE ingest_batch IN {{b:Array(String)}}
+                FROM {self._db}.transition_ledger
+                WHERE ingest_batch IN {{b:Array(String)}}{window}
                 GROUP BY ingest_batch""",
             parameters={"b": batch_ids},
         ).result_rows
@@ -205,14 +219,23 @@ class Signer:
                 )
                 log.error("signer: %s", self.state)
             return False
-        hashes = self._hashes(client, new)
+        hashes = self._hashes(client, new, min(info[b][2] for b in new))
         take: list[str] = []
         for b in new:  # only whole batches, in order
             if len(hashes.get(b, [])) != info[b][1]:
                 break
             take.append(b)
         if not take:
+            self._waits += 1
+            if self._waits == _WARN_AFTER_TICKS:  # a writer mid-batch takes a tick, not 12
+                b = new[0]
+                log.warning(
+                    "signer: batch %s has %d of its %d ledger rows; heads wait for the rest "
+                    "(`handoffs ledger verify` names it)",
+                    b, len(hashes.get(b, [])), info[b][1],
+                )  # fmt: skip
             return False
+        self._waits = 0
         frontier = self._frontier.extend(leaf_hash(log_entry(h)) for b in take for h in hashes[b])
         head = sign_head(
             self._key,
