@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final
 
-from derive._model import Derived, SpanRecord
+from derive._model import Derived, SpanEvent, SpanRecord
 from derive._otlp import encode
 from derive._rules import RULES, Rule, derive_trace
 from foundation.settings import Setting
@@ -59,7 +59,8 @@ GROUP BY Tenant, TraceId
 _SPANS_SQL: Final = """
 SELECT Tenant, TraceId, SpanId, ParentSpanId, SpanName,
        toUnixTimestamp64Nano(Timestamp) AS start_ns, Duration, StatusCode, StatusMessage,
-       ScopeName, ServiceName, SpanAttributes
+       ScopeName, ServiceName, SpanAttributes, `Events.Name`,
+       arrayMap(a -> a['exception.type'], `Events.Attributes`) AS exception_types
 FROM {db}.otel_traces
 WHERE TraceId IN {{ids:Array(String)}} AND Timestamp >= {{oldest:DateTime64(9)}}
 """
@@ -76,7 +77,10 @@ class PassResult:
 
 
 def _record(row: Sequence[Any]) -> SpanRecord:
-    tenant, tid, sid, psid, name, start, dur, status, msg, scope, service, attrs = row
+    tenant, tid, sid, psid, name, start, dur, status, msg, scope, service, attrs, evs, exc = row
+    events = tuple(
+        SpanEvent(n, 0, {"exception.type": t} if t else {}) for n, t in zip(evs, exc, strict=False)
+    )
     return SpanRecord(
         trace_id=tid,
         span_id=sid,
@@ -89,6 +93,7 @@ def _record(row: Sequence[Any]) -> SpanRecord:
         scope=scope,
         service_name=service,
         attributes=attrs,
+        events=events,
         tenant=tenant or "default",
     )
 

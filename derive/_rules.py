@@ -8,12 +8,13 @@ from typing import Final
 from derive._model import Derived, Observed, SpanRecord, plan
 from derive._trace import TraceIndex
 from derive.genai import genai_rule
+from derive.langgraph import langgraph_rule
 from derive.openai_agents import openinference_rule, openllmetry_rule
 
 Rule = Callable[[TraceIndex], list[Observed]]
 
 #: in order; a span is read by at most one rule (the first that derives from it)
-RULES: Final[tuple[Rule, ...]] = (openinference_rule, openllmetry_rule, genai_rule)
+RULES: Final[tuple[Rule, ...]] = (openinference_rule, openllmetry_rule, langgraph_rule, genai_rule)
 
 
 def derive_trace(spans: Iterable[SpanRecord], rules: Iterable[Rule] = RULES) -> list[Derived]:

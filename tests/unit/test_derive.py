@@ -234,3 +234,40 @@ def test_analytics_reads_the_attribute_derive_writes():
     from analytics.origin import DERIVED_BY
 
     assert DERIVED_BY == derive.DERIVED_BY
+
+
+LC = "openinference.instrumentation.langchain"
+
+
+def test_langgraph_parent_command_is_a_handoff_not_a_failure():
+    from derive import SpanEvent
+    from derive.langgraph import LANGGRAPH
+
+    pc = (SpanEvent("exception", 0, {"exception.type": "langgraph.errors.ParentCommand"}),)
+    command = '{"graph": "__parent__", "update": {"active_agent": "bob"}, "goto": "bob"}'
+
+    def lc(sid, parent, name, start, end, **kw):
+        return span(sid, parent, name, start, end, scope=LC, **kw)
+
+    root = lc("00000000000000a1", "", "LangGraph", 0, 50, openinference__span__kind="CHAIN")
+    alice = _with(lc("00000000000000b1", "00000000000000a1", "alice", 1, 10,
+                     openinference__span__kind="CHAIN"), events=pc)  # fmt: skip
+    tools = _with(lc("00000000000000b2", "00000000000000b1", "tools", 5, 9,
+                     openinference__span__kind="CHAIN"), events=pc, status="Error")  # fmt: skip
+    tool = lc("00000000000000b3", "00000000000000b2", "transfer_to_bob", 6, 7,
+              openinference__span__kind="TOOL", tool__name="transfer_to_bob",
+              output__value=command)  # fmt: skip
+    bob = lc("00000000000000d1", "00000000000000a1", "bob", 11, 20,
+             openinference__span__kind="CHAIN")  # fmt: skip
+    llm = lc("00000000000000d2", "00000000000000d1", "ChatOpenAI", 12, 19,
+             openinference__span__kind="LLM")  # fmt: skip
+    assert derive_trace([alice, tools, tool, bob, llm]) == []  # the graph's root is not stored
+    out = derive_trace([root, alice, tools, tool, bob, llm])
+    assert [e for e, _, _ in events(out)] == ["create", "accept", "start", "prepare", "commit"]
+    assert (out[0].attr("handoff.from_agent"), out[0].attr("handoff.to_agent")) == ("alice", "bob")
+    assert out[0].attr("handoff.derived_by") == LANGGRAPH
+    failing = _with(bob, status="Error", status_message="RuntimeError('boom')\nTraceback",
+                    events=(SpanEvent("exception", 0, {"exception.type": "RuntimeError"}),))  # fmt: skip
+    assert events(derive_trace([root, alice, tools, tool, failing]))[-1] == (
+        "fail", "bob", "runtimeerror"
+    )  # fmt: skip
