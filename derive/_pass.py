@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from derive._model import Derived, SpanEvent, SpanRecord
 from derive._otlp import encode
-from derive._rules import RULES, Rule, derive_trace
+from derive._rules import GENAI_OPERATIONS, RULES, SCOPES, Rule, derive_trace
 from foundation.settings import Setting
 
 if TYPE_CHECKING:
@@ -53,6 +53,8 @@ FROM {db}.otel_traces
 WHERE InsertedAt >= {{since:DateTime}} AND InsertedAt <= {{until:DateTime}}
   AND Timestamp >= {{oldest:DateTime64(9)}}
   AND SpanAttributes['handoff.handoff_id'] = ''
+  AND (ScopeName IN {{scopes:Array(String)}} OR ParentSpanId = ''
+       OR SpanAttributes['gen_ai.operation.name'] IN {{ops:Array(String)}})
 GROUP BY Tenant, TraceId
 """
 
@@ -155,6 +157,8 @@ class DerivePass:
                 "since": datetime.fromtimestamp(self._cursor, UTC),
                 "until": datetime.fromtimestamp(until, UTC) + timedelta(seconds=1),
                 "oldest": oldest,
+                "scopes": list(SCOPES),
+                "ops": list(GENAI_OPERATIONS),
             },
         ).result_rows
         ids = sorted({tid for _, tid in touched})

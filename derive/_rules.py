@@ -13,6 +13,15 @@ from derive.openai_agents import openinference_rule, openllmetry_rule
 
 Rule = Callable[[TraceIndex], list[Observed]]
 
+#: instrumentation scopes the rules read; a trace is read again when a span of one of these,
+#: a GenAI agent or tool span, or a root span arrives (derive._pass)
+SCOPES: Final = (
+    "openinference.instrumentation.openai_agents",
+    "opentelemetry.instrumentation.openai_agents",
+    "openinference.instrumentation.langchain",
+)
+GENAI_OPERATIONS: Final = ("invoke_agent", "execute_tool")
+
 #: in order; a span is read by at most one rule (the first that derives from it)
 RULES: Final[tuple[Rule, ...]] = (openinference_rule, openllmetry_rule, langgraph_rule, genai_rule)
 
