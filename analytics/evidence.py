@@ -73,7 +73,8 @@ def evidence_package(
     """The evidence package of `handoff_id` (dict, see module doc), or None when unknown.
 
     Raises ValueError for an empty id, or when the id exists under several tenants and
-    `tenant` is not given. `as_of` (default now) stamps generated_at and the SLA clocks.
+    `tenant` is not given. `as_of` (default now) stamps generated_at and the SLA clocks; it
+    is moved up to the signing time of the newest head when that is later.
     """
     db = check_db(database)
     if not handoff_id:
@@ -89,6 +90,8 @@ def evidence_package(
 
 def _package(client: Client, db: str, rows, now_ns: int, log) -> dict[str, Any]:
     ten, hid = rows[0]["tenant"], rows[0]["handoff_id"]
+    if log[1] is not None:  # never before its head was signed (serve's clock may run ahead)
+        now_ns = max(now_ns, log[1].signed_at)
     task_rows = fetch_task_rows(client, db, ten, rows[0]["task_id"])
     extra = cross_anomalies(client, db, ten, rows, task_rows, hid)
     pkg = build_package(
