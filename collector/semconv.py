@@ -13,6 +13,8 @@ from typing import Final
 __all__ = [
     "ARRAY_ATTRIBUTES",
     "BOOL_ATTRIBUTES",
+    "ERROR_CODES",
+    "ERROR_CODE_OTHER",
     "INT_ATTRIBUTES",
     "REQUIRED_ON_CREATE",
     "REQUIRED_ON_EVERY",
@@ -57,6 +59,24 @@ CONSTRAINTS: Final = "handoff.constraints"
 PARENT_STATE: Final = "handoff.parent_state"
 REPLY_CONTRACT: Final = "handoff.reply_contract"
 CAUSATION_ID: Final = "handoff.causation_id"
+ATTEMPT: Final = "handoff.attempt"
+RETRY_OF: Final = "handoff.retry_of"
+# the capability grant the handoff runs under (on create)
+GRANT_CALLER: Final = "handoff.grant.caller"
+GRANT_SUBJECT: Final = "handoff.grant.subject"
+GRANT_TENANT: Final = "handoff.grant.tenant"
+GRANT_APPROVAL: Final = "handoff.grant.approval"
+GRANT_CAPABILITIES: Final = "handoff.grant.capabilities"
+GRANT_RESOURCES: Final = "handoff.grant.resources"
+GRANT_EXPIRES_AT: Final = "handoff.grant.expires_at"
+# evidence refs: index i of these arrays describes handoff.evidence_refs[i]
+EVIDENCE_CLAIMS: Final = "handoff.evidence.claims"
+EVIDENCE_VALID_AT: Final = "handoff.evidence.valid_at"
+# the receipt's three layers: issued (commit), its expiry, read back before use (verify)
+RECEIPT_ID: Final = "handoff.receipt.id"
+RECEIPT_EXPIRES_AT: Final = "handoff.receipt.expires_at"
+RECEIPT_READ_BACK: Final = "handoff.receipt.read_back"
+RECEIPT_CONFLICTS: Final = "handoff.receipt.conflicts"
 EXECUTION_ID: Final = "handoff.execution.id"
 EXECUTION_VERSION: Final = "handoff.execution.version"
 
@@ -106,7 +126,13 @@ WIRE_ATTRIBUTES: Final[tuple[AttrSpec, ...]] = (
     AttrSpec(EVIDENCE_REFS, "string[]", "create, result", False, "evidence ids"),
     AttrSpec(EVIDENCE_COUNT, "int", "result", False, "evidence items backing the result"),
     AttrSpec(EVIDENCE_VALID, "bool", "result", False, "evidence satisfies the reply contract"),
-    AttrSpec(ERROR_CODE, "string", "reject / fail / timeout", False, "why"),
+    AttrSpec(
+        ERROR_CODE,
+        "string",
+        "reject / fail / timeout",
+        False,
+        "why, from ERROR_CODES (other codes are kept as sent, grouped as `other`)",
+    ),
     AttrSpec(FENCE_TOKEN, "int", "optional", False, "lease fence token"),
     AttrSpec(STATE_VERSION, "int", "optional", False, "optimistic state version"),
     AttrSpec(
@@ -121,7 +147,59 @@ WIRE_ATTRIBUTES: Final[tuple[AttrSpec, ...]] = (
     AttrSpec(CONSTRAINTS, "string", "create", False, "constraints as canonical JSON"),
     AttrSpec(PARENT_STATE, "string", "create", False, "state of the parent task when handed off"),
     AttrSpec(REPLY_CONTRACT, "string", "create", False, "what the reply must contain"),
-    AttrSpec(CAUSATION_ID, "string", "create", False, "the message/handoff that caused this one"),
+    AttrSpec(
+        CAUSATION_ID,
+        "string",
+        "create",
+        False,
+        "the message or handoff that caused this one; naming another handoff_id, this handoff "
+        "consumes that one's result",
+    ),
+    AttrSpec(ATTEMPT, "int", "create", False, "attempt number, 1-based, per task and target"),
+    AttrSpec(RETRY_OF, "string", "create", False, "the handoff_id this attempt retries"),
+    AttrSpec(GRANT_CALLER, "string", "create", False, "grant: who asked for the capability"),
+    AttrSpec(GRANT_SUBJECT, "string", "create", False, "grant: on whose behalf it runs"),
+    AttrSpec(GRANT_TENANT, "string", "create", False, "grant: the tenant it was issued for"),
+    AttrSpec(GRANT_APPROVAL, "string", "create", False, "grant: the approval it rests on"),
+    AttrSpec(GRANT_CAPABILITIES, "string[]", "create", False, "grant: capabilities it allows"),
+    AttrSpec(GRANT_RESOURCES, "string[]", "create", False, "grant: resources it covers"),
+    AttrSpec(GRANT_EXPIRES_AT, "string", "create", False, "grant: expiry, ISO-8601 UTC (`...Z`)"),
+    AttrSpec(
+        EVIDENCE_CLAIMS,
+        "string[]",
+        "create, result",
+        False,
+        "the claim of each evidence ref, aligned with `handoff.evidence_refs`",
+    ),
+    AttrSpec(
+        EVIDENCE_VALID_AT,
+        "string[]",
+        "create, result",
+        False,
+        "when each evidence ref was valid (ISO-8601 UTC), aligned with `handoff.evidence_refs`",
+    ),
+    AttrSpec(RECEIPT_ID, "string", "commit / resolve_committed", False, "the receipt issued"),
+    AttrSpec(
+        RECEIPT_EXPIRES_AT,
+        "string",
+        "commit / resolve_committed",
+        False,
+        "until when the receipt may be used, ISO-8601 UTC",
+    ),
+    AttrSpec(
+        RECEIPT_READ_BACK,
+        "bool",
+        "verify / verify_fail",
+        False,
+        "the receipt was read back from the receiver before use",
+    ),
+    AttrSpec(
+        RECEIPT_CONFLICTS,
+        "string[]",
+        "verify / verify_fail",
+        False,
+        "what the read-back found different from the receipt",
+    ),
     AttrSpec(MAX_TOOL_CALLS, "int", "create", False, "tool call budget"),
     AttrSpec(
         EXECUTION_ID,
@@ -147,6 +225,24 @@ REQUIRED_ON_CREATE: Final = tuple(
 INT_ATTRIBUTES: Final = frozenset(a.name for a in WIRE_ATTRIBUTES if a.type == "int")
 BOOL_ATTRIBUTES: Final = frozenset(a.name for a in WIRE_ATTRIBUTES if a.type == "bool")
 ARRAY_ATTRIBUTES: Final = frozenset(a.name for a in WIRE_ATTRIBUTES if a.type == "string[]")
+
+#: the documented `handoff.error_code` vocabulary; any other code is stored as sent and
+#: counted under ERROR_CODE_OTHER
+ERROR_CODES: Final = (
+    "incompatible_protocol",
+    "missing_required_field",
+    "invalid_envelope",
+    "unknown_capability",
+    "capability_not_granted",
+    "grant_expired",
+    "permission_denied",
+    "tenant_mismatch",
+    "budget_exceeded",
+    "deadline",
+    "conflict",
+    "busy",
+)
+ERROR_CODE_OTHER: Final = "other"
 
 MODES: Final = ("delegate", "consult", "transfer", "escalate")
 TOPOLOGIES: Final = ("in_process", "agent_as_tool", "shared_queue", "federated_a2a")
