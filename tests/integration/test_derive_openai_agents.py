@@ -329,3 +329,42 @@ def test_funnel_by_origin_tells_adapter_from_derived(serve, provider):
         df = funnel_by_origin(c, database=serve.database, window=_window(start))
     got = {r["origin"]: (r["volume"], r["committed"], r["p_e2e"]) for _, r in df.iterrows()}
     assert got == {"adapter:openai_agents": (1, 1, 1.0), f"derived:{rule}": (1, 0, 0.0)}
+
+
+@pytest.mark.parametrize("kind", ["openinference", "openllmetry"])
+def test_on_the_same_runs_the_derived_funnel_equals_the_adapter_s(serve, provider, kind):
+    """Adapter and instrumentation on the same runs, in two OTel traces (no application span
+    joins them): both are stored, and per origin the funnels are equal."""
+    from analytics.origin import funnel_by_origin
+
+    start = datetime.now(UTC) - timedelta(milliseconds=1)
+    proc = HandoffTracingProcessor(tracer_provider=provider)
+    with instrumented(kind, provider):
+        add_trace_processor(proc)
+        for name in SCENARIOS:
+            run_scenario(name, provider)
+    set_trace_processors([])
+    assert proc.errors == 0
+    provider.force_flush()
+    window = analytics.Window(start=start, end=datetime.now(UTC))
+    rule = f"{kind}.openai_agents.handoff"
+
+    def per_origin() -> dict:
+        with serve.client() as c:
+            df = funnel_by_origin(c, database=serve.database, window=window)
+        return {r["origin"]: {k: int(r[k]) for k in COUNTS} for _, r in df.iterrows()}
+
+    adapter, derived = "adapter:openai_agents", f"derived:{rule}"
+    got: dict = {}
+
+    def equal() -> bool:
+        got.clear()
+        got.update(per_origin())
+        return set(got) == {adapter, derived} and got[adapter] == got[derived]
+
+    with contextlib.suppress(TimeoutError):
+        wait_until(equal, 30, "both origins", every=0.2)
+    assert set(got) == {adapter, derived} and got[derived] == got[adapter]
+    assert got["adapter:openai_agents"]["volume"] == 6
+    # one bounce per origin: each records the run as its own task
+    assert summary(serve, window)["anomalies"] == {"bounce": 2}
