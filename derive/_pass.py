@@ -3,9 +3,13 @@ new through serve's normal ingest path (validation, spool, dedup, ledger).
 
 A handoff's spans and its target agent's spans arrive in different OTLP requests, so a pass
 works on whole stored traces, not on one request. Each pass reads the traces that received a
-span (not a transition span) since its cursor (`otel_traces.InsertedAt`, whole seconds; the
-last second is read again, which is harmless: output is deterministic), all their stored
-spans, and derives per trace (derive._rules.derive_trace). A derived span already stored in
+span a rule may read since its cursor (`otel_traces.InsertedAt`, whole seconds; the last
+second is read again, which is harmless: output is deterministic): a span of an
+instrumentation scope in derive._rules.SCOPES, a GenAI span named `invoke_agent ...` or
+`execute_tool ...` (as the conventions name them), or a root span not of the shim's or
+derivation's own scope. That test reads plain columns, never the attribute map, so heavy shim
+traffic costs only a column scan of the rows stored since the last pass. It reads all their
+stored spans, and derives per trace (derive._rules.derive_trace). A derived span already stored in
 the trace, or submitted by this pass object before, is not submitted again; so a replayed or
 resent source span derives nothing twice, and a second pass stores nothing new.
 
@@ -26,9 +30,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final
 
+from collector.tracer import INSTRUMENTATION_NAME
 from derive._model import Derived, SpanEvent, SpanRecord
-from derive._otlp import encode
-from derive._rules import GENAI_OPERATIONS, RULES, SCOPES, Rule, derive_trace
+from derive._otlp import SCOPE, encode
+from derive._rules import RULES, SCOPES, Rule, derive_trace
 from foundation.settings import Setting
 
 if TYPE_CHECKING:
@@ -52,9 +57,9 @@ SELECT Tenant, TraceId
 FROM {db}.otel_traces
 WHERE InsertedAt >= {{since:DateTime}} AND InsertedAt <= {{until:DateTime}}
   AND Timestamp >= {{oldest:DateTime64(9)}}
-  AND SpanAttributes['handoff.handoff_id'] = ''
-  AND (ScopeName IN {{scopes:Array(String)}} OR ParentSpanId = ''
-       OR SpanAttributes['gen_ai.operation.name'] IN {{ops:Array(String)}})
+  AND (ScopeName IN {{scopes:Array(String)}}
+       OR startsWith(SpanName, 'invoke_agent') OR startsWith(SpanName, 'execute_tool')
+       OR (ParentSpanId = '' AND ScopeName NOT IN {{own:Array(String)}}))
 GROUP BY Tenant, TraceId
 """
 
@@ -158,7 +163,7 @@ class DerivePass:
                 "until": datetime.fromtimestamp(until, UTC) + timedelta(seconds=1),
                 "oldest": oldest,
                 "scopes": list(SCOPES),
-                "ops": list(GENAI_OPERATIONS),
+                "own": [INSTRUMENTATION_NAME, SCOPE],
             },
         ).result_rows
         ids = sorted({tid for _, tid in touched})

@@ -20,7 +20,6 @@ SCOPES: Final = (
     "opentelemetry.instrumentation.openai_agents",
     "openinference.instrumentation.langchain",
 )
-GENAI_OPERATIONS: Final = ("invoke_agent", "execute_tool")
 
 #: in order; a span is read by at most one rule (the first that derives from it)
 RULES: Final[tuple[Rule, ...]] = (openinference_rule, openllmetry_rule, langgraph_rule, genai_rule)
