@@ -271,3 +271,16 @@ def test_langgraph_parent_command_is_a_handoff_not_a_failure():
     assert events(derive_trace([root, alice, tools, tool, failing]))[-1] == (
         "fail", "bob", "runtimeerror"
     )  # fmt: skip
+
+
+def test_derived_spans_pass_ingest_validation_as_legal_transitions():
+    from derive import encode
+    from ingest import decode_request
+
+    derived = derive_trace(oi_bounce())
+    batch = decode_request(encode(derived), "protobuf", tenant="acme")
+    assert (batch.spans, batch.stored, batch.rejects, batch.flagged) == (10, 10, [], 0)
+    assert len(batch.ledger) == 10  # every one a transition, in the ledger
+    cols = batch.columns
+    assert cols["SpanId"] == [d.span_id for d in derived]
+    assert set(cols["TraceId"]) == {T}
