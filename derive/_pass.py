@@ -25,7 +25,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final
@@ -113,7 +113,9 @@ def new_transitions(spans: Iterable[SpanRecord], rules: Iterable[Rule] = RULES) 
 
 
 class DerivePass:
-    """The pass (module doc) and its thread: `run_once()`, or `start()` / `stop()`.
+    """The pass (module doc) and its thread: `run_once()`, or `start()` / `stop()`; `stats`
+    counts passes, traces and spans read, transitions submitted and failed passes, also as a
+    prometheus-client collector (`collect`).
 
     `connect`: opens a client on the store. `submit(body, tenant)`: ingests one OTLP/protobuf
     request (serve: Ingestor.submit). `every_s`: seconds between passes. `trace_window_s`: a
@@ -147,6 +149,7 @@ class DerivePass:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.stats = {"passes": 0, "traces": 0, "spans": 0, "submitted": 0, "errors": 0}
+        self.last_s = 0.0  # seconds the last pass took
 
     def run_once(self) -> PassResult:
         """One pass; raises what the store or ingest raised (the cursor then stays)."""
@@ -195,7 +198,25 @@ class DerivePass:
         self.stats["traces"] += result.traces
         self.stats["spans"] += result.spans
         self.stats["submitted"] += result.submitted
+        self.last_s = result.seconds
         return result
+
+    def collect(self) -> Iterator[Any]:
+        """prometheus-client collector: the pass counters (register on serve's /metrics)."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        st = self.stats
+        for key, doc in (
+            ("passes", "derivation passes run"),
+            ("traces", "traces read by derivation passes"),
+            ("spans", "spans read by derivation passes"),
+            ("submitted", "derived transitions submitted to ingest"),
+            ("errors", "derivation passes that failed (retried at the next pass)"),
+        ):
+            yield CounterMetricFamily(f"handoffs_derive_{key}", doc, value=st[key])
+        yield GaugeMetricFamily(
+            "handoffs_derive_last_pass_seconds", "duration of the last pass", value=self.last_s
+        )
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="derive", daemon=True)

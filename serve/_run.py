@@ -242,6 +242,7 @@ def run_serve(
             every_s=float(resolve(DERIVE_EVERY_S, None)),
         )
         deriver.start()
+        telemetry.registry.register(deriver)  # handoffs_derive_* on GET /metrics
     if ready is not None:
         ready.set()
     merges = MergePriority(tuned.merge_nice)
