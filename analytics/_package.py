@@ -30,6 +30,7 @@ from foundation.integrity import (
     canonical_json,
     chain,
     derive_columns,
+    derived_mismatches,
     row_hash,
 )
 
@@ -70,21 +71,11 @@ def proven_row(r: Mapping[str, Any]) -> dict[str, Any]:
 def typed_mismatches(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """'span_id=S: column C stored X, its attributes say Y' for every stored typed column
     that disagrees with what the row's hashed attributes derive (an ALTER UPDATE)."""
-    out = []
-    for r in rows:
-        want = derive_columns({str(k): str(v) for k, v in dict(r["attributes"]).items()})
-        for c in DERIVED_COLUMNS:
-            have = r.get(c)
-            if isinstance(have, (list, tuple)):
-                have = [str(x) for x in have]
-            if c == "valid" or (c == "evidence_valid" and have is not None):
-                have = bool(have)
-            if have != want[c]:
-                out.append(
-                    f"span_id={r['span_id']}: column {c} stored {have!r}, "
-                    f"its hashed attributes say {want[c]!r}"
-                )
-    return out
+    return [
+        f"span_id={r['span_id']}: column {c} stored {have!r}, its hashed attributes say {want!r}"
+        for r in rows
+        for c, have, want in derived_mismatches(r)
+    ]
 
 
 def package_sha256(package: Mapping[str, Any]) -> str:

@@ -23,6 +23,7 @@ __all__ = [
     "chain",
     "chain_order",
     "derive_columns",
+    "derived_mismatches",
     "log_entry",
     "row_hash",
     "span_row_hash",
@@ -186,6 +187,22 @@ def derive_columns(attributes: Mapping[str, str]) -> dict[str, Any]:
         "receipt_hash": g("handoff.receipt.hash", ""),
         "claimed_tenant": g("handoff.tenant", ""),
     }
+
+
+def derived_mismatches(row: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(column, stored value, value its attributes derive) for each DERIVED_COLUMNS column of
+    a stored row that disagrees with derive_columns (an ALTER UPDATE after ingest)."""
+    want = derive_columns({str(k): str(v) for k, v in dict(row["attributes"]).items()})
+    out = []
+    for c in DERIVED_COLUMNS:
+        have = row.get(c)
+        if isinstance(have, (list, tuple)):
+            have = [str(x) for x in have]
+        if c == "valid" or (c == "evidence_valid" and have is not None):
+            have = bool(have)
+        if have != want[c]:
+            out.append((c, have, want[c]))
+    return out
 
 
 # ---------------------------------------------------------------- the ledger log's order

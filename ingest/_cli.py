@@ -21,8 +21,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     _verify_args(
         ls.add_parser(
             "verify",
-            help="check every ingest batch's ledger rows and chain link, and the whole log "
-            "against its signed heads; names the first bad position (exit 1 if not intact)",
+            help="check every ingest batch's ledger rows and chain link, the whole log against "
+            "its signed heads (naming the first bad position), and every stored transition "
+            "against its ledger entry (exit 1 if not intact)",
         )
     )
     led.set_defaults(func=lambda _a: (led.print_help(), 2)[1])
@@ -79,7 +80,8 @@ def _verify_chain(args: argparse.Namespace) -> int:
         log = report.log
         print(f"{report.chain.batches} ingest batches, {len(report.chain.heads)} chain head(s); "
               f"log of {log.leaves} leaves, {log.heads} signed head(s), {log.verified_size} "
-              f"leaves verified: {state}")  # fmt: skip
+              f"leaves verified; {report.rows.rows} stored transitions checked against the "
+              f"ledger: {state}")  # fmt: skip
         if log.first_bad is not None:
             print(f"  first bad position: leaf {log.first_bad}")
         for p in report.problems:

@@ -10,16 +10,20 @@ One serve writes one chain; `heads` lists the chain ends (more than one: several
 a cut). `verify_ledger` adds the signed log (sql/007): every signed head against the
 leaves as stored now (foundation.ledger_log.check_log), so a ledger rewritten with its
 batch hashes and chain recomputed, a batch inserted or removed, or a truncated log is
-found and its first bad position named. Row hashes against handoff_transitions are checked
-per handoff by the evidence packages (analytics/), not here.
+found and its first bad position named; and every stored handoff_transitions row against
+its ledger entry (`verify_rows`: row hash recomputed in Python from the hashed columns,
+the typed columns from its attributes), so a row altered, added without an entry, or
+deleted is named by handoff and span. One pass over both tables, streamed in key order.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from foundation.integrity import GENESIS
+from foundation.integrity import GENESIS, derived_mismatches, row_hash
 from foundation.ledger_log import LogReport, check_log, read_heads, read_log
 
 if TYPE_CHECKING:
@@ -27,7 +31,14 @@ if TYPE_CHECKING:
 
     from foundation.keys import PublicKeys
 
-__all__ = ["ChainReport", "LedgerReport", "verify_chain", "verify_ledger"]
+__all__ = [
+    "ChainReport",
+    "LedgerReport",
+    "RowsReport",
+    "verify_chain",
+    "verify_ledger",
+    "verify_rows",
+]
 
 _MAX_PROBLEMS = 100
 
@@ -105,6 +116,7 @@ class LedgerReport:
 
     chain: ChainReport
     log: LogReport
+    rows: RowsReport
     require_signed: bool = False
 
     @property
@@ -112,7 +124,7 @@ class LedgerReport:
         extra: tuple[str, ...] = ()
         if self.require_signed and self.log.heads == 0 and self.log.leaves:
             extra = ("log: no signed heads, though a public key was given",)
-        return (*self.chain.problems, *self.log.problems, *extra)
+        return (*self.chain.problems, *self.log.problems, *self.rows.problems, *extra)
 
     @property
     def ok(self) -> bool:
@@ -131,6 +143,7 @@ class LedgerReport:
                 "first_bad_position": self.log.first_bad,
                 "notes": list(self.log.notes),
             },
+            "rows": {"checked": self.rows.rows, "problems": list(self.rows.problems)},
         }
 
 
@@ -139,4 +152,112 @@ def verify_ledger(client: Client, database: str, keys: PublicKeys | None = None)
     `keys` are given); never raises on tampering."""
     chain_report = verify_chain(client, database)
     log_report = check_log(read_log(client, database), read_heads(client, database), keys)
-    return LedgerReport(chain_report, log_report, require_signed=keys is not None)
+    rows_report = verify_rows(client, database)
+    return LedgerReport(chain_report, log_report, rows_report, require_signed=keys is not None)
+
+
+@dataclass(frozen=True, slots=True)
+class RowsReport:
+    rows: int  # handoff_transitions rows checked
+    problems: tuple[str, ...]  # at most 100, each naming handoff and span
+
+
+_ROWS = """tenant, toUnixTimestamp64Nano(time) AS time_ns, trace_id, span_id, task_id, handoff_id,
+    event, from_state, to_state, actor, attributes, valid, protocol, mode, from_agent, to_agent,
+    topology, idempotency_key, payload_hash, deadline_ms, capabilities, evidence_refs,
+    evidence_count, evidence_valid, error_code, fence_token, state_version, receipt_status,
+    receipt_hash, claimed_tenant"""
+
+
+_PAGE = 20_000  # rows per read: pages end on a handoff boundary
+
+
+def _query(client: Client, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+    res = client.query(sql, parameters=params)
+    return [dict(zip(res.column_names, r, strict=True)) for r in res.result_rows]
+
+
+def _pages(client: Client, db: str, page: int) -> Iterator[tuple[list[dict], list[dict]]]:
+    """(transition rows, ledger rows) of consecutive (tenant, handoff_id) ranges, each page
+    ending on a handoff boundary, both in (tenant, handoff_id, span_id) order. Reads by
+    primary key ranges (keyset pagination), one page in memory at a time."""
+    after: tuple[str, str] | None = None
+    while True:
+        cond, params = "", {}
+        if after is not None:
+            cond, params = "WHERE (tenant, handoff_id) > ({t:String}, {h:String})", {
+                "t": after[0], "h": after[1]}  # fmt: skip
+        rows = _query(client, f"SELECT {_ROWS} FROM {db}.handoff_transitions {cond} "
+                              f"ORDER BY tenant, handoff_id, span_id LIMIT {int(page)}", params)  # fmt: skip
+        if not rows:
+            break
+        last = (_s(rows[-1]["tenant"]), _s(rows[-1]["handoff_id"]))
+        if len(rows) == page:
+            whole = [r for r in rows if (_s(r["tenant"]), _s(r["handoff_id"])) != last]
+            if whole:  # the last handoff may go on: read it with the next page
+                rows = whole
+                last = (_s(rows[-1]["tenant"]), _s(rows[-1]["handoff_id"]))
+            else:  # one handoff fills the page: read all of it
+                rows = _query(client, f"SELECT {_ROWS} FROM {db}.handoff_transitions WHERE "
+                                      "tenant = {t:String} AND handoff_id = {h:String} "
+                                      "ORDER BY span_id", {"t": last[0], "h": last[1]})  # fmt: skip
+        upper = "(tenant, handoff_id) <= ({t1:String}, {h1:String})"
+        lcond = f"WHERE {cond.removeprefix('WHERE ')} AND {upper}" if cond else f"WHERE {upper}"
+        ledger = _query(client, "SELECT tenant, handoff_id, span_id, toString(row_hash) AS "
+                                f"row_hash FROM {db}.transition_ledger {lcond} "
+                                "ORDER BY tenant, handoff_id, span_id",
+                        {**params, "t1": last[0], "h1": last[1]})  # fmt: skip
+        yield rows, ledger
+        after = last
+    # ledger entries after the last stored handoff: their rows are gone
+    cond, params = "", {}
+    if after is not None:
+        cond, params = "WHERE (tenant, handoff_id) > ({t:String}, {h:String})", {
+            "t": after[0], "h": after[1]}  # fmt: skip
+    tail = _query(client, "SELECT tenant, handoff_id, span_id, toString(row_hash) AS row_hash "
+                          f"FROM {db}.transition_ledger {cond} ORDER BY tenant, handoff_id, "
+                          "span_id", params)  # fmt: skip
+    if tail:
+        yield [], tail
+
+
+def _groups(rows: list[dict[str, Any]]) -> dict[tuple[str, str, str], list[dict[str, Any]]]:
+    out: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        out.setdefault((_s(r["tenant"]), _s(r["handoff_id"]), _s(r["span_id"])), []).append(r)
+    return out
+
+
+def verify_rows(client: Client, database: str, *, page: int = _PAGE) -> RowsReport:
+    """Every handoff_transitions row against transition_ledger, merged in key order (tenant,
+    handoff_id, span_id): each row's recomputed row hash must have its own ledger entry,
+    each ledger entry its row, and each typed column must be what the row's attributes
+    derive. `page`: rows read at once (a page ends on a handoff boundary). Never raises on
+    tampering."""
+    problems: list[str] = []
+    checked = 0
+    for page_rows, page_ledger in _pages(client, database, page):
+        stored, ledger = _groups(page_rows), _groups(page_ledger)
+        for k in sorted(set(stored) | set(ledger)):
+            where = f"handoff {k[1]} span {k[2]} (tenant {k[0]})"
+            entries = Counter(_s(e["row_hash"]) for e in ledger.get(k, []))
+            hashes: Counter[str] = Counter()
+            for r in stored.get(k, []):
+                checked += 1
+                r["attributes"] = {str(a): str(v) for a, v in dict(r["attributes"]).items()}
+                hashes[row_hash(r)] += 1
+                for c, have, want in derived_mismatches(r):
+                    problems.append(f"{where}: column {c} stored {have!r}, its hashed "
+                                    f"attributes say {want!r}")  # fmt: skip
+            if hashes and not entries:
+                problems.append(f"{where}: stored without a ledger entry (not written by "
+                                "serve, or its entry deleted)")  # fmt: skip
+            elif hashes - entries:
+                problems.append(f"{where}: stored row does not match its ledger entry "
+                                "(altered after ingest)")  # fmt: skip
+            elif entries - hashes:
+                problems.append(f"{where}: {(entries - hashes).total()} ledger entries "
+                                "without their stored row (deleted from handoff_transitions)")  # fmt: skip
+        if len(problems) >= _MAX_PROBLEMS:
+            break
+    return RowsReport(checked, tuple(problems[:_MAX_PROBLEMS]))

@@ -57,6 +57,29 @@ def test_a_rewritten_ledger_row_is_named(chdb_client, chained):
     assert report.problems == (f"batch {bid}: its ledger row hashes changed (batch_hash differs)",)
 
 
+def test_every_stored_row_is_checked_against_its_ledger_entry_page_by_page(chdb_client, chained):
+    from ingest._verify import verify_rows
+
+    db = chained
+    for page in (1, 2, 5, 20_000):  # pages end on handoff boundaries; one handoff = 1 row here
+        rep = verify_rows(chdb_client, db, page=page)
+        assert rep.rows == 12 and rep.problems == (), page
+    (span,) = chdb_client.query(f"SELECT min(span_id) FROM {db}.handoff_transitions").result_rows[0]
+    _mutate(chdb_client, f"ALTER TABLE {db}.handoff_transitions DELETE WHERE span_id = '{span}'")
+    (other,) = chdb_client.query(f"SELECT max(span_id) FROM {db}.handoff_transitions").result_rows[
+        0
+    ]
+    _mutate(
+        chdb_client,
+        f"ALTER TABLE {db}.handoff_transitions UPDATE actor = 'x' WHERE span_id = '{other}'",
+    )
+    for page in (1, 3, 20_000):
+        rep = verify_rows(chdb_client, db, page=page)
+        assert rep.rows == 11 and len(rep.problems) == 2, (page, rep)
+        assert any(span in p and "without their stored row" in p for p in rep.problems)
+        assert any(other in p and "does not match its ledger entry" in p for p in rep.problems)
+
+
 def test_a_deleted_batch_breaks_the_chain(chdb_client, chained):
     db = chained
     first = chdb_client.query(

@@ -517,7 +517,11 @@ def test_insider_alter_update_of_a_stored_attribute(signed, tmp_path):
         f"transitions[4].error_code (span_id={span}): package 'tool_crash', rebuilt from the store ''"
         in problems
     )
-    assert res["ledger"]["code"] == 0  # the ledger itself is intact: it is what proves it
+    # ledger verify reads handoff_transitions too: the row no longer matches its entry
+    assert (
+        f"handoff h-failed span {span} (tenant default): stored row does not match its ledger "
+        "entry (altered after ingest)" in _problems(res, "ledger")
+    )
     assert any("does not match the ingest ledger" in p for p in _problems(res, "verify_fresh"))
 
 
@@ -530,6 +534,10 @@ def test_insider_alter_update_of_typed_columns(signed, tmp_path):
         assert any(p.startswith(f"span_id={span}: column {col} stored {have}") for p in problems), (
             col
         )
+    assert any(
+        p.startswith(f"handoff h-failed span {span} (tenant default): column evidence_valid")
+        for p in _problems(res, "ledger")
+    )
     # a package made after the update still shows what the hashed attributes say, and fails
     fresh = res["fresh"]
     assert (
@@ -544,6 +552,10 @@ def test_insider_delete_of_a_transition(signed, tmp_path):
     assert f"span_id={span}: in the package but no longer stored (deleted)" in _problems(
         res, "verify"
     )
+    assert (
+        f"handoff h-failed span {span} (tenant default): 1 ledger entries without their stored "
+        "row (deleted from handoff_transitions)" in _problems(res, "ledger")
+    )
 
 
 def test_insider_insert_without_ledger_entry(signed, tmp_path):
@@ -557,6 +569,8 @@ def test_insider_insert_without_ledger_entry(signed, tmp_path):
         in problems
     )
     assert f"span_id={span}: stored but not in the package (added after export)" in problems
+    assert any(f"span {span} (tenant default): stored without a ledger entry" in p
+               for p in _problems(res, "ledger"))  # fmt: skip
     assert span in res["fresh"]["integrity"]["ledger"]["missing"]
     assert f"integrity.ledger.missing: at export ['{span}']" in _problems(res, "verify_fresh")
     fresh = verify_offline(res["fresh"], keys=signed["keys"], require_log=True)
