@@ -16,6 +16,11 @@ transitions twice (clock skew self-join) or window-sort every task (stale fence)
   spike        window and baseline cohorts in one scan of the summary
   orphan       candidates from a cheap filter, checked exactly by key
   idempotency  create rows with a key and payload hash only
+  envelope     the protocol audit of one handoff's own rows: receiver actor, grant, tenant
+               claim (IN on the primary-key prefix)
+  retry        attempts against their earlier attempts: blind retry, duplicate execution
+               (summary rows of the cohort's tasks and idempotency keys)
+  causation    consumers against the handoff they consume: verified, receipt expiry
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Final
 
 from analytics import _contract_sql as cs
 from analytics._common import Window, cohort_sql, ts
+from collector import semconv
 
 #: rejection_spike: a group spikes when both the window and the baseline have at least
 #: SPIKE_MIN_SETTLED settled handoffs, the window's rejection rate is >= SPIKE_MIN_RATE and
@@ -48,6 +54,15 @@ PASSES: Final = {
     "bounce": ("bounce",),
     "spike": ("rejection_spike",),
     "orphan": ("orphan_transition",),
+    "retry": ("blind_retry", "duplicate_execution"),
+    "causation": ("consumed_before_verified", "expired_receipt_used"),
+    "envelope": (
+        "wrong_consumer",
+        "grant_expired",
+        "capability_outside_grant",
+        "grant_tenant_mismatch",
+        "tenant_claim_mismatch",
+    ),
 }
 KIND_PASS: Final = {k: p for p, kinds in PASSES.items() for k in kinds}
 
@@ -246,6 +261,143 @@ GROUP BY tenant, handoff_id
 HAVING min(created) IS NULL AND min(first_seen) >= {lo} AND min(first_seen) < {hi}"""
 
 
+#: events the receiver (the envelope's to_agent) emits: another actor is a wrong consumer
+RECEIVER_EVENTS: Final = ("accept", "reject", "start", "prepare", "commit", "fail")
+#: events that use the grant: after its expiry they are grant_expired
+GRANT_USE_EVENTS: Final = ("start", "prepare", "commit")
+#: events that issue a receipt (and its expiry)
+RECEIPT_EVENTS: Final = ("commit", "resolve_committed")
+#: the handoff's envelope rows: a counted create (as handoff_summary's `created`)
+IS_CREATE: Final = "(valid AND event = 'create' AND from_state = '' AND to_state = 'created')"
+
+
+def _tuple(items) -> str:
+    return "(" + ", ".join(f"'{x}'" for x in items) + ")"
+
+
+def _attr(name: str) -> str:
+    """SQL of one span attribute (the name from collector.semconv, a constant: no injection)."""
+    return f"attributes['{name}']"
+
+
+def _iso(expr: str) -> str:
+    """An ISO-8601 UTC text as DateTime64(9); NULL when empty or not a time."""
+    return f"parseDateTime64BestEffortOrNull(nullIf({expr}, ''), 9, 'UTC')"
+
+
+def _envelope_pass(db: str, window: Window, tenant: bool) -> str:
+    """Per cohort handoff, over its own rows: its envelope (the greatest value over its
+    counted create rows, as handoff_summary) against its other rows. The grant's
+    capabilities are JSON text in the attribute map (an OTLP string[] value)."""
+    cohort = cohort_sql(db, window, tenant_param=tenant, extra=())
+    gcap = semconv.GRANT_CAPABILITIES
+    return f"""SELECT handoff_id,
+    h_to != '' AND arrayExists(a -> a != h_to, recv_actors) AS wrong_consumer,
+    g_exp IS NOT NULL AND t_use IS NOT NULL AND t_use > g_exp AS grant_expired,
+    has_gcaps AND NOT hasAll(JSONExtract(g_caps, 'Array(String)'), h_caps)
+        AS capability_outside_grant,
+    g_tenant != '' AND g_tenant != tenant AS grant_tenant_mismatch,
+    claim_mismatch AS tenant_claim_mismatch
+FROM (
+    SELECT tenant, handoff_id,
+        maxIf(to_agent, {IS_CREATE}) AS h_to,
+        maxIf(CAST(capabilities, 'Array(String)'), {IS_CREATE}) AS h_caps,
+        countIf({IS_CREATE} AND mapContains(attributes, '{gcap}')) > 0 AS has_gcaps,
+        maxIf({_attr(gcap)}, {IS_CREATE} AND mapContains(attributes, '{gcap}')) AS g_caps,
+        maxIf({_attr(semconv.GRANT_TENANT)}, {IS_CREATE}) AS g_tenant,
+        {_iso(f"maxIf({_attr(semconv.GRANT_EXPIRES_AT)}, {IS_CREATE})")} AS g_exp,
+        groupUniqArrayIf(CAST(actor, 'String'), event IN {_tuple(RECEIVER_EVENTS)}) AS recv_actors,
+        maxIf(time, event IN {_tuple(GRANT_USE_EVENTS)}) AS t_use_raw,
+        if(countIf(event IN {_tuple(GRANT_USE_EVENTS)}) > 0, t_use_raw, NULL) AS t_use,
+        countIf(claimed_tenant != '' AND claimed_tenant != tenant) > 0 AS claim_mismatch
+    FROM {db}.handoff_transitions
+    WHERE {_ids(cohort)}
+    GROUP BY tenant, handoff_id
+)
+WHERE wrong_consumer OR grant_expired OR capability_outside_grant OR grant_tenant_mismatch
+   OR tenant_claim_mismatch"""
+
+
+def _attempts_sql(db: str, where: str) -> str:
+    """One row per handoff from handoff_summary (merged by GROUP BY): what the retry checks
+    need. `where` selects summary rows (by tenant and task or key)."""
+    return f"""SELECT tenant, handoff_id, max(task_id) AS task, max(to_agent) AS target,
+        max(idempotency_key) AS idem, min(created) AS created,
+        min(t_unknown_in) AS t_in, min(t_unknown_out) AS t_out, min(t_committed) AS t_commit
+    FROM {db}.handoff_summary WHERE {where}
+    GROUP BY tenant, handoff_id"""
+
+
+def _retry_pass(db: str, window: Window, tenant: bool) -> str:
+    """B (the cohort) against its earlier attempts A (any handoff of the same tenant: B's
+    `retry_of`, or the same task, to_agent and idempotency key; for duplicate execution
+    any handoff with B's key). Attempts come from handoff_summary: created, first entry
+    into and first exit out of unknown, first entry into committed (counted rows)."""
+    cohort = cohort_sql(
+        db, window, tenant_param=tenant, extra=("task_id", "to_agent", "idempotency_key")
+    )
+    peers = _attempts_sql(
+        db,
+        f"(tenant, task_id) IN (SELECT tenant, task_id FROM ({cohort}))"
+        f" OR (tenant, idempotency_key) IN (SELECT tenant, idempotency_key FROM ({cohort})"
+        f" WHERE idempotency_key != '')"
+        f" OR (tenant, handoff_id) IN (SELECT tenant, retry_of FROM retries)",
+    )
+    retries = f"""SELECT tenant, handoff_id, max({_attr(semconv.RETRY_OF)}) AS retry_of
+    FROM {db}.handoff_transitions
+    WHERE {IS_CREATE} AND mapContains(attributes, '{semconv.RETRY_OF}') AND {_ids(cohort)}
+    GROUP BY tenant, handoff_id"""
+    blind = "a.t_in IS NOT NULL AND a.t_in < b.created AND (a.t_out IS NULL OR a.t_out > b.created)"
+    dup = (
+        "b.idem != '' AND a.idem = b.idem AND b.t_commit IS NOT NULL AND a.t_commit IS NOT NULL"
+        " AND (assumeNotNull(a.t_commit), a.handoff_id) < (assumeNotNull(b.t_commit), b.handoff_id)"
+    )
+    return f"""WITH retries AS ({retries}),
+    peers AS ({peers}),
+    b AS (SELECT c.tenant AS tenant, c.handoff_id AS handoff_id, c.task_id AS task_id,
+                 c.to_agent AS to_agent, c.idempotency_key AS idem, c.created AS created,
+                 p.t_commit AS t_commit, r.retry_of AS retry_of
+          FROM ({cohort}) AS c
+          LEFT JOIN peers AS p ON p.tenant = c.tenant AND p.handoff_id = c.handoff_id
+          LEFT JOIN retries AS r ON r.tenant = c.tenant AND r.handoff_id = c.handoff_id)
+SELECT b.handoff_id AS handoff_id, {blind} AS blind_retry, false AS duplicate_execution
+FROM b JOIN peers AS a ON a.tenant = b.tenant AND a.handoff_id = b.retry_of
+WHERE a.handoff_id != b.handoff_id AND {blind}
+UNION ALL
+SELECT b.handoff_id AS handoff_id, b.task_id = a.task AND b.to_agent = a.target
+        AND {blind} AS blind_retry, {dup} AS duplicate_execution
+FROM b JOIN peers AS a ON a.tenant = b.tenant AND a.idem = b.idem
+WHERE b.idem != '' AND a.handoff_id != b.handoff_id
+  AND ((b.task_id = a.task AND b.to_agent = a.target AND {blind}) OR {dup})"""
+
+
+def _causation_pass(db: str, window: Window, tenant: bool) -> str:
+    """C (the cohort, with a causation_id naming a stored handoff A of its tenant) against
+    A: C created before A's first counted verify (or A never verified), or after A's
+    receipt expiry (the earliest `receipt.expires_at` on A's commit rows)."""
+    cohort = cohort_sql(db, window, tenant_param=tenant, extra=())
+    consumers = f"""SELECT tenant, handoff_id, max({_attr(semconv.CAUSATION_ID)}) AS cause,
+        min(time) AS created
+    FROM {db}.handoff_transitions
+    WHERE {IS_CREATE} AND mapContains(attributes, '{semconv.CAUSATION_ID}') AND {_ids(cohort)}
+    GROUP BY tenant, handoff_id"""
+    verify = "(valid AND event = 'verify' AND from_state = 'committed' AND to_state = 'verified')"
+    receipt = f"valid AND event IN {_tuple(RECEIPT_EVENTS)}"
+    return f"""WITH c AS ({consumers})
+SELECT c.handoff_id AS handoff_id,
+    a.t_verified IS NULL OR c.created < a.t_verified AS consumed_before_verified,
+    a.r_exp IS NOT NULL AND c.created > a.r_exp AS expired_receipt_used
+FROM c JOIN (
+    SELECT tenant, handoff_id,
+        minIf(time, {verify}) AS t_v, if(countIf({verify}) > 0, t_v, NULL) AS t_verified,
+        minIf({_iso(_attr(semconv.RECEIPT_EXPIRES_AT))}, {receipt}) AS r_exp
+    FROM {db}.handoff_transitions
+    WHERE (tenant, handoff_id) IN (SELECT tenant, cause FROM c)
+    GROUP BY tenant, handoff_id
+) AS a ON a.tenant = c.tenant AND a.handoff_id = c.cause
+WHERE c.cause != c.handoff_id"""
+
+
 def pass_sql(name: str, db: str, window: Window, *, tenant: bool, sla_ms: int) -> str:
     """SQL of one pass (see module doc); ValueError for an unknown pass."""
     if name == "cohort":
@@ -257,6 +409,9 @@ def pass_sql(name: str, db: str, window: Window, *, tenant: bool, sla_ms: int) -
         "bounce": _bounce_pass,
         "spike": _spike_pass,
         "orphan": _orphan_pass,
+        "envelope": _envelope_pass,
+        "retry": _retry_pass,
+        "causation": _causation_pass,
     }
     if name not in builders:
         raise ValueError(f"unknown anomaly pass {name!r}")

@@ -7,6 +7,7 @@ per pass; `count` is the number of distinct handoffs flagged (for rejection_spik
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Final
 
 import pandas as pd
@@ -57,6 +58,19 @@ DESCRIPTIONS: Final = {
     "orphan_transition": "transitions (first seen in the window) of a handoff whose create was "
     "never seen",
     "implied_accept": "accepted or later reached without an accept transition",
+    "blind_retry": "an attempt created while an earlier attempt it retries (retry_of, or the "
+    "same task, to_agent and idempotency key) was unknown: entered before, left after or never",
+    "duplicate_execution": "reached committed after another attempt with the same idempotency "
+    "key had already committed: the side effect done twice",
+    "consumed_before_verified": "created with a causation_id naming a handoff not yet verified",
+    "expired_receipt_used": "created with a causation_id naming a handoff after its receipt "
+    "expired",
+    "wrong_consumer": "a receiver event (accept, reject, start, prepare, commit, fail) whose "
+    "actor is not the envelope's to_agent",
+    "grant_expired": "a start, prepare or commit after the grant's expires_at",
+    "capability_outside_grant": "envelope capabilities not all in grant.capabilities",
+    "grant_tenant_mismatch": "grant.tenant differs from the credential's (stored) tenant",
+    "tenant_claim_mismatch": "a span whose claimed tenant differs from the credential's",
 }
 ANOMALY_KINDS: Final = tuple(DESCRIPTIONS)
 
@@ -98,34 +112,43 @@ def anomalies(
     tenant: str | None = None,
     examples: int = 5,
     unknown_sla_ms: int = UNKNOWN_SLA_MS,
+    kinds: Iterable[str] | None = None,
 ) -> pd.DataFrame:
-    """One row per kind in ANOMALY_KINDS (zero counts included): kind, count (handoffs),
-    examples (up to `examples` handoff ids, sorted), description.
+    """One row per kind in ANOMALY_KINDS, or of `kinds` in that order (zero counts
+    included): kind, count (handoffs), examples (up to `examples` handoff ids, sorted),
+    description. ValueError for an unknown kind.
 
-    One query per pass (7 queries for the 12 kinds). At 10M transitions / 2.67M handoffs:
-    ~1 s for a 24 h window, a few s for 7 days (docs/metrics.md, bench/analytics_queries.py).
+    One query per pass needed (10 queries for all 21 kinds). Timings:
+    docs/metrics.md, bench/analytics_queries.py.
     """
     db = check_db(database)
     if examples < 0:
         raise ValueError(f"examples must be >= 0, got {examples}")
+    wanted = ANOMALY_KINDS if kinds is None else tuple(kinds)
+    for k in wanted:
+        if k not in KIND_PASS:
+            raise ValueError(f"unknown anomaly kind {k!r}; choose from {', '.join(ANOMALY_KINDS)}")
     # the sorted example list keeps the 2n smallest ids, so n distinct survive duplicates
     # (one id flagged under two tenants)
     keep = max(1, 2 * int(examples))
     found: dict[str, tuple[int, list[str]]] = {}
-    for name, kinds in PASSES.items():
+    for name, pass_kinds in PASSES.items():
+        if not set(pass_kinds) & set(wanted):
+            continue
         inner = pass_sql(name, db, window, tenant=tenant is not None, sla_ms=unknown_sla_ms)
         cols = ", ".join(
             f"uniqExactIf(handoff_id, {k}), groupArraySortedIf({keep})(handoff_id, {k})"
-            for k in kinds
+            for k in pass_kinds
         )
         row = client.query(f"SELECT {cols} FROM ({inner})", parameters=_params(tenant))
         vals = row.result_rows[0]
-        for i, k in enumerate(kinds):
+        for i, k in enumerate(pass_kinds):
             ex = list(dict.fromkeys(vals[2 * i + 1]))[:examples]
             found[k] = (int(vals[2 * i]), ex)
     rows = [
         {"kind": k, "count": found[k][0], "examples": found[k][1], "description": DESCRIPTIONS[k]}
         for k in ANOMALY_KINDS
+        if k in wanted
     ]
     return pd.DataFrame(rows, columns=["kind", "count", "examples", "description"])
 

@@ -48,6 +48,7 @@ COUNT_COLUMNS: Final = (
     "executed",
     "evidenced",
     "committed",
+    "verified",
     "unknown",
     "escalated",
     "unresolved_now",
@@ -61,10 +62,13 @@ RATES: Final = {
     "p_evidence": ("evidenced", "executed"),
     "p_commit": ("committed", "evidenced"),
     "p_e2e": ("committed", "settled"),
+    "p_verify": ("verified", "committed"),
     "unknown_rate": ("unknown", "settled"),
     "escalation_rate": ("escalated", "settled"),
 }
 RATE_COLUMNS: Final = tuple(RATES)
+#: cohort-row condition of `verified`: K (committed with evidence) and read back (verified)
+_VERIFIED: Final = f"is_k AND {cs.has('tmask', cs.reached_mask('verified'))}"
 
 #: handoffs_behind stages -> SQL condition over the cohort flags (see analytics._common).
 STAGES: Final = {
@@ -169,8 +173,9 @@ def funnel(
     """The funnel of the cohort created in `window`: one row per group (one row when by=()).
 
     Columns: [*by, "bucket"] + counts (settled, in_flight, accepted, executed, evidenced,
-    committed, unknown, escalated, unresolved_now, volume; handoffs) + rates (p_accept,
-    p_execute, p_evidence, p_commit, p_e2e, unknown_rate, escalation_rate; fractions 0..1,
+    committed, verified, unknown, escalated, unresolved_now, volume; handoffs) + rates
+    (p_accept, p_execute, p_evidence, p_commit, p_e2e, p_verify, unknown_rate,
+    escalation_rate; fractions 0..1,
     NaN when undefined). `by` ⊆ DIMENSIONS; bucket None | "hour" | "day" (of created time,
     UTC). Raises ValueError for an unknown dimension or bucket.
     """
@@ -187,6 +192,7 @@ SELECT {"".join(s + ", " for s in sel)}
     countIf(is_settled AND is_e) AS executed,
     countIf(is_settled AND is_v) AS evidenced,
     countIf(is_settled AND is_k) AS committed,
+    countIf(is_settled AND {_VERIFIED}) AS verified,
     countIf(is_settled AND is_unk) AS unknown,
     countIf(is_settled AND is_esc) AS escalated,
     countIf(is_unresolved) AS unresolved_now

@@ -21,9 +21,13 @@ def _group(prefix: str, to_agent: str, cap: str, start: datetime, n: int, reject
         at = start + timedelta(minutes=i)
         out.append(create(h, at, task_id=f"t-{h}", to_agent=to_agent, capabilities=[cap]))
         if i < rejected:
-            out.append(T(h, "reject", "created", "rejected", at + timedelta(seconds=1)))
+            out.append(
+                T(h, "reject", "created", "rejected", at + timedelta(seconds=1), actor=to_agent)
+            )
         else:
-            out.append(T(h, "accept", "created", "accepted", at + timedelta(seconds=1)))
+            out.append(
+                T(h, "accept", "created", "accepted", at + timedelta(seconds=1), actor=to_agent)
+            )
             out.append(T(h, "cancel", "accepted", "canceled", at + timedelta(seconds=2)))
     return out
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -41,6 +42,15 @@ def _path(h: str, start: float, steps: list[tuple[str, str, str, dict]], **creat
     for i, (ev, frm, to, attrs) in enumerate(steps, 1):
         out.append(T(h, ev, frm, to, s(start + i), attrs=attrs))
     return out
+
+
+def _by_receiver(rows: list[T]) -> list[T]:
+    """Receiver events emitted by the envelope's to_agent (no wrong_consumer here)."""
+    to = {t.handoff_id: t.attrs["handoff.to_agent"] for t in rows if t.event == "create"}
+    receiver = {"accept", "reject", "start", "prepare", "commit", "fail"}
+    return [
+        replace(t, actor=to.get(t.handoff_id, "worker")) if t.event in receiver else t for t in rows
+    ]
 
 
 ACC = ("accept", "created", "accepted", {})
@@ -130,7 +140,8 @@ def histories() -> tuple[list[T], list[T]]:
         T("h15", "start", "accepted", "running", s(2)),
         commit,
     ]
-    return first, b + second
+    out = _by_receiver([*first, *b, *second])
+    return out[: len(first)], out[len(first) :]
 
 
 @pytest.fixture
@@ -153,6 +164,8 @@ def test_funnel_matches_hand_computed_numbers(reader, db):
     assert row["executed"] == 13
     assert row["evidenced"] == 11  # E minus h06 (no evidence), h14 (first result bare)
     assert row["committed"] == 10  # V minus h13 (prepared, then failed)
+    assert row["verified"] == 1  # h01, the one read back
+    assert row["p_verify"] == pytest.approx(1 / 10)
     assert row["unknown"] == 3  # h04 h07 h08
     assert row["escalated"] == 2  # h10 (mode escalate), h11 (reached escalated)
     assert row["unresolved_now"] == 1  # h07
@@ -175,20 +188,24 @@ def test_anomalies_match_hand_computed_list(reader, db):
     df = anomalies(reader, database=db, window=WINDOW, tenant="default", examples=10)
     assert list(df["kind"]) == list(ANOMALY_KINDS)
     got = {r.kind: list(r.examples) for r in df.itertuples()}
-    assert got == {
-        "invalid_transition": ["h23", "h24", "h29"],  # illegal row; after terminal; valid=false
-        "duplicate_delivery": ["h16"],  # h15's resent commit is one span, not a duplicate
-        "idempotency_conflict": ["h18", "h19"],
-        "stale_fence": ["h21"],
-        "committed_without_evidence": ["h06", "h14"],
-        "unknown_unresolved": ["h07"],
-        "accepted_never_started": ["h09", "h23"],  # h22 is within its deadline
-        "bounce": ["h28"],
-        "rejection_spike": [],
-        "clock_skew": ["h17"],
-        "orphan_transition": ["h25"],
-        "implied_accept": ["h15", "h24"],
-    }
+    assert (
+        got
+        == {
+            "invalid_transition": ["h23", "h24", "h29"],  # illegal row; after terminal; valid=false
+            "duplicate_delivery": ["h16"],  # h15's resent commit is one span, not a duplicate
+            "idempotency_conflict": ["h18", "h19"],
+            "stale_fence": ["h21"],
+            "committed_without_evidence": ["h06", "h14"],
+            "unknown_unresolved": ["h07"],
+            "accepted_never_started": ["h09", "h23"],  # h22 is within its deadline
+            "bounce": ["h28"],
+            "rejection_spike": [],
+            "clock_skew": ["h17"],
+            "orphan_transition": ["h25"],
+            "implied_accept": ["h15", "h24"],
+            **{k: [] for k in ANOMALY_KINDS[12:]},  # the protocol audit: test_protocol_audit.py
+        }
+    )
     assert dict(zip(df["kind"], df["count"], strict=True)) == {k: len(v) for k, v in got.items()}
 
 
@@ -370,7 +387,7 @@ def test_the_two_fixtures_cover_every_legal_transition():
 
 
 def test_remaining_paths_hand_computed(chdb_client, reader, fresh_db):
-    seed(chdb_client, fresh_db, paths())
+    seed(chdb_client, fresh_db, _by_receiver(paths()))
     row = funnel(reader, database=fresh_db, window=WINDOW).iloc[0]
     # every p* reaches a terminal state: 10 settled, none in flight
     assert (row["volume"], row["settled"], row["in_flight"]) == (10, 10, 0)
@@ -381,6 +398,7 @@ def test_remaining_paths_hand_computed(chdb_client, reader, fresh_db):
     assert (row["unknown"], row["unresolved_now"], row["escalated"]) == (4, 0, 4)
     assert row["p_execute"] == pytest.approx(5 / 9) and row["p_commit"] == pytest.approx(2 / 4)
     assert row["p_e2e"] == pytest.approx(2 / 10)
+    assert (row["verified"], row["p_verify"]) == (0, 0.0)  # p3's read-back failed
     df = anomalies(reader, database=fresh_db, window=WINDOW, examples=10)
     # the committed -> unknown -> committed cycle of p3 is neither skew nor invalid
     assert {r.kind: list(r.examples) for r in df.itertuples() if r.count} == {
