@@ -35,7 +35,8 @@ _ENVELOPE_NOTES: Final = {
     "objective": "free text; on spans only as sha256 + filtered summary",
     "constraints": "JSON object; on spans as canonical JSON after the input filter",
     "parent_state": "state of the parent task when handed off",
-    "evidence_refs": "list of `{id, claim?, valid_at?}` (or bare ids); spans carry the ids",
+    "evidence_refs": "list of `{id, claim?, valid_at?}` (or bare ids; valid_at ISO-8601 UTC); "
+    "spans carry the ids, and the claims and valid_at times as arrays aligned with them",
     "capabilities": "list of strings",
     "idempotency_key": "dedup key of side effects",
     "deadline_ms": "int > 0, milliseconds",
@@ -43,6 +44,10 @@ _ENVELOPE_NOTES: Final = {
     "reply_contract": "what the reply must contain",
     "topology": ", ".join(f"`{t}`" for t in semconv.TOPOLOGIES),
     "causation_id": "the message/handoff that caused this one",
+    "attempt": "int >= 1, per task and target; on spans 1 when absent",
+    "retry_of": "the handoff_id this attempt retries (then attempt >= 2)",
+    "grant": "object `{caller?, subject?, tenant?, capabilities?, resources?, expires_at?, "
+    "approval?}`; expires_at ISO-8601 UTC; on spans as `handoff.grant.*`",
     "state_version": "int >= 0, optimistic version",
     "fence_token": "int >= 0, lease fence token",
     "payload_hash": "tells a same-key retry from a changed payload",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import random
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
@@ -19,7 +19,7 @@ from opentelemetry.trace import SpanContext, TraceFlags, TraceState
 from collector import semconv as sc
 from collector._redact import InputFilter
 from collector.contract import TRANSITIONS, Event, State
-from collector.envelope import Envelope, EnvelopeError
+from collector.envelope import MAX_TEXT_CHARS, Envelope, EnvelopeError, EvidenceRef, Grant
 
 __all__ = [
     "EVENT_TARGET",
@@ -31,8 +31,11 @@ __all__ = [
     "bad_attr",
     "default_filter",
     "envelope_attributes",
+    "evidence_attributes",
     "format_traceparent",
+    "grant_attributes",
     "parse_traceparent",
+    "refusal_ids",
     "synthetic_anchor",
     "to_ns",
 ]
@@ -165,16 +168,20 @@ def envelope_attributes(env: Envelope, filt: InputFilter) -> dict[str, Any]:
         (sc.DEADLINE_MS, env.deadline_ms),
         (sc.MAX_TOOL_CALLS, env.max_tool_calls),
         (sc.CAUSATION_ID, env.causation_id),
+        (sc.RETRY_OF, env.retry_of),
         (sc.STATE_VERSION, env.state_version),
         (sc.FENCE_TOKEN, env.fence_token),
         (sc.PAYLOAD_HASH, env.payload_hash),
     ):
         if value is not None:
             a[name] = value
+    a[sc.ATTEMPT] = 1 if env.attempt is None else env.attempt
     if env.capabilities:
         a[sc.CAPABILITIES] = env.capabilities
     if env.evidence_refs:
-        a[sc.EVIDENCE_REFS] = tuple(r.id for r in env.evidence_refs)
+        a.update(evidence_attributes(env.evidence_refs))
+    if env.grant is not None:
+        a.update(grant_attributes(env.grant, filt))
     if env.objective is not None:
         a[sc.OBJECTIVE_HASH] = filt.digest(env.objective)
         a[sc.OBJECTIVE_SUMMARY] = filt.summary(env.objective)
@@ -185,6 +192,59 @@ def envelope_attributes(env: Envelope, filt: InputFilter) -> dict[str, Any]:
     if env.reply_contract is not None:
         a[sc.REPLY_CONTRACT] = filt.redact_text(env.reply_contract)
     return a
+
+
+def evidence_attributes(refs: tuple[EvidenceRef, ...]) -> dict[str, Any]:
+    """`handoff.evidence_refs` (the ids) and, when any ref has one, the claims and valid_at
+    times as arrays aligned with the ids (`""` where a ref has none)."""
+    a: dict[str, Any] = {sc.EVIDENCE_REFS: tuple(r.id for r in refs)}
+    if any(r.claim is not None for r in refs):
+        a[sc.EVIDENCE_CLAIMS] = tuple(r.claim or "" for r in refs)
+    if any(r.valid_at is not None for r in refs):
+        a[sc.EVIDENCE_VALID_AT] = tuple(r.valid_at or "" for r in refs)
+    return a
+
+
+_GRANT_ATTRS: Final = (
+    ("caller", sc.GRANT_CALLER),
+    ("subject", sc.GRANT_SUBJECT),
+    ("tenant", sc.GRANT_TENANT),
+    ("approval", sc.GRANT_APPROVAL),
+    ("expires_at", sc.GRANT_EXPIRES_AT),
+    ("capabilities", sc.GRANT_CAPABILITIES),
+    ("resources", sc.GRANT_RESOURCES),
+)
+
+
+_GRANT_FILTERED: Final = frozenset({"caller", "subject", "approval"})
+
+
+def grant_attributes(grant: Grant, filt: InputFilter) -> dict[str, Any]:
+    """The grant's `handoff.grant.*` attributes: the fields that are set (lists non-empty).
+    caller, subject and approval pass the input filter (a subject given as an email address
+    leaves the process redacted: name people by an id)."""
+    a: dict[str, Any] = {}
+    for field, name in _GRANT_ATTRS:
+        v = getattr(grant, field)
+        if v is None or v == ():
+            continue
+        a[name] = filt.redact_text(v) if field in _GRANT_FILTERED else v
+    return a
+
+
+def refusal_ids(wire: Any) -> tuple[str, str] | None:
+    """(task_id, handoff_id) of a wire envelope being refused, when both read as non-empty
+    strings; None otherwise (a refusal nobody could attribute is not recorded)."""
+    if not isinstance(wire, Mapping):
+        return None
+    task_id, handoff_id = wire.get("task_id"), wire.get("handoff_id")
+    if not isinstance(task_id, str) or not isinstance(handoff_id, str):
+        return None
+    if not task_id.strip() or not handoff_id.strip():
+        return None
+    if max(len(task_id), len(handoff_id)) > MAX_TEXT_CHARS:
+        return None
+    return task_id, handoff_id
 
 
 def bad_attr(name: str, expected: str, value: Any) -> ValueError:

@@ -19,12 +19,14 @@ __all__ = [
     "NON_TERMINAL",
     "PROTOCOL",
     "RESULT_EVENTS",
+    "RETRY_NEEDS_RESOLUTION",
     "STATES",
     "STATE_RANK",
     "TERMINAL",
     "TRANSITIONS",
     "Event",
     "IllegalTransition",
+    "RetryRefused",
     "State",
     "is_legal",
     "next_state",
@@ -108,6 +110,10 @@ TRANSITIONS: Final = MappingProxyType(_TABLE)
 
 #: Events whose transition carries the handoff's result (and its evidence).
 RESULT_EVENTS: Final = frozenset({E.PREPARE, E.COMMIT, E.RESOLVE_COMMITTED})
+#: States of an attempt that may not be retried yet: after a timeout the outcome is unknown
+#: (the receiver may have acted). Query the status by handoff id or idempotency key and
+#: record resolve_committed / resolve_failed first; never resend blindly.
+RETRY_NEEDS_RESOLUTION: Final = frozenset({S.UNKNOWN})
 #: States that imply the receiver accepted (an accept never emitted is implied).
 ACCEPTED_OR_LATER: Final = frozenset({S.ACCEPTED, S.RUNNING, S.PREPARED, S.COMMITTED, S.VERIFIED})
 #: States that imply execution produced a result.
@@ -146,6 +152,20 @@ class IllegalTransition(ValueError):
             f"allowed: {', '.join(allowed) if allowed else 'none (terminal state)'}"
         )
         super().__init__(detail)
+
+
+class RetryRefused(IllegalTransition):
+    """A retry of an attempt whose outcome is still unknown (RETRY_NEEDS_RESOLUTION)."""
+
+    def __init__(self, handoff_id: str, state: str) -> None:
+        self.handoff_id = handoff_id
+        super().__init__(
+            state,
+            "retry",
+            f"retry of {handoff_id!r} refused: its outcome is {state!r} (after a timeout the "
+            "receiver may have acted). Query the status by handoff id or idempotency key and "
+            "record resolve_committed or resolve_failed first; never resend blindly",
+        )
 
 
 def next_state(state: str | None, event: str) -> State:

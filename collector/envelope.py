@@ -15,6 +15,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any, Final
 
 from collector import semconv
@@ -29,6 +30,8 @@ __all__ = [
     "Envelope",
     "EnvelopeError",
     "EvidenceRef",
+    "Grant",
+    "utc_time_problem",
 ]
 
 MODES: Final = frozenset(semconv.MODES)
@@ -45,12 +48,32 @@ MAX_TEXT_CHARS: Final = 1_000_000
 
 
 class EnvelopeError(ValueError):
-    """A bad envelope: `field` names the offending field, `reason` says what is wrong."""
+    """A bad envelope: `field` names the offending field, `reason` says what is wrong, `code`
+    is the `handoff.error_code` of the receiver's refusal: `incompatible_protocol`,
+    `missing_required_field` or `invalid_envelope` (the default)."""
 
-    def __init__(self, field: str, reason: str) -> None:
+    def __init__(self, field: str, reason: str, code: str = "invalid_envelope") -> None:
         self.field = field
         self.reason = reason
+        self.code = code
         super().__init__(f"envelope field {field!r}: {reason}")
+
+
+_ZERO: Final = timedelta(0)
+
+
+def utc_time_problem(value: Any) -> str | None:
+    """None when `value` is an ISO-8601 time in UTC (`2026-12-01T10:00:00Z` or `+00:00`);
+    otherwise what is wrong with it, as a phrase to follow the field's name."""
+    if not isinstance(value, str):
+        return f"not an ISO-8601 UTC time: must be a string, got {type(value).__name__}"
+    try:
+        t = datetime.fromisoformat(value)
+    except ValueError:
+        return f"not an ISO-8601 UTC time: {value!r}"
+    if "T" not in value or t.utcoffset() != _ZERO:
+        return f"not an ISO-8601 UTC time (date, time and Z or +00:00 expected): {value!r}"
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,19 +85,21 @@ class EvidenceRef:
 
     id: str
     claim: str | None = None
-    valid_at: str | None = None  # ISO-8601 time, as given; not parsed
+    valid_at: str | None = None  # ISO-8601 UTC time, kept as given
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id:
             raise EnvelopeError(
                 "evidence_refs", f"evidence id must be a non-empty string, got {self.id!r}"
             )
-        for name in ("claim", "valid_at"):
-            v = getattr(self, name)
-            if v is not None and not isinstance(v, str):
-                raise EnvelopeError(
-                    "evidence_refs", f"{name} must be a string, got {type(v).__name__}"
-                )
+        if self.claim is not None and not isinstance(self.claim, str):
+            raise EnvelopeError(
+                "evidence_refs.claim", f"must be a string, got {type(self.claim).__name__}"
+            )
+        if self.valid_at is not None:
+            problem = utc_time_problem(self.valid_at)
+            if problem is not None:
+                raise EnvelopeError("evidence_refs.valid_at", problem)
 
     def to_wire(self) -> dict[str, str]:
         d = {"id": self.id}
@@ -101,10 +126,89 @@ class EvidenceRef:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """The capability grant a handoff runs under: who asked (`caller`), on whose behalf
+    (`subject`), for which `tenant`, which `capabilities` on which `resources`, until when
+    (`expires_at`, ISO-8601 UTC) and on which `approval` (an approval id or reference).
+
+    Every field is optional; strings must be non-empty when given, lists are stored as
+    tuples of non-empty strings. Read from the wire, unknown keys of the grant are dropped.
+    Raises EnvelopeError naming the field as `grant.<field>`.
+    """
+
+    caller: str | None = None
+    subject: str | None = None
+    tenant: str | None = None
+    capabilities: tuple[str, ...] = ()
+    resources: tuple[str, ...] = ()
+    expires_at: str | None = None
+    approval: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("caller", "subject", "tenant", "approval"):
+            v = getattr(self, name)
+            _str_field(f"grant.{name}", v, required=False)
+            if v is not None and not v.strip():
+                raise EnvelopeError(f"grant.{name}", "must be a non-empty string when given")
+        for name in ("capabilities", "resources"):
+            object.__setattr__(self, name, _str_list(f"grant.{name}", getattr(self, name)))
+        if self.expires_at is not None:
+            problem = utc_time_problem(self.expires_at)
+            if problem is not None:
+                raise EnvelopeError("grant.expires_at", problem)
+
+    def to_wire(self) -> dict[str, Any]:
+        d: dict[str, Any] = {}
+        for name in _GRANT_FIELDS:
+            v = getattr(self, name)
+            if isinstance(v, tuple):
+                if v:
+                    d[name] = list(v)
+            elif v is not None:
+                d[name] = v
+        return d
+
+    @classmethod
+    def coerce(cls, value: Any) -> Grant:
+        """A Grant from itself or a wire dict (unknown keys dropped); EnvelopeError otherwise."""
+        if isinstance(value, Grant):
+            return value
+        if not isinstance(value, Mapping):
+            raise EnvelopeError("grant", f"must be an object (dict), got {type(value).__name__}")
+        kw = {k: value[k] for k in _GRANT_FIELDS if value.get(k) is not None}
+        for name in ("capabilities", "resources"):
+            if name in kw and not isinstance(kw[name], list | tuple):
+                raise EnvelopeError(
+                    f"grant.{name}", f"must be a list of strings, got {type(kw[name]).__name__}"
+                )
+        return cls(**kw)
+
+
+_GRANT_FIELDS: Final = (
+    "caller",
+    "subject",
+    "tenant",
+    "capabilities",
+    "resources",
+    "expires_at",
+    "approval",
+)
+
+
+def _str_list(name: str, value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list | tuple):
+        raise EnvelopeError(name, f"must be a list of strings, got {type(value).__name__}")
+    for v in value:
+        if not isinstance(v, str) or not v:
+            raise EnvelopeError(name, f"every item must be a non-empty string, got {v!r}")
+    return tuple(value)
+
+
 def _str_field(name: str, value: Any, *, required: bool) -> None:
     if value is None:
         if required:
-            raise EnvelopeError(name, "required field missing")
+            raise EnvelopeError(name, "required field missing", "missing_required_field")
         return
     if not isinstance(value, str):
         raise EnvelopeError(name, f"must be a string, got {type(value).__name__}")
@@ -141,7 +245,9 @@ def _protocol_major(protocol: Any) -> int:
     m = _PROTOCOL_RE.fullmatch(protocol)
     if not m:
         raise EnvelopeError(
-            "protocol", f"unknown protocol {protocol!r}; expected 'aa-handoff/v<major>'"
+            "protocol",
+            f"unknown protocol {protocol!r}; expected 'aa-handoff/v<major>'",
+            "incompatible_protocol",
         )
     return int(m.group(1))
 
@@ -154,6 +260,10 @@ class Envelope:
     (delegate|consult|transfer|escalate). Lists given for capabilities / evidence_refs are
     stored as tuples; evidence items may be bare id strings. deadline_ms is a budget in
     milliseconds (> 0); max_tool_calls, state_version and fence_token are integers >= 0.
+    `attempt` (>= 1; None reads as 1) numbers the attempts of one task at one target;
+    `retry_of` names the handoff_id this attempt retries (then attempt >= 2). `grant` is the
+    capability grant (a Grant, or its wire dict). Evidence `valid_at` and grant
+    `expires_at` are ISO-8601 UTC times.
     `extra` holds unknown optional fields read from a newer wire version; they are kept and
     re-emitted but never interpreted. Raises EnvelopeError(field, reason) on bad input.
     """
@@ -176,6 +286,9 @@ class Envelope:
     reply_contract: str | None = None
     topology: str = "in_process"
     causation_id: str | None = None
+    attempt: int | None = None
+    retry_of: str | None = None
+    grant: Grant | None = None
     state_version: int | None = None
     fence_token: int | None = None
     payload_hash: str | None = None
@@ -193,6 +306,7 @@ class Envelope:
             raise EnvelopeError(
                 "protocol",
                 f"unsupported major version {self.protocol!r}; this shim speaks aa-handoff/v{PROTOCOL_MAJOR}",
+                "incompatible_protocol",
             )
         if not isinstance(self.topology, str) or self.topology not in TOPOLOGIES:
             raise EnvelopeError(
@@ -206,10 +320,23 @@ class Envelope:
             "idempotency_key",
             "reply_contract",
             "causation_id",
+            "retry_of",
             "payload_hash",
         ):
             _str_field(name, getattr(self, name), required=False)
         _int_field("deadline_ms", self.deadline_ms, minimum=1)
+        _int_field("attempt", self.attempt, minimum=1)
+        if self.retry_of is not None:
+            if not self.retry_of.strip():
+                raise EnvelopeError("retry_of", "must be a non-empty string when given")
+            if self.retry_of == self.handoff_id:
+                raise EnvelopeError("retry_of", "names this handoff itself; a retry is a new id")
+            if self.attempt is not None and self.attempt < 2:
+                raise EnvelopeError(
+                    "attempt", f"a retry (retry_of set) is attempt 2 or later, got {self.attempt}"
+                )
+        if self.grant is not None and not isinstance(self.grant, Grant):
+            object.__setattr__(self, "grant", Grant.coerce(self.grant))
         for name in ("max_tool_calls", "state_version", "fence_token"):
             _int_field(name, getattr(self, name), minimum=0)
 
@@ -269,6 +396,8 @@ class Envelope:
                     d[name] = [r.to_wire() for r in v]
             elif name == "constraints":
                 d[name] = dict(v)
+            elif name == "grant":
+                d[name] = v.to_wire()
             else:
                 d[name] = v
         return d
@@ -286,10 +415,11 @@ class Envelope:
             raise EnvelopeError(
                 "protocol",
                 f"unsupported major version {protocol!r}; this shim speaks aa-handoff/v{PROTOCOL_MAJOR}",
+                "incompatible_protocol",
             )
         for name in REQUIRED_FIELDS:
             if name not in wire or wire[name] is None:
-                raise EnvelopeError(name, "required field missing")
+                raise EnvelopeError(name, "required field missing", "missing_required_field")
         known: dict[str, Any] = {}
         extra: dict[str, Any] = {}
         for k, v in wire.items():

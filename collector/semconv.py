@@ -61,6 +61,7 @@ REPLY_CONTRACT: Final = "handoff.reply_contract"
 CAUSATION_ID: Final = "handoff.causation_id"
 ATTEMPT: Final = "handoff.attempt"
 RETRY_OF: Final = "handoff.retry_of"
+RETRY_UNRESOLVED: Final = "handoff.retry_unresolved"
 # the capability grant the handoff runs under (on create)
 GRANT_CALLER: Final = "handoff.grant.caller"
 GRANT_SUBJECT: Final = "handoff.grant.subject"
@@ -157,6 +158,14 @@ WIRE_ATTRIBUTES: Final[tuple[AttrSpec, ...]] = (
     ),
     AttrSpec(ATTEMPT, "int", "create", False, "attempt number, 1-based, per task and target"),
     AttrSpec(RETRY_OF, "string", "create", False, "the handoff_id this attempt retries"),
+    AttrSpec(
+        RETRY_UNRESOLVED,
+        "bool",
+        "create",
+        False,
+        "true on a retry a lenient shim started while the attempt it retries was still "
+        "`unknown` (a blind resend; a strict shim refuses it). The create itself stays valid",
+    ),
     AttrSpec(GRANT_CALLER, "string", "create", False, "grant: who asked for the capability"),
     AttrSpec(GRANT_SUBJECT, "string", "create", False, "grant: on whose behalf it runs"),
     AttrSpec(GRANT_TENANT, "string", "create", False, "grant: the tenant it was issued for"),

@@ -16,11 +16,12 @@ one span. No regex, no deep copy per transition.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from opentelemetry import trace
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, get_current_span
@@ -37,13 +38,15 @@ from collector._wire import (
     bad_attr,
     default_filter,
     envelope_attributes,
+    evidence_attributes,
     format_traceparent,
     parse_traceparent,
+    refusal_ids,
     synthetic_anchor,
     to_ns,
 )
-from collector.contract import IllegalTransition, State
-from collector.envelope import Envelope, EnvelopeError, EvidenceRef
+from collector.contract import RETRY_NEEDS_RESOLUTION, IllegalTransition, RetryRefused, State
+from collector.envelope import Envelope, EnvelopeError, EvidenceRef, utc_time_problem
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer, TracerProvider
@@ -93,11 +96,65 @@ class HandoffTracer:
 
     def create(self, envelope: Envelope, at: datetime | int | None = None) -> Handoff:
         """Start a handoff: emit its `create` span now (a child of the caller's current span,
-        or a new trace's root) and return the Handoff in state `created`."""
+        or a new trace's root) and return the Handoff in state `created`. The span carries
+        `handoff.attempt` (the envelope's, 1 when it has none)."""
         if not isinstance(envelope, Envelope):
             raise TypeError(f"envelope: expected an Envelope, got {type(envelope).__name__}")
+        return self._create(envelope, at, None)
+
+    def retry(
+        self,
+        previous: Handoff,
+        handoff_id: str,
+        at: datetime | int | None = None,
+        *,
+        idempotency_key: str | None = None,
+        **changes: Any,
+    ) -> Handoff:
+        """Start the next attempt of `previous`'s task at the same target: a `create` with
+        `handoff.retry_of` = previous.handoff_id and `handoff.attempt` = previous's + 1.
+
+        The envelope is previous's with `handoff_id`, the same idempotency key unless
+        `idempotency_key` is given, and `changes` (other envelope fields; task_id, to_agent,
+        attempt and retry_of are the retry's own and refused there: ValueError).
+        When previous is still `unknown` (after a timeout the receiver may have acted), a
+        strict tracer raises RetryRefused (nothing emitted): query the status by handoff id
+        or idempotency key and record resolve_committed / resolve_failed first. A lenient
+        one emits the create with `handoff.retry_unresolved=true`; the create stays valid
+        (it is a legal create of a new handoff), so funnels count the attempt as usual.
+        """
+        if not isinstance(previous, Handoff):
+            raise TypeError(f"previous: expected a Handoff, got {type(previous).__name__}")
+        own = _RETRY_OWN.intersection(changes)
+        if own:
+            raise ValueError(
+                f"retry: {', '.join(sorted(own))} cannot change: a retry is the same task at "
+                "the same target, numbered from the attempt it retries"
+            )
+        prev = previous.envelope
+        env = dataclasses.replace(
+            prev,
+            handoff_id=handoff_id,
+            retry_of=prev.handoff_id,
+            attempt=(prev.attempt or 1) + 1,
+            idempotency_key=prev.idempotency_key if idempotency_key is None else idempotency_key,
+            **changes,
+        )
+        flag = None
+        state = previous.state
+        if state in RETRY_NEEDS_RESOLUTION:
+            if self.strict:
+                raise RetryRefused(prev.handoff_id, state)
+            flag = {sc.RETRY_UNRESOLVED: True}
+        return self._create(env, at, flag)
+
+    def _create(
+        self, envelope: Envelope, at: datetime | int | None, flag: dict[str, Any] | None
+    ) -> Handoff:
         start_ns = to_ns(at, self._clock)
         attrs = envelope_attributes(envelope, self._filter)
+        if flag:
+            attrs.update(flag)
         attrs.update(
             {
                 sc.TASK_ID: envelope.task_id,
@@ -116,22 +173,71 @@ class HandoffTracer:
         h._last = ("handoff.create", attrs)
         return h
 
-    def receive(self, wire: Mapping[str, Any]) -> Handoff:
+    def receive(self, wire: Mapping[str, Any], at: datetime | int | None = None) -> Handoff:
         """The handoff a sender's `Handoff.to_wire()` describes, on this (receiving) side.
 
-        Emits no span. Later transitions join the sender's trace (from `traceparent`); without
-        a traceparent they share one fresh trace. The state is taken from the wire (`created`
-        when absent). Raises EnvelopeError on a bad envelope, a malformed traceparent or an
-        unknown state.
+        Emits no span for an envelope it takes. Later transitions join the sender's trace
+        (from `traceparent`); without a traceparent they share one fresh trace. The state is
+        taken from the wire (`created` when absent). Raises EnvelopeError on a bad envelope,
+        a malformed traceparent or an unknown state. An envelope it refuses (incompatible
+        major version, missing required field, invalid field or traceparent) is first
+        recorded as this receiver's `reject`, `handoff.error_code` = the EnvelopeError's
+        code (`incompatible_protocol`, `missing_required_field`, `invalid_envelope`), when
+        task_id and handoff_id can be read from the wire and the wire's state is one a
+        reject leaves (`created`; a lenient tracer records it from any known state,
+        flagged). `at`: the time of that reject (None: the tracer's clock).
         """
-        envelope = Envelope.from_wire(wire)
-        tp = wire.get("traceparent")
-        # No traceparent (a sender without telemetry, or not our shim): one fresh trace.
-        anchor = synthetic_anchor() if tp is None else parse_traceparent(tp, wire.get("tracestate"))
-        state = wire.get("state") or "created"
+        state = wire.get("state") or "created" if isinstance(wire, Mapping) else "created"
         if not isinstance(state, str) or state not in STATES:
             raise EnvelopeError("state", f"unknown state {state!r}")
+        try:
+            envelope = Envelope.from_wire(wire)
+            tp = wire.get("traceparent")
+            # No traceparent (a sender without telemetry, or not our shim): one fresh trace.
+            anchor = (
+                synthetic_anchor() if tp is None else parse_traceparent(tp, wire.get("tracestate"))
+            )
+        except EnvelopeError as exc:
+            self._refuse(wire, state, exc, at)
+            raise
         return Handoff(self, envelope, anchor, str(state))
+
+    def _refuse(self, wire: Any, state: str, exc: EnvelopeError, at: datetime | int | None) -> None:
+        """Emit the receiver's `reject` of a refused envelope (see `receive`), if it can."""
+        ids = refusal_ids(wire)
+        if ids is None:
+            return
+        task_id, handoff_id = ids
+        dst = TABLE.get((state, "reject"))
+        a: dict[str, Any] = {
+            sc.TASK_ID: task_id,
+            sc.HANDOFF_ID: handoff_id,
+            sc.EVENT: "reject",
+            sc.FROM_STATE: state,
+            sc.TO_STATE: EVENT_TARGET["reject"],
+            sc.ACTOR: self.actor,
+            sc.GEN_AI_AGENT_NAME: self.actor,
+            sc.GEN_AI_OPERATION_NAME: SPAN_NAME["reject"],
+            sc.ERROR_CODE: exc.code,
+        }
+        if dst is None:
+            if self.strict:
+                return
+            a[sc.VALID] = False
+            a[sc.INVALID_REASON] = str(IllegalTransition(state, "reject"))
+        try:
+            anchor = parse_traceparent(wire.get("traceparent"), None)
+        except EnvelopeError:
+            anchor = synthetic_anchor()
+        start_ns = to_ns(at, self._clock)
+        ctx = trace.set_span_in_context(NonRecordingSpan(anchor))
+        span = self._tracer.start_span(
+            SPAN_NAME["reject"], context=ctx, attributes=a, start_time=start_ns
+        )
+        span.end(end_time=start_ns)
+
+
+_RETRY_OWN: Final = frozenset({"task_id", "to_agent", "attempt", "retry_of"})
 
 
 class Handoff:
@@ -244,6 +350,10 @@ class Handoff:
         result_version: str | None = None,
         execution_id: str | None = None,
         execution_version: str | None = None,
+        receipt_id: str | None = None,
+        receipt_expires_at: str | None = None,
+        read_back: bool | None = None,
+        conflicts: Iterable[str] | None = None,
         extra: Mapping[str, Any] | None = None,
     ) -> str:
         """Apply `event` and emit its span (start time `at`). Returns the state after.
@@ -251,8 +361,17 @@ class Handoff:
         Raises IllegalTransition for an unknown event or `create` (both modes), and in strict
         mode for an event the table does not allow from the current state (no span, state
         unchanged). Raises ValueError naming the attribute on a wrongly typed attribute
-        (ints are int, evidence_valid a bool); `extra` may add `handoff.*` (or other) keys
-        but not override the contract's identity keys.
+        (ints are int, evidence_valid and read_back bools, receipt_expires_at an ISO-8601
+        UTC time); `extra` may add `handoff.*` (or other) keys but not override the
+        contract's identity keys.
+
+        The attributes belong to events (the wire reference says which) but are not checked
+        against the event: `error_code` on reject / fail / timeout (any string is kept as
+        sent; `semconv.ERROR_CODES` is the vocabulary), `receipt_id` / `receipt_expires_at`
+        on commit / resolve_committed (the receipt issued, until when it may be used),
+        `read_back` / `conflicts` on verify / verify_fail (the receipt was read back from
+        the receiver; what differed). Evidence refs given as EvidenceRef also emit their
+        claims and valid_at times, aligned with the ids.
         """
         start_ns = self._t._clock() if at is None else to_ns(at, self._t._clock)
         a = self._base.copy()
@@ -283,11 +402,14 @@ class Handoff:
         if evidence_refs is not None:
             if isinstance(evidence_refs, str):
                 raise bad_attr("evidence_refs", "a list of ids", evidence_refs)
-            refs = tuple(r.id if isinstance(r, EvidenceRef) else r for r in evidence_refs)
-            for r in refs:
-                if not isinstance(r, str):
-                    raise bad_attr("evidence_refs", "a list of str ids", r)
-            a[sc.EVIDENCE_REFS] = refs
+            items = tuple(evidence_refs)
+            if all(type(r) is str for r in items):
+                a[sc.EVIDENCE_REFS] = items
+            else:
+                for r in items:
+                    if not isinstance(r, str | EvidenceRef):
+                        raise bad_attr("evidence_refs", "a list of str ids (or EvidenceRef)", r)
+                a.update(evidence_attributes(tuple(EvidenceRef.coerce(r) for r in items)))
         if receipt_status is not None:
             if not isinstance(receipt_status, str):
                 raise bad_attr("receipt_status", "str", receipt_status)
@@ -300,6 +422,27 @@ class Handoff:
             if not isinstance(result_version, str):
                 raise bad_attr("result_version", "str", result_version)
             a[sc.RESULT_VERSION] = result_version
+        if receipt_id is not None:
+            if not isinstance(receipt_id, str):
+                raise bad_attr("receipt_id", "str", receipt_id)
+            a[sc.RECEIPT_ID] = receipt_id
+        if receipt_expires_at is not None:
+            problem = utc_time_problem(receipt_expires_at)
+            if problem is not None:
+                raise ValueError(f"receipt_expires_at: {problem}")
+            a[sc.RECEIPT_EXPIRES_AT] = receipt_expires_at
+        if read_back is not None:
+            if type(read_back) is not bool:
+                raise bad_attr("read_back", "bool", read_back)
+            a[sc.RECEIPT_READ_BACK] = read_back
+        if conflicts is not None:
+            if isinstance(conflicts, str):
+                raise bad_attr("conflicts", "a list of str", conflicts)
+            found = tuple(conflicts)
+            for c in found:
+                if not isinstance(c, str):
+                    raise bad_attr("conflicts", "a list of str", c)
+            a[sc.RECEIPT_CONFLICTS] = found
         if execution_id is not None:
             if not isinstance(execution_id, str):
                 raise bad_attr("execution_id", "str", execution_id)
@@ -375,6 +518,18 @@ class Handoff:
                 name, context=self._parent_ctx, attributes=attrs, start_time=start_ns, links=links
             )
         span.end(end_time=start_ns)
+
+    def retry(
+        self,
+        handoff_id: str,
+        at: datetime | int | None = None,
+        *,
+        idempotency_key: str | None = None,
+        **changes: Any,
+    ) -> Handoff:
+        """The next attempt of this handoff's task at the same target, created by this
+        Handoff's tracer: see `HandoffTracer.retry` (strict refuses while `unknown`)."""
+        return self._t.retry(self, handoff_id, at, idempotency_key=idempotency_key, **changes)
 
     # -- one method per event (the table in collector/contract.py decides legality) ---------
 

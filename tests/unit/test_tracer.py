@@ -255,7 +255,10 @@ def test_at_and_clock(sender):
         ({"fence_token": "3"}, "fence_token: expected int, got str '3'"),
         ({"state_version": 1.0}, "state_version: expected int, got float 1.0"),
         ({"evidence_refs": "doc:1"}, "evidence_refs: expected a list of ids, got str 'doc:1'"),
-        ({"evidence_refs": [1]}, "evidence_refs: expected a list of str ids, got int 1"),
+        (
+            {"evidence_refs": [1]},
+            "evidence_refs: expected a list of str ids (or EvidenceRef), got int 1",
+        ),
         ({"receipt_status": 200}, "receipt_status: expected str, got int 200"),
         (
             {"extra": {"handoff.to_state": "verified"}},
