@@ -12,7 +12,8 @@ and against the store.
 
 Prints figures with units and a last line
 `RESULT off_spans_per_s=<> on_spans_per_s=<> on_off_ratio=<median of pairs> build_ms=<>
-verify_offline_ms=<> verify_store_ms=<> proof_bytes_per_transition=<>`.
+verify_offline_ms=<> verify_store_ms=<> proof_bytes_per_transition=<>
+ledger_verify_rows_per_s=<>` (the last: `handoffs ledger verify` over the whole store).
 
     .venv/bin/python bench/signing.py --requests 10 --spans 2000 --rounds 2
 """
@@ -34,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from analytics.evidence import evidence_package
 from analytics.verify import verify_offline, verify_package
 from foundation.keys import PublicKeys, generate_keypair, load_public_key
+from ingest._verify import verify_ledger
 from ingest.testing import request_protobuf, span_json, transition
 from serve.testing import ServeHandle, start_serve, wait_until
 
@@ -133,7 +135,7 @@ def main() -> int:
                     serve.stop()
             ratios.append(pair["on"] / pair["off"])
     assert measured is not None
-    build_ms, off_ms, store_ms, proof_b, hashes, pkg_b = measured
+    build_ms, off_ms, store_ms, proof_b, hashes, pkg_b, ledger_s = measured
     off_r, on_r, ratio = (
         statistics.median(rates["off"]),
         statistics.median(rates["on"]),
@@ -143,7 +145,8 @@ def main() -> int:
         f"ingest: signing off {off_r:,.0f} spans/s, on {on_r:,.0f} spans/s (median of {a.rounds}); "
         f"on/off ratio {ratio:.3f} (median of the pairs {', '.join(f'{r:.3f}' for r in ratios)})"
     )
-    print(f"log: {total:,} leaves; key {kid}")
+    print(f"log: {total:,} leaves; key {kid}; `ledger verify` of the whole store (query port): "
+          f"{ledger_s:.2f} s = {total / ledger_s:,.0f} rows/s")  # fmt: skip
     print(
         f"package build (query port, HTTP): {build_ms:.1f} ms per package (median of {a.packages}); "
         f"{pkg_b / 1024:.1f} KiB per package"
@@ -157,7 +160,7 @@ def main() -> int:
     )
     print(f"RESULT off_spans_per_s={off_r:.0f} on_spans_per_s={on_r:.0f} on_off_ratio={ratio:.3f} "
           f"build_ms={build_ms:.1f} verify_offline_ms={off_ms:.1f} verify_store_ms={store_ms:.1f} "
-          f"proof_bytes_per_transition={proof_b:.0f}")  # fmt: skip
+          f"proof_bytes_per_transition={proof_b:.0f} ledger_verify_rows_per_s={total / ledger_s:.0f}")  # fmt: skip
     return 0
 
 
@@ -187,10 +190,14 @@ def _packages(serve: ServeHandle, keys: PublicKeys, n: int):
             proof_bytes += [len(json.dumps(e)) for e in entries]
             hashes += [len(e["path"]) for e in entries]
             sizes.append(len(json.dumps(doc)))
+        t = time.perf_counter()
+        report = verify_ledger(client, serve.database, keys)
+        ledger_s = time.perf_counter() - t
+        assert report.ok, report.problems
     finally:
         client.close()
     med = statistics.median
-    return med(builds), med(offs), med(stores), med(proof_bytes), med(hashes), med(sizes)
+    return med(builds), med(offs), med(stores), med(proof_bytes), med(hashes), med(sizes), ledger_s
 
 
 if __name__ == "__main__":
