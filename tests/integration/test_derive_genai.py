@@ -6,6 +6,8 @@ arrive in different requests) to a real `handoffs serve`, which derives the hand
 
 from __future__ import annotations
 
+import re
+import urllib.request
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -103,3 +105,8 @@ def test_genai_transfers_become_handoffs(serve, tracer):
     assert pkg["terminal"]["state"] == "failed"
     assert pkg["transitions"][-1]["attributes"]["handoff.error_code"] == "model_unavailable"
     assert {t["attributes"]["handoff.derived_by"] for t in pkg["transitions"]} == {RULE}
+    with urllib.request.urlopen(f"{serve.otlp_url}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    submitted = re.search(r"^handoffs_derive_submitted_total (\S+)$", text, re.M)
+    assert submitted and float(submitted.group(1)) >= 13  # 5 + 5 + 3 derived transitions
+    assert re.search(r"^handoffs_derive_errors_total 0\.0$", text, re.M)
