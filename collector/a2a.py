@@ -27,11 +27,19 @@ Rules (the generated table is in docs/semantic-conventions.md):
 
 from __future__ import annotations
 
+import re
 from typing import Any, Final
 
 from collector.contract import TERMINAL, TRANSITIONS, Event, State
 
-__all__ = ["A2A_STATES", "a2a_event", "a2a_events", "normalize_a2a_state"]
+__all__ = [
+    "A2A_ERROR_CODES",
+    "A2A_STATES",
+    "a2a_error_code",
+    "a2a_event",
+    "a2a_events",
+    "normalize_a2a_state",
+]
 
 S, E = State, Event
 
@@ -136,3 +144,65 @@ def a2a_events(a2a_state: Any, current_state: str) -> tuple[Event, ...]:
         if nxt is None:
             return tuple(out)
         state = nxt
+
+
+#: a2a-sdk refusal errors (class names, a2a.utils.errors / a2a.client.errors) -> the nearest
+#: `handoff.error_code` of semconv.ERROR_CODES. An error not listed (InternalError,
+#: InvalidAgentResponseError, ...: not a refusal of the request) keeps a code of its own,
+#: `a2a_<snake_case name>`, stored as sent and counted as `other`.
+A2A_ERROR_CODES: Final = {
+    # the two ends do not speak the same thing
+    "VersionNotSupportedError": "incompatible_protocol",
+    "ExtensionSupportRequiredError": "incompatible_protocol",
+    "ContentTypeNotSupportedError": "incompatible_protocol",
+    # the request as sent cannot be read or names what the receiver does not hold
+    "InvalidParamsError": "invalid_envelope",
+    "InvalidRequestError": "invalid_envelope",
+    "JSONParseError": "invalid_envelope",
+    "TaskNotFoundError": "invalid_envelope",
+    # the receiver does not offer the operation
+    "UnsupportedOperationError": "unknown_capability",
+    "MethodNotFoundError": "unknown_capability",
+    "PushNotificationNotSupportedError": "unknown_capability",
+    "ExtendedAgentCardNotConfiguredError": "unknown_capability",
+    # the task's state forbids it
+    "TaskNotCancelableError": "conflict",
+    # the client gave up waiting
+    "A2AClientTimeoutError": "deadline",
+}
+#: HTTP status of an a2a-sdk client error ("HTTP Error 401: ...", AgentCardResolutionError's
+#: status_code) -> code; other statuses fall through to the class name.
+_HTTP_CODES: Final = {
+    401: "permission_denied",
+    403: "permission_denied",
+    408: "deadline",
+    409: "conflict",
+    415: "incompatible_protocol",
+    429: "busy",
+    503: "busy",
+    504: "deadline",
+}
+_HTTP_RE: Final = re.compile(r"HTTP Error (\d{3})")
+
+
+def _snake(name: str) -> str:
+    """`InvalidAgentResponseError` -> `invalid_agent_response`, `A2AClientError` -> `client`."""
+    base = name.replace("A2A", "").removesuffix("Error") or "error"
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", base).lower()
+
+
+def a2a_error_code(error: BaseException) -> str:
+    """The `handoff.error_code` for an a2a-sdk error (A2A_ERROR_CODES, looked up along the
+    class's bases so subclasses map too; an HTTP 401/403/429/... status of a client error
+    first), else `a2a_<snake_case class name>`. Takes any exception; never raises."""
+    status = getattr(error, "status_code", None)
+    if not isinstance(status, int):
+        m = _HTTP_RE.search(str(error))
+        status = int(m.group(1)) if m else None
+    if status in _HTTP_CODES:
+        return _HTTP_CODES[status]
+    for cls in type(error).__mro__:
+        code = A2A_ERROR_CODES.get(cls.__name__)
+        if code is not None:
+            return code
+    return f"a2a_{_snake(type(error).__name__)}"

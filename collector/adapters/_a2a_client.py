@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Final
 from a2a.client.client import ClientCallContext
 from a2a.client.interceptors import AfterArgs, BeforeArgs, ClientCallInterceptor
 
+from collector.a2a import a2a_error_code
 from collector.envelope import MODES, Envelope
 from collector.tracer import HandoffTracer
 
@@ -100,6 +101,20 @@ class HandoffClientInterceptor(ClientCallInterceptor):
         self._pending[msg.message_id] = h
         while len(self._pending) > self._max:
             self._pending.pop(next(iter(self._pending)))
+
+    def record_refusal(self, message_id: str, error: BaseException) -> str | None:
+        """Record that the server refused the message `message_id` started a handoff with
+        (the `A2AError` `send_message` raised): this client's `reject`, error_code from
+        `collector.a2a.a2a_error_code`. Returns the code, or None when no handoff of this
+        client waits on that message (unknown, or already past `created`). For servers
+        without `A2AServerObserver`: one that has it records the refusal itself."""
+        h = self._pending.get(message_id)
+        if h is None or h.state != "created":
+            return None
+        code = a2a_error_code(error)
+        h.reject(error_code=code)
+        self._pending.pop(message_id, None)
+        return code
 
     async def after(self, args: AfterArgs) -> None:
         result = args.result

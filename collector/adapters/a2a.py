@@ -25,6 +25,8 @@ handoff itself with handoff_id = the A2A task id and from_agent `a2a-client`).
 | `completed` | `commit` (+ `accept`, `start` if skipped); evidence = the task's artifacts |
 | `failed` / `canceled` / `rejected` | `fail` / `cancel` / `reject`, error_code `a2a_<state>` |
 | message to a task in a terminal state | `start`, illegal: flagged (lenient) or refused (strict) |
+| the SDK refuses a message (an `A2AError`) that starts a handoff, or names one still `created` | `reject`, error_code from `collector.a2a.a2a_error_code` (table in docs/agent-developers.md) |
+| a message whose `aa-handoff` envelope the server must refuse (v2, field missing, invalid) | `reject` (by `HandoffTracer.receive`), error_code `incompatible_protocol` / `missing_required_field` / `invalid_envelope` |
 
 Evidence on `commit`: `handoff.evidence.count` = number of artifacts, `.valid` = count >= 1,
 refs `a2a-artifact:<artifact id>`. Times: when the observer saw the save (its clock), not the
@@ -47,13 +49,14 @@ from typing import TYPE_CHECKING, Any, Final
 from a2a.server.request_handlers.request_handler import RequestHandler
 from a2a.server.tasks.task_store import TaskStore
 from a2a.types.a2a_pb2 import TaskState
+from a2a.utils.errors import A2AError
 from opentelemetry import context as otel_context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from collector.a2a import a2a_events, normalize_a2a_state
+from collector.a2a import a2a_error_code, a2a_events, normalize_a2a_state
 from collector.adapters._a2a_client import METADATA_KEY, HandoffClientInterceptor
 from collector.contract import TERMINAL, TRANSITIONS, IllegalTransition, State
-from collector.envelope import MODES, Envelope
+from collector.envelope import MODES, Envelope, EnvelopeError
 from collector.tracer import HandoffTracer
 
 if TYPE_CHECKING:
@@ -76,12 +79,19 @@ def _a2a_state(task: Any) -> str:
     return normalize_a2a_state(TaskState.Name(task.status.state))
 
 
+def _message_wire(msg: Any) -> dict[str, Any] | None:
+    """The envelope wire a client put in a message's metadata, or None."""
+    if METADATA_KEY not in msg.metadata:
+        return None
+    raw = msg.metadata[METADATA_KEY]
+    wire = json.loads(raw) if isinstance(raw, str) else None
+    return wire if isinstance(wire, dict) else None
+
+
 def _wire_of(task: Any) -> dict[str, Any] | None:
     """The envelope wire the client put in the task's first message, or None."""
     for msg in task.history[:1]:
-        if METADATA_KEY in msg.metadata:
-            raw = msg.metadata[METADATA_KEY]
-            return json.loads(raw) if isinstance(raw, str) else None
+        return _message_wire(msg)
     return None
 
 
@@ -251,6 +261,30 @@ class A2AServerObserver:
             with self._lock:
                 self._emit(h, "start", None, error_code="a2a_message_after_terminal")
 
+    def _on_refused(self, params: Any, exc: BaseException) -> None:
+        """The SDK refused a message: a handoff it would have started (or one still
+        `created`) is rejected with the error's code (collector.a2a.a2a_error_code)."""
+        msg = params.message
+        with self._lock:
+            if msg.task_id:
+                h = self._handoffs.get(msg.task_id)
+            else:
+                wire = _message_wire(msg)
+                if wire is None:
+                    return  # a client without the interceptor: no handoff to name
+                h = next(
+                    (k for k in self._handoffs.values() if k.handoff_id == wire.get("handoff_id")),
+                    None,
+                )
+                if h is None:
+                    try:
+                        h = self._tracer.receive(wire)
+                    except EnvelopeError:
+                        return  # receive() already recorded its own reject of the envelope
+            if h is None or h.state != State.CREATED:
+                return
+            self._emit(h, "reject", None, error_code=a2a_error_code(exc))
+
     def _guarded(self, fn: Callable[..., None], *args: Any) -> None:
         try:
             fn(*args)
@@ -296,12 +330,20 @@ class _ObservedRequestHandler(RequestHandler):
 
     async def on_message_send(self, params: Any, context: Any) -> Any:
         await self._observer._guarded_async(self._observer._on_message, params, context)
-        return await self._inner.on_message_send(params, context)
+        try:
+            return await self._inner.on_message_send(params, context)
+        except A2AError as exc:
+            self._observer._guarded(self._observer._on_refused, params, exc)
+            raise
 
     async def on_message_send_stream(self, params: Any, context: Any) -> AsyncGenerator[Any]:
         await self._observer._guarded_async(self._observer._on_message, params, context)
-        async for event in self._inner.on_message_send_stream(params, context):
-            yield event
+        try:
+            async for event in self._inner.on_message_send_stream(params, context):
+                yield event
+        except A2AError as exc:
+            self._observer._guarded(self._observer._on_refused, params, exc)
+            raise
 
     async def on_get_task(self, params: Any, context: Any) -> Any:
         return await self._inner.on_get_task(params, context)
