@@ -15,7 +15,12 @@ on the TracerProvider you pass (keyword-only; never the global one):
 | the SDK trace ends before the target agent ran/finished | `fail` (error_code `run_ended_before_target_finished`) |
 
 Identity: task_id = the SDK trace id (one Runner run), handoff_id = the SDK handoff span id
-(`<id>:<n>` for the n-th ignored handoff). mode defaults to `transfer` (an SDK handoff hands
+(`<id>:<n>` for the n-th ignored handoff). Chained handoffs: a handoff B made by the agent
+an earlier handoff A of the same run went to (B's span inside A's target agent span, or B's
+from_agent = A's to_agent) consumes A's result: B's `handoff.causation_id` = A's
+handoff_id. The SDK never reads A's result back, so B is created before A is committed
+(A commits when its target's agent span ends, after B) and verified never: analytics
+reports such chains as `consumed_before_verified`, which is what happened. mode defaults to `transfer` (an SDK handoff hands
 the conversation over), topology `in_process`. One OTel span `openai_agents.trace` per SDK
 trace (a child of your current OTel span, if any) parents every `create`, so all handoffs of
 one run share one OTel trace.
@@ -96,6 +101,7 @@ class _Run:
     parents: dict[str, str | None] = field(default_factory=dict)
     pending: list[_Target] = field(default_factory=list)  # target agent span not started yet
     running: dict[str, _Target] = field(default_factory=dict)  # by target agent span id
+    last_to: dict[str, str] = field(default_factory=dict)  # agent -> last handoff id to it
 
 
 class HandoffTracingProcessor(TracingProcessor):
@@ -246,7 +252,9 @@ class HandoffTracingProcessor(TracingProcessor):
             sid = run.parents.get(sid)
         return None
 
-    def _create(self, run: _Run, handoff_id: str, src: str, dst: str, at: Any) -> Handoff:
+    def _create(
+        self, run: _Run, handoff_id: str, src: str, dst: str, at: Any, cause: str | None
+    ) -> Handoff:
         env = Envelope(
             task_id=run.task_id,
             handoff_id=handoff_id,
@@ -255,6 +263,7 @@ class HandoffTracingProcessor(TracingProcessor):
             mode=self._mode,
             topology="in_process",
             deadline_ms=self._deadline_ms,
+            causation_id=cause,
         )
         tracer = self._tracer(src)
         if run.root is None:
@@ -267,11 +276,16 @@ class HandoffTracingProcessor(TracingProcessor):
         src = getattr(data, "from_agent", None) or "unknown"
         dst = getattr(data, "to_agent", None)
         started, ended = self._at(span.started_at), self._at(span.ended_at)
+        # A handoff made by the target of an earlier one (its span inside that target's
+        # agent span, or else from the agent that handoff went to) hands that one's result on.
+        enclosing = self._enclosing_target(run, span)
+        cause = enclosing.handoff.handoff_id if enclosing is not None else run.last_to.get(src)
         if not dst:
-            h = self._create(run, span.span_id, src, "unknown", started)
+            h = self._create(run, span.span_id, src, "unknown", started, cause)
             h.reject(ended, error_code="handoff_target_unresolved")
             return
-        h = self._create(run, span.span_id, src, dst, started)
+        h = self._create(run, span.span_id, src, dst, started, cause)
+        run.last_to[dst] = span.span_id
         recv = self._tracer(dst).receive(h.to_wire())
         recv.accept(ended)
         recv.start(ended)
@@ -280,7 +294,7 @@ class HandoffTracingProcessor(TracingProcessor):
         if err is not None and err.get("message") == MULTIPLE_HANDOFFS_MESSAGE:
             requested = (err.get("data") or {}).get("requested_agents") or []
             for n, ignored in enumerate(requested[1:], start=1):
-                lost = self._create(run, f"{span.span_id}:{n}", src, str(ignored), started)
+                lost = self._create(run, f"{span.span_id}:{n}", src, str(ignored), started, cause)
                 lost.reject(ended, error_code="multiple_handoffs")
 
     def _target_end(self, run: _Run, target: _Target, span: Span[Any]) -> None:
