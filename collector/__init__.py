@@ -20,10 +20,11 @@ if TYPE_CHECKING:
         TRANSITIONS,
         Event,
         IllegalTransition,
+        RetryRefused,
         State,
         next_state,
     )
-    from collector.envelope import Envelope, EnvelopeError, EvidenceRef
+    from collector.envelope import Envelope, EnvelopeError, EvidenceRef, Grant
     from collector.recorder import InMemoryRecorder
     from collector.tracer import Handoff, HandoffTracer
 
@@ -38,11 +39,13 @@ _WHERE = {
     "TRANSITIONS": "collector.contract",
     "Event": "collector.contract",
     "IllegalTransition": "collector.contract",
+    "RetryRefused": "collector.contract",
     "State": "collector.contract",
     "next_state": "collector.contract",
     "Envelope": "collector.envelope",
     "EnvelopeError": "collector.envelope",
     "EvidenceRef": "collector.envelope",
+    "Grant": "collector.envelope",
     "InMemoryRecorder": "collector.recorder",
     "Handoff": "collector.tracer",
     "HandoffTracer": "collector.tracer",
@@ -57,11 +60,13 @@ __all__ = [
     "EnvelopeError",
     "Event",
     "EvidenceRef",
+    "Grant",
     "Handoff",
     "HandoffTracer",
     "IllegalTransition",
     "InMemoryRecorder",
     "InputFilter",
+    "RetryRefused",
     "State",
     "a2a_event",
     "a2a_events",
