@@ -114,7 +114,8 @@ class A2AServerObserver:
     server has to create itself (client without the interceptor), default `delegate`.
     `strict`, `input_filter`, `clock`: for the HandoffTracer. `max_tracked`: handoffs kept in
     memory (> 0). Counters: `errors` (failed to record), `refused` (illegal events a strict
-    observer did not emit), `evicted`. Raises ValueError on a bad argument.
+    observer did not emit, and tasks whose `aa-handoff` envelope it refused: one `reject`
+    each, nothing after), `evicted`. Raises ValueError on a bad argument.
     """
 
     def __init__(
@@ -145,6 +146,7 @@ class A2AServerObserver:
         self._mode = mode
         self._max = max_tracked
         self._handoffs: dict[str, Handoff] = {}  # by A2A task id
+        self._refused: dict[str, None] = {}  # A2A task ids whose envelope was refused
         self._lock = threading.Lock()
         self._store: TaskStore | None = None
         self.errors = 0
@@ -207,9 +209,15 @@ class A2AServerObserver:
         a2a_state = _a2a_state(task)
         at = None  # the tracer's clock: see the module doc
         with self._lock:
+            if task.id in self._refused:
+                return
             h = self._handoffs.get(task.id)
             if h is None:
-                h = self._begin(task, context)
+                try:
+                    h = self._begin(task, context)
+                except EnvelopeError as exc:
+                    self._refuse_task(task.id, exc)
+                    return
                 self._remember(task.id, h)
             for ev in a2a_events(a2a_state, h.state):
                 attrs: dict[str, Any] = {}
@@ -228,8 +236,19 @@ class A2AServerObserver:
                 if h.state == before:  # illegal (flagged or refused): the walk stops
                     break
 
+    def _refuse_task(self, task_id: str, exc: EnvelopeError) -> None:
+        """The task's envelope was refused (receive() recorded the reject): its later saves
+        record nothing more, so one refusal is one reject. Counted in `refused`."""
+        self.refused += 1
+        self._refused[task_id] = None
+        while len(self._refused) > self._max:
+            self._refused.pop(next(iter(self._refused)))
+        _log.warning("a2a: refused the envelope of task %s: %s", task_id, exc)
+
     async def _lookup(self, task_id: str, context: Any) -> Handoff | None:
         with self._lock:
+            if task_id in self._refused:
+                return None
             h = self._handoffs.get(task_id)
         if h is not None or self._store is None:
             return h
@@ -247,7 +266,12 @@ class A2AServerObserver:
                 topology="federated_a2a",
             ).to_wire()
         )
-        h = self._tracer.receive({**wire, "state": _state_after(_a2a_state(task))})
+        try:
+            h = self._tracer.receive({**wire, "state": _state_after(_a2a_state(task))})
+        except EnvelopeError as exc:
+            with self._lock:
+                self._refuse_task(task_id, exc)
+            return None
         with self._lock:
             self._remember(task_id, h)
         return h

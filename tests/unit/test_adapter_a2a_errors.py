@@ -149,3 +149,26 @@ def test_client_records_a_refusal_of_a_server_without_the_observer(rec):
     assert icpt.record_refusal(msg.message_id, errors.UnsupportedOperationError()) is None
     assert icpt.record_refusal("unknown-message", errors.TaskNotFoundError()) is None
     assert len(rec.transitions()) == 2
+
+
+def test_a_task_whose_envelope_the_server_refuses_is_rejected_once(rec):
+    from a2a.helpers import new_task_from_user_message
+    from a2a.types.a2a_pb2 import TaskState
+
+    _, msg = _client_message(rec)
+    wire = json.loads(msg.metadata[METADATA_KEY])
+    del wire["mode"]
+    msg.metadata[METADATA_KEY] = json.dumps(wire)
+    obs = A2AServerObserver(agent="coder", tracer_provider=rec.provider)
+    store = obs.task_store(InMemoryTaskStore())
+    task = new_task_from_user_message(msg)
+
+    async def walk():
+        for state in ("SUBMITTED", "WORKING", "COMPLETED"):
+            task.status.state = getattr(TaskState, f"TASK_STATE_{state}")
+            await store.save(task, CTX)
+
+    asyncio.run(walk())
+    events = [(t[semconv.EVENT], t.get(semconv.ERROR_CODE)) for t in rec.transitions()]
+    assert events == [("create", None), ("reject", "missing_required_field")]
+    assert (obs.refused, obs.errors) == (1, 0)
