@@ -323,13 +323,22 @@ def test_task_bundle_verifies_and_names_edits(signed, tmp_path, capsys):
     assert any(p.startswith(f"packages[1] ({OK}): envelope.to_agent:") for p in res.problems)
 
 
-def test_keyless_serve_warns_once_and_health_says_unsigned(tmp_path):
+def test_keyless_serve_warns_once_and_health_says_unsigned(signed, tmp_path):
     serve = start_serve(tmp_path)
     try:
         assert serve.health()["heads"] == "unsigned"
         assert serve.log().count("no signing key") == 1
+        post(serve, _spans(time.time_ns() - 600 * 10**9))
+        pkg = export(serve, FAILED, tmp_path / "unsigned.json")
+        # against the store it verifies (and says what it could not check); offline it cannot
+        store = ["--store", serve.query_url, "--database", serve.database]
+        assert main(["evidence", "verify", str(tmp_path / "unsigned.json"), *store]) == 0
     finally:
         serve.stop()
+    assert pkg["integrity"]["log"]["head"] is None
+    problems = verify_offline(pkg, keys=signed["keys"], require_log=True)
+    assert problems == ["integrity.log.head: none (serve signed no head): nothing proves these "
+                        "rows without the store"]  # fmt: skip
 
 
 # ----------------------------------------------------------------------- insiders
