@@ -18,13 +18,20 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Final
 
 from analytics._common import Window, check_db, cohort_sql, ts
-from analytics.metrics import COUNT_COLUMNS, RATE_COLUMNS, add_rates
+from analytics.metrics import RATES, rate
 
 if TYPE_CHECKING:
     import pandas as pd
     from clickhouse_connect.driver.client import Client
 
-__all__ = ["DERIVED_BY", "ORIGINS", "funnel_by_origin", "origin_sql"]
+__all__ = [
+    "DERIVED_BY",
+    "ORIGINS",
+    "ORIGIN_COUNTS",
+    "ORIGIN_RATES",
+    "funnel_by_origin",
+    "origin_sql",
+]
 
 #: the attribute derive/ stamps on every derived transition (derive.DERIVED_BY)
 DERIVED_BY: Final = "handoff.derived_by"
@@ -61,25 +68,39 @@ LEFT JOIN (
 """
 
 
+#: the funnel counts split by origin, each defined as in analytics.funnel (the ones that need
+#: more than the cohort flags, such as `verified`, are not split here)
+ORIGIN_COUNTS: Final = {
+    "volume": "count()",
+    "settled": "countIf(is_settled)",
+    "in_flight": "countIf(NOT is_settled)",
+    "accepted": "countIf(is_settled AND is_a)",
+    "executed": "countIf(is_settled AND is_e)",
+    "evidenced": "countIf(is_settled AND is_v)",
+    "committed": "countIf(is_settled AND is_k)",
+    "unknown": "countIf(is_settled AND is_unk)",
+    "escalated": "countIf(is_settled AND is_esc)",
+    "unresolved_now": "countIf(is_unresolved)",
+}
+#: the metric contract's rates (analytics.metrics.RATES) whose counts are all split here
+ORIGIN_RATES: Final = {
+    k: (n, d) for k, (n, d) in RATES.items() if n in ORIGIN_COUNTS and d in ORIGIN_COUNTS
+}
+
+
 def funnel_by_origin(
     client: Client, *, database: str | None = None, window: Window, tenant: str | None = None
 ) -> pd.DataFrame:
-    """The funnel (analytics.funnel's counts and rates) per origin: columns origin +
-    COUNT_COLUMNS + RATE_COLUMNS, one row per origin seen, sorted by origin."""
+    """The funnel per origin: columns origin + ORIGIN_COUNTS (handoffs) + ORIGIN_RATES
+    (fractions 0..1, NaN when undefined), one row per origin seen, sorted by origin."""
+    import pandas as pd
+
     db = check_db(database)
     t = tenant is not None
+    counts = ",\n    ".join(f"{sql} AS {name}" for name, sql in ORIGIN_COUNTS.items())
     sql = f"""
 SELECT if(o.origin = '', 'shim', o.origin) AS origin,
-    count() AS volume,
-    countIf(is_settled) AS settled,
-    countIf(NOT is_settled) AS in_flight,
-    countIf(is_settled AND is_a) AS accepted,
-    countIf(is_settled AND is_e) AS executed,
-    countIf(is_settled AND is_v) AS evidenced,
-    countIf(is_settled AND is_k) AS committed,
-    countIf(is_settled AND is_unk) AS unknown,
-    countIf(is_settled AND is_esc) AS escalated,
-    countIf(is_unresolved) AS unresolved_now
+    {counts}
 FROM ({cohort_sql(db, window, tenant_param=t, extra=())}) AS c
 LEFT JOIN ({origin_sql(db, window, tenant_param=t)}) AS o
     ON o.tenant = c.tenant AND o.handoff_id = c.handoff_id
@@ -88,11 +109,11 @@ ORDER BY origin
 """
     params: dict[str, Any] = {"tenant": tenant} if t else {}
     df = client.query_df(sql, parameters=params)
-    for c in COUNT_COLUMNS:
-        df[c] = df[c].astype("int64") if len(df) else df.get(c)
+    columns = ["origin", *ORIGIN_COUNTS, *ORIGIN_RATES]
     if df.empty:
-        import pandas as pd
-
-        return pd.DataFrame(columns=["origin", *COUNT_COLUMNS, *RATE_COLUMNS])
-    add_rates(df)
-    return df[["origin", *COUNT_COLUMNS, *RATE_COLUMNS]].reset_index(drop=True)
+        return pd.DataFrame(columns=columns)
+    for c in ORIGIN_COUNTS:
+        df[c] = df[c].astype("int64")
+    for col, (num, den) in ORIGIN_RATES.items():
+        df[col] = [rate(n, d) for n, d in zip(df[num], df[den], strict=True)]
+    return df[columns].reset_index(drop=True)

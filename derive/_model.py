@@ -104,7 +104,8 @@ class Observed:
     (rejected as `handoff_target_unresolved` once `run_ended`, never guessed). `target`
     None: the target agent's run is not stored (yet). `run_ended`: the run's root span is
     stored, so what is missing now will not come. `ignored`: agents also requested in the same
-    turn, each a rejected handoff (`multiple_handoffs`)."""
+    turn, each a rejected handoff (`multiple_handoffs`). `causation_id`: the earlier handoff of
+    the run whose target made this one (it hands that one's result on)."""
 
     rule: str
     task_id: str
@@ -117,6 +118,7 @@ class Observed:
     target: Target | None = None
     run_ended_ns: int | None = None
     ignored: tuple[str, ...] = ()
+    causation_id: str | None = None
 
 
 def slug(message: str | None) -> str:
@@ -191,6 +193,8 @@ def _transitions(
                 sc.TO_AGENT: to_agent,
                 sc.TOPOLOGY: o.topology,
             }
+            if o.causation_id:
+                attrs[sc.CAUSATION_ID] = o.causation_id
         attrs |= extra
         attrs |= {DERIVED_BY: o.rule, DERIVED_FROM: span.span_id}
         out.append(
@@ -222,6 +226,6 @@ def plan(o: Observed) -> list[Derived]:
             ("reject", src, src.end_ns, o.from_agent, {sc.ERROR_CODE: "multiple_handoffs"}),
         ]
         lost = Observed(o.rule, o.task_id, f"{o.handoff_id}:{n}", src, o.from_agent, agent,
-                        o.mode, o.topology)  # fmt: skip
+                        o.mode, o.topology, causation_id=o.causation_id)  # fmt: skip
         out += _transitions(lost, lost.handoff_id, agent, steps)
     return out

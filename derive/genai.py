@@ -55,6 +55,7 @@ def genai_rule(trace: TraceIndex) -> list[Observed]:
     invokes = [s for s in trace.spans if _is_invoke(s)]
     root = next((s for s in trace.spans if not s.parent_span_id), None)
     claimed: set[str] = set()
+    made_by: dict[str, str] = {}  # target invoke_agent span id -> the handoff that started it
     out = []
     for t in tools:
         enclosing = trace.nearest(t, _is_invoke)
@@ -71,13 +72,16 @@ def genai_rule(trace: TraceIndex) -> list[Observed]:
             if s.span_id not in up and to_agent is not None and s.attr(_AGENT) == to_agent
         ]
         nxt = next_after(runs, t.start_ns, claimed)
+        handoff_id = f"{t.trace_id}/{t.span_id}"
         if nxt is not None:
             claimed.add(nxt.span_id)
+            made_by[nxt.span_id] = handoff_id
         out.append(
             Observed(
                 rule=GENAI,
                 task_id=t.trace_id,
-                handoff_id=f"{t.trace_id}/{t.span_id}",
+                handoff_id=handoff_id,
+                causation_id=made_by.get(enclosing.span_id) if enclosing is not None else None,
                 source=t,
                 from_agent=from_agent,
                 to_agent=to_agent,

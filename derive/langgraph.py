@@ -102,6 +102,7 @@ def langgraph_rule(trace: TraceIndex) -> list[Observed]:
     # the innermost span carrying a Command: its ancestors may repeat it in their output
     inner = {a.span_id for c in commands for a in trace.ancestors(c) if _goto(a) == _goto(c)}
     claimed: set[str] = set()
+    made_by: dict[str, str] = {}  # target node span id -> the handoff that started it
     out = []
     for c in commands:
         if c.span_id in inner:
@@ -121,13 +122,16 @@ def langgraph_rule(trace: TraceIndex) -> list[Observed]:
         for n, to_agent in enumerate(_goto(c)):
             runs = [s for s in nodes if _node(s) == to_agent and s.span_id != node.span_id]
             nxt = next_after(runs, c.start_ns, claimed)
+            handoff_id = f"{c.trace_id}/{c.span_id}" + (f":{n}" if n else "")
             if nxt is not None:
                 claimed.add(nxt.span_id)
+                made_by[nxt.span_id] = handoff_id
             out.append(
                 Observed(
                     rule=LANGGRAPH,
                     task_id=f"{c.trace_id}/{root.span_id}",
-                    handoff_id=f"{c.trace_id}/{c.span_id}" + (f":{n}" if n else ""),
+                    handoff_id=handoff_id,
+                    causation_id=made_by.get(node.span_id),
                     source=c,
                     from_agent=from_agent,
                     to_agent=to_agent,

@@ -127,6 +127,8 @@ def _observe(trace: TraceIndex, d: _Dialect) -> list[Observed]:
         return []
     agents = [s for s in mine if d.is_agent(s)]
     claimed: set[str] = set()
+    made_by: dict[str, str] = {}  # target agent span id -> the handoff that started it
+    last_to: dict[tuple[str, str], str] = {}  # (run, agent) -> the last handoff to it
     out = []
     for h in (s for s in mine if d.is_handoff(s)):
         # The source agent's span ends right after its handoff; until it is stored, the
@@ -149,8 +151,14 @@ def _observe(trace: TraceIndex, d: _Dialect) -> list[Observed]:
         nxt = next_after(runs, h.start_ns, claimed)
         if to_agent is None and nxt is not None:
             to_agent = d.agent_name(nxt) or None
+        handoff_id = f"{h.trace_id}/{h.span_id}"
+        # made inside an earlier handoff's target run: it hands that handoff's result on
+        cause = made_by.get(src_agent.span_id) or last_to.get((run_id, from_agent))
         if nxt is not None:
             claimed.add(nxt.span_id)
+            made_by[nxt.span_id] = handoff_id
+        if to_agent is not None:
+            last_to[(run_id, to_agent)] = handoff_id
         ignored: tuple[str, ...] = ()
         if h.status == "Error" and sdk_error_message(h.status_message) == MULTIPLE_HANDOFFS:
             ignored = requested_agents(h.status_message)[1:]
@@ -158,13 +166,14 @@ def _observe(trace: TraceIndex, d: _Dialect) -> list[Observed]:
             Observed(
                 rule=d.rule,
                 task_id=f"{h.trace_id}/{run_id}",
-                handoff_id=f"{h.trace_id}/{h.span_id}",
+                handoff_id=handoff_id,
                 source=h,
                 from_agent=from_agent,
                 to_agent=to_agent,
                 target=_target(trace, d, nxt) if nxt is not None else None,
                 run_ended_ns=ended,
                 ignored=ignored,
+                causation_id=cause,
             )
         )
     return out

@@ -90,6 +90,9 @@ def test_openinference_bounce_is_two_committed_transfers():
     assert create.attr("handoff.mode") == "transfer"
     assert create.attr("handoff.derived_by") == OPENINFERENCE
     assert create.attr("handoff.task_id") == out[5].attr("handoff.task_id")  # one run, one task
+    # made by the first handoff's target: it hands that handoff's result on
+    assert create.attr("handoff.causation_id") is None
+    assert out[5].attr("handoff.causation_id") == create.attr("handoff.handoff_id")
     assert create.time_ns == 8 * MS and out[1].time_ns == 9 * MS and out[4].time_ns == 20 * MS
     assert out[3].attr("handoff.evidence.count") == 2  # the coder's turn and model call
     assert out[3].attr("handoff.evidence.valid") is True
