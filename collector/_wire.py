@@ -18,7 +18,7 @@ from opentelemetry.trace import SpanContext, TraceFlags, TraceState
 
 from collector import semconv as sc
 from collector._redact import InputFilter
-from collector.contract import TRANSITIONS, Event, State
+from collector.contract import TRANSITIONS, Event, IllegalTransition, State
 from collector.envelope import MAX_TEXT_CHARS, Envelope, EnvelopeError, EvidenceRef, Grant
 
 __all__ = [
@@ -35,7 +35,7 @@ __all__ = [
     "format_traceparent",
     "grant_attributes",
     "parse_traceparent",
-    "refusal_ids",
+    "refusal_attributes",
     "synthetic_anchor",
     "to_ns",
 ]
@@ -232,9 +232,13 @@ def grant_attributes(grant: Grant, filt: InputFilter) -> dict[str, Any]:
     return a
 
 
-def refusal_ids(wire: Any) -> tuple[str, str] | None:
-    """(task_id, handoff_id) of a wire envelope being refused, when both read as non-empty
-    strings; None otherwise (a refusal nobody could attribute is not recorded)."""
+def refusal_attributes(
+    wire: Any, state: str, code: str, actor: str, *, strict: bool
+) -> dict[str, Any] | None:
+    """The attributes of the receiver's `reject` of a refused wire envelope, or None when
+    none is recorded: task_id or handoff_id unreadable (not non-empty strings: a refusal
+    nobody could attribute), or a `state` a reject does not leave on a strict tracer (a
+    lenient one flags it `handoff.valid=false`)."""
     if not isinstance(wire, Mapping):
         return None
     task_id, handoff_id = wire.get("task_id"), wire.get("handoff_id")
@@ -244,7 +248,23 @@ def refusal_ids(wire: Any) -> tuple[str, str] | None:
         return None
     if max(len(task_id), len(handoff_id)) > MAX_TEXT_CHARS:
         return None
-    return task_id, handoff_id
+    a: dict[str, Any] = {
+        sc.TASK_ID: task_id,
+        sc.HANDOFF_ID: handoff_id,
+        sc.EVENT: "reject",
+        sc.FROM_STATE: state,
+        sc.TO_STATE: EVENT_TARGET["reject"],
+        sc.ACTOR: actor,
+        sc.GEN_AI_AGENT_NAME: actor,
+        sc.GEN_AI_OPERATION_NAME: SPAN_NAME["reject"],
+        sc.ERROR_CODE: code,
+    }
+    if (state, "reject") not in TABLE:
+        if strict:
+            return None
+        a[sc.VALID] = False
+        a[sc.INVALID_REASON] = str(IllegalTransition(state, "reject"))
+    return a
 
 
 def bad_attr(name: str, expected: str, value: Any) -> ValueError:

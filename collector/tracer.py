@@ -27,26 +27,24 @@ from opentelemetry import trace
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, get_current_span
 
 from collector import semconv as sc
+from collector._attrs import transition_attributes
 from collector._redact import InputFilter
 from collector._wire import (
     EVENT_TARGET,
     INSTRUMENTATION_NAME,
-    RESERVED,
     SPAN_NAME,
     STATES,
     TABLE,
-    bad_attr,
     default_filter,
     envelope_attributes,
-    evidence_attributes,
     format_traceparent,
     parse_traceparent,
-    refusal_ids,
+    refusal_attributes,
     synthetic_anchor,
     to_ns,
 )
 from collector.contract import RETRY_NEEDS_RESOLUTION, IllegalTransition, RetryRefused, State
-from collector.envelope import Envelope, EnvelopeError, EvidenceRef, utc_time_problem
+from collector.envelope import Envelope, EnvelopeError, EvidenceRef
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer, TracerProvider
@@ -204,27 +202,9 @@ class HandoffTracer:
 
     def _refuse(self, wire: Any, state: str, exc: EnvelopeError, at: datetime | int | None) -> None:
         """Emit the receiver's `reject` of a refused envelope (see `receive`), if it can."""
-        ids = refusal_ids(wire)
-        if ids is None:
+        a = refusal_attributes(wire, state, exc.code, self.actor, strict=self.strict)
+        if a is None:
             return
-        task_id, handoff_id = ids
-        dst = TABLE.get((state, "reject"))
-        a: dict[str, Any] = {
-            sc.TASK_ID: task_id,
-            sc.HANDOFF_ID: handoff_id,
-            sc.EVENT: "reject",
-            sc.FROM_STATE: state,
-            sc.TO_STATE: EVENT_TARGET["reject"],
-            sc.ACTOR: self.actor,
-            sc.GEN_AI_AGENT_NAME: self.actor,
-            sc.GEN_AI_OPERATION_NAME: SPAN_NAME["reject"],
-            sc.ERROR_CODE: exc.code,
-        }
-        if dst is None:
-            if self.strict:
-                return
-            a[sc.VALID] = False
-            a[sc.INVALID_REASON] = str(IllegalTransition(state, "reject"))
         try:
             anchor = parse_traceparent(wire.get("traceparent"), None)
         except EnvelopeError:
@@ -375,87 +355,26 @@ class Handoff:
         """
         start_ns = self._t._clock() if at is None else to_ns(at, self._t._clock)
         a = self._base.copy()
-        if error_code is not None:
-            if not isinstance(error_code, str):
-                raise bad_attr("error_code", "str", error_code)
-            a[sc.ERROR_CODE] = error_code
-        if fence_token is not None:
-            if type(fence_token) is not int:
-                raise bad_attr("fence_token", "int", fence_token)
-            a[sc.FENCE_TOKEN] = fence_token
-        if state_version is not None:
-            if type(state_version) is not int:
-                raise bad_attr("state_version", "int", state_version)
-            a[sc.STATE_VERSION] = state_version
-        if payload_hash is not None:
-            if not isinstance(payload_hash, str):
-                raise bad_attr("payload_hash", "str", payload_hash)
-            a[sc.PAYLOAD_HASH] = payload_hash
-        if evidence_count is not None:
-            if type(evidence_count) is not int or evidence_count < 0:
-                raise bad_attr("evidence_count", "int >= 0", evidence_count)
-            a[sc.EVIDENCE_COUNT] = evidence_count
-        if evidence_valid is not None:
-            if type(evidence_valid) is not bool:
-                raise bad_attr("evidence_valid", "bool", evidence_valid)
-            a[sc.EVIDENCE_VALID] = evidence_valid
-        if evidence_refs is not None:
-            if isinstance(evidence_refs, str):
-                raise bad_attr("evidence_refs", "a list of ids", evidence_refs)
-            items = tuple(evidence_refs)
-            if all(type(r) is str for r in items):
-                a[sc.EVIDENCE_REFS] = items
-            else:
-                for r in items:
-                    if not isinstance(r, str | EvidenceRef):
-                        raise bad_attr("evidence_refs", "a list of str ids (or EvidenceRef)", r)
-                a.update(evidence_attributes(tuple(EvidenceRef.coerce(r) for r in items)))
-        if receipt_status is not None:
-            if not isinstance(receipt_status, str):
-                raise bad_attr("receipt_status", "str", receipt_status)
-            a[sc.RECEIPT_STATUS] = receipt_status
-        if receipt_hash is not None:
-            if not isinstance(receipt_hash, str):
-                raise bad_attr("receipt_hash", "str", receipt_hash)
-            a[sc.RECEIPT_HASH] = receipt_hash
-        if result_version is not None:
-            if not isinstance(result_version, str):
-                raise bad_attr("result_version", "str", result_version)
-            a[sc.RESULT_VERSION] = result_version
-        if receipt_id is not None:
-            if not isinstance(receipt_id, str):
-                raise bad_attr("receipt_id", "str", receipt_id)
-            a[sc.RECEIPT_ID] = receipt_id
-        if receipt_expires_at is not None:
-            problem = utc_time_problem(receipt_expires_at)
-            if problem is not None:
-                raise ValueError(f"receipt_expires_at: {problem}")
-            a[sc.RECEIPT_EXPIRES_AT] = receipt_expires_at
-        if read_back is not None:
-            if type(read_back) is not bool:
-                raise bad_attr("read_back", "bool", read_back)
-            a[sc.RECEIPT_READ_BACK] = read_back
-        if conflicts is not None:
-            if isinstance(conflicts, str):
-                raise bad_attr("conflicts", "a list of str", conflicts)
-            found = tuple(conflicts)
-            for c in found:
-                if not isinstance(c, str):
-                    raise bad_attr("conflicts", "a list of str", c)
-            a[sc.RECEIPT_CONFLICTS] = found
-        if execution_id is not None:
-            if not isinstance(execution_id, str):
-                raise bad_attr("execution_id", "str", execution_id)
-            a[sc.EXECUTION_ID] = execution_id
-        if execution_version is not None:
-            if not isinstance(execution_version, str):
-                raise bad_attr("execution_version", "str", execution_version)
-            a[sc.EXECUTION_VERSION] = execution_version
-        if extra:
-            for k in extra:
-                if not isinstance(k, str) or k in RESERVED:
-                    raise ValueError(f"extra: key {k!r} is not allowed (reserved or not a string)")
-            a.update(extra)
+        transition_attributes(
+            a,
+            error_code=error_code,
+            fence_token=fence_token,
+            state_version=state_version,
+            payload_hash=payload_hash,
+            evidence_count=evidence_count,
+            evidence_valid=evidence_valid,
+            evidence_refs=evidence_refs,
+            receipt_status=receipt_status,
+            receipt_hash=receipt_hash,
+            result_version=result_version,
+            execution_id=execution_id,
+            execution_version=execution_version,
+            receipt_id=receipt_id,
+            receipt_expires_at=receipt_expires_at,
+            read_back=read_back,
+            conflicts=conflicts,
+            extra=extra,
+        )
 
         event = str(event)
         name = SPAN_NAME.get(event)
