@@ -67,14 +67,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="multiply every planned latency (default 1)",
     )
     sim.add_argument(
-        "--rates", default="", help="failure rates 'bounce=0.05,timeout=0.1,...' over the defaults"
+        "--rates",
+        default="",
+        help="failure rates 'bounce=0.05,timeout=0.1,blind_retry=0.02,...' over the defaults "
+        "(each a probability per intent in [0, 1]; an unknown name is refused)",
     )
+    base = FailureRates.cli_defaults()
     for f in fields(FailureRates):
         sim.add_argument(
             f"--{f.name.replace('_', '-')}-rate",
             dest=f"rate_{f.name}",
             type=float,
-            help=f"probability per intent (default {f.default})",
+            help=f"probability per intent (default {getattr(base, f.name)})",
         )
     sim.add_argument("--no-outage", action="store_true", help="no skill-removed rejection spike")
     sim.add_argument(
@@ -126,7 +130,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     demo.add_argument("--seed", type=int, default=7)
     demo.add_argument(
-        "--rates", default="", help="failure rates 'bounce=0.05,...' over the defaults"
+        "--rates",
+        default="",
+        help="failure rates 'bounce=0.05,blind_retry=0.02,...' over the defaults",
     )
     demo.add_argument(
         "--otlp-port",
@@ -165,7 +171,7 @@ def _default_workers() -> int:
 def _rates(args: argparse.Namespace):
     from handoffs.simulator import FailureRates
 
-    base = FailureRates.parse(args.rates)
+    base = FailureRates.parse(args.rates, base=FailureRates.cli_defaults())
     overrides = {f.name: getattr(args, f"rate_{f.name}", None) for f in fields(FailureRates)}
     values = {f.name: getattr(base, f.name) for f in fields(FailureRates)}
     values.update({k: v for k, v in overrides.items() if v is not None})

@@ -10,6 +10,9 @@ from handoffs.simulator._arrivals import backfill_starts, live_starts
 from handoffs.simulator._catalog import AGENTS, MEAN_INTENTS, TOPOLOGIES, WORKFLOWS
 from handoffs.simulator._emit import EmitStats, Emitter, otlp_exporter_factory
 from handoffs.simulator._model import (
+    AUDIT_KINDS,
+    CHAINED_KINDS,
+    CLI_AUDIT_RATE,
     FAULTS,
     FailureRates,
     PlannedHandoff,
@@ -25,6 +28,9 @@ from handoffs.simulator._scenario import plan_task
 
 __all__ = [
     "AGENTS",
+    "AUDIT_KINDS",
+    "CHAINED_KINDS",
+    "CLI_AUDIT_RATE",
     "FAULTS",
     "LIVE_SEQ_BASE",
     "MEAN_INTENTS",

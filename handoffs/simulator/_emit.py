@@ -5,6 +5,11 @@ that tenant's bearer token (serve binds the tenant to the token). Every agent ha
 HandoffTracer (strict, so a planner bug raises instead of emitting garbage) plus a lenient
 one for the deliberate after_terminal messages. Each receiving agent joins the handoff from
 the sender's wire form (`receive(to_wire())`), the way a real remote agent would.
+
+A planned attempt whose envelope names `retry_of` is created with the shim's `retry()` on
+the sender's view of the earlier attempt; while that one is `unknown` (a blind retry) the
+strict tracer refuses, so the lenient one sends it (flagged `handoff.retry_unresolved`).
+The tenant claim on a transition (`handoff.tenant`) goes through the shim's `extra`.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 from collector import Envelope, HandoffTracer
+from collector.contract import RETRY_NEEDS_RESOLUTION
 from handoffs.simulator._model import PlannedHandoff, Step, TaskPlan
 
 if TYPE_CHECKING:
@@ -190,7 +196,17 @@ class Emitter:
         planned = self._handoffs[step.handoff_id]
         tenant = planned.tenant
         if step.event == "create":
-            h = self._tracer(tenant, step.actor).create(Envelope(**planned.envelope), at=step.at_ns)
+            prev = self._live.get(str(planned.envelope.get("retry_of")))
+            if prev is not None:
+                # the sender's view of the earlier attempt, as its latest message says
+                unresolved = prev.state in RETRY_NEEDS_RESOLUTION
+                tracer = self._tracer(tenant, step.actor, strict=not unresolved)
+                earlier = tracer.receive(dict(prev.wire, state=prev.state))
+                h = tracer.retry(earlier, step.handoff_id, at=step.at_ns)
+            else:
+                h = self._tracer(tenant, step.actor).create(
+                    Envelope(**planned.envelope), at=step.at_ns
+                )
             self._live[step.handoff_id] = _Live(h.to_wire(), h.state, {step.actor: h})
         else:
             live = self._live[step.handoff_id]

@@ -13,6 +13,9 @@ from types import MappingProxyType
 from typing import Any, Final
 
 __all__ = [
+    "AUDIT_KINDS",
+    "CHAINED_KINDS",
+    "CLI_AUDIT_RATE",
     "FAULTS",
     "FailureRates",
     "PlannedHandoff",
@@ -41,7 +44,27 @@ FAULTS: Final = (
     "cancel",  # the sender canceled
     "reject",  # the receiver refused (busy, policy)
     "fail",  # the receiver ran and failed
+    # the protocol audit: one label per flagged handoff (see AUDIT_KINDS)
+    "blind_retry",  # attempt B sent while attempt A was unknown (after a timeout)
+    "duplicate_execution",  # B retried A under the same key after A committed; both commit
+    "consumed_before_verified",  # the next hop consumes a receipt before it was read back
+    "expired_receipt_used",  # the next hop consumes a receipt after its expiry
+    "wrong_consumer",  # another agent than to_agent accepts, runs and commits
+    "grant_expired",  # the grant expired before the receiver started
+    "capability_outside_grant",  # the envelope asks for a capability the grant lacks
+    "grant_tenant_mismatch",  # the grant names another tenant than the credential's
+    "tenant_claim_mismatch",  # a span claims another tenant than the credential's
 )
+
+#: Protocol-audit kinds, each drawn per intent (at most one per intent) and named like the
+#: anomaly kind that should flag the labelled handoff.
+AUDIT_KINDS: Final = FAULTS[-9:]
+#: Audit kinds whose labelled handoff is the NEXT hop of a task (a consumer of the previous
+#: hop's receipt): they are drawn on hops with a predecessor only, at rate x n/(n-1) for an
+#: n-hop task, so the rate stays a rate per intent; every workflow has >= 2 hops.
+CHAINED_KINDS: Final = ("consumed_before_verified", "expired_receipt_used")
+#: The rate per intent of every audit kind in the `simulate` and `demo` commands' defaults.
+CLI_AUDIT_RATE: Final = 0.005
 
 
 class SimulatorConfigError(ValueError):
@@ -81,6 +104,15 @@ class FailureRates:
     after_terminal: float = 0.01
     timeout_resolve: float = 0.6
     timeout_escalate: float = 0.2
+    blind_retry: float = 0.0
+    duplicate_execution: float = 0.0
+    consumed_before_verified: float = 0.0
+    expired_receipt_used: float = 0.0
+    wrong_consumer: float = 0.0
+    grant_expired: float = 0.0
+    capability_outside_grant: float = 0.0
+    grant_tenant_mismatch: float = 0.0
+    tenant_claim_mismatch: float = 0.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -105,6 +137,18 @@ class FailureRates:
             )
         if self.timeout_resolve + self.timeout_escalate > 1.0 + 1e-9:
             raise SimulatorConfigError("timeout_resolve+timeout_escalate", "sum must be <= 1")
+        audit = sum(getattr(self, k) for k in AUDIT_KINDS)
+        audit += sum(getattr(self, k) for k in CHAINED_KINDS)
+        if audit > 1.0 + 1e-9:
+            raise SimulatorConfigError(
+                "+".join(AUDIT_KINDS) + " (chained kinds twice)",
+                f"audit rates sum to {audit:.3f} > 1",
+            )
+
+    @classmethod
+    def cli_defaults(cls) -> FailureRates:
+        """The defaults plus every audit kind at CLI_AUDIT_RATE (the CLI's starting point)."""
+        return cls(**dict.fromkeys(AUDIT_KINDS, CLI_AUDIT_RATE))
 
     @classmethod
     def none(cls) -> FailureRates:
@@ -133,7 +177,7 @@ class FailureRates:
 @dataclass(frozen=True, slots=True)
 class SkillOutage:
     """A skill removed from an Agent Card for a time slice: handoffs to `to_agent` asking for
-    `capability` inside [start_ns, end_ns) are rejected with `capability_not_found` at
+    `capability` inside [start_ns, end_ns) are rejected with `unknown_capability` at
     `reject_rate` (a rejection spike for that target capability)."""
 
     to_agent: str

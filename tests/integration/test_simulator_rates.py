@@ -16,6 +16,7 @@ import pytest
 
 from analytics import Window, anomalies, funnel
 from handoffs.simulator import (
+    AUDIT_KINDS,
     Emitter,
     FailureRates,
     ScenarioConfig,
@@ -28,7 +29,9 @@ S = 10**9
 INTENTS = 3000
 RATES = FailureRates.parse(
     "bounce=0.05,partial_result=0.05,duplicate_delivery=0.04,stale_fence=0.02,"
-    "stale_state_version=0.02,after_terminal=0.02,idempotency_conflict=0.02,timeout=0.04"
+    "stale_state_version=0.02,after_terminal=0.02,idempotency_conflict=0.02,timeout=0.04,"
+    # the protocol-audit kinds are recovered in test_protocol_simulated.py
+    + ",".join(f"{k}=0" for k in AUDIT_KINDS)
 )
 TOKENS = {"acme": "tok-acme", "globex": "tok-globex", "initech": "tok-initech"}
 

@@ -13,6 +13,7 @@ from collector import IllegalTransition, next_state
 from collector.contract import TERMINAL
 from handoffs.cli import main
 from handoffs.simulator import (
+    AUDIT_KINDS,
     FAULTS,
     TOPOLOGIES,
     Emitter,
@@ -29,6 +30,7 @@ from handoffs.simulator import (
 
 T0 = 1_764_000_000 * 10**9  # 2025-11-24T16:00:00Z
 S = 10**9
+NO_AUDIT = ",".join(f"{k}=0" for k in AUDIT_KINDS)
 
 
 def _plans(n: int, cfg: ScenarioConfig | None = None, start: int = T0):
@@ -116,7 +118,7 @@ def test_every_planned_sequence_is_legal_except_the_injected_illegal_ones():
 
 
 def test_traffic_covers_topologies_modes_tenants_and_every_failure_mode():
-    plans = _plans(2500)
+    plans = _plans(2500, ScenarioConfig(rates=FailureRates.cli_defaults()))
     assert {p.topology for p in plans} == set(TOPOLOGIES)
     handoffs = [h for p in plans for h in p.handoffs]
     assert {h.envelope["mode"] for h in handoffs} == {"delegate", "consult", "transfer", "escalate"}
@@ -191,13 +193,14 @@ def test_idempotency_conflict_reuses_the_key_with_a_new_payload():
 
 def test_skill_outage_rejects_that_capability_inside_its_slice_only():
     outage = SkillOutage("coder", "code.test", T0 + 1000 * S, T0 + 2000 * S, reject_rate=1.0)
-    cfg = ScenarioConfig(outage=outage)
+    # an audit intent succeeds whatever the outage says: none here
+    cfg = ScenarioConfig(outage=outage, rates=FailureRates.parse(NO_AUDIT))
     inside = rejected = outside = 0
     for plan in _plans(400, cfg):
         for h in plan.handoffs:
             e = h.envelope
             codes = [s.attrs.get("error_code") for s in plan.steps if s.handoff_id == h.handoff_id]
-            if "capability_not_found" in codes:
+            if "unknown_capability" in codes:
                 assert "skill_removed" in h.faults
             if (
                 e["to_agent"] == "coder"
@@ -206,14 +209,13 @@ def test_skill_outage_rejects_that_capability_inside_its_slice_only():
             ):
                 if outage.start_ns <= h.created_ns < outage.end_ns:
                     inside += 1
-                    rejected += "capability_not_found" in codes
+                    rejected += "unknown_capability" in codes
                 else:
                     outside += 1
                     # decided when the intent began: only an attempt delayed past the slice start
                     # (after a bounce) can straddle the boundary
                     assert (
-                        "capability_not_found" not in codes
-                        or h.created_ns < outage.end_ns + 600 * S
+                        "unknown_capability" not in codes or h.created_ns < outage.end_ns + 600 * S
                     )
     assert inside > 3 and outside > 3
     assert rejected >= 0.9 * inside
@@ -284,7 +286,8 @@ def test_emitter_sends_every_step_through_the_shim_per_tenant():
 def test_emitter_duplicates_and_illegal_messages_are_what_the_plan_says():
     em, exporters, _ = _emitter()
     cfg = ScenarioConfig(
-        tenants={"acme": 1}, rates=FailureRates.parse("duplicate_delivery=1,after_terminal=1")
+        tenants={"acme": 1},
+        rates=FailureRates.parse("duplicate_delivery=1,after_terminal=1,bounce=0," + NO_AUDIT),
     )
     plan = plan_task(cfg, 9, T0)
     em.emit_task(plan)
