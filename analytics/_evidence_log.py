@@ -30,10 +30,11 @@ __all__ = ["check_consistency", "check_log_section", "log_section"]
 
 
 def log_section(
-    entries: Sequence[str], head: SignedHead | None, transitions: Sequence[Mapping[str, Any]]
+    leaves: Sequence[bytes], head: SignedHead | None, transitions: Sequence[Mapping[str, Any]]
 ) -> dict[str, Any]:
     """`integrity.log` for `transitions` (each with row_hash and span_id) given the store's
-    log entries (hex row hashes in leaf order) and its newest signed head."""
+    log (its Merkle leaf hashes in order, foundation.ledger_log.read_leaves) and its newest
+    signed head."""
     if head is None:
         return {
             "head": None,
@@ -43,13 +44,14 @@ def log_section(
             "pending": [t["span_id"] for t in transitions],
             "store_matched_head": None,
         }
-    size = min(head.tree_size, len(entries))
-    levels = Levels.of([leaf_hash(log_entry(h)) for h in entries[:size]])
+    size = min(head.tree_size, len(leaves))
+    levels = Levels.of(leaves[:size])
     matched = size == head.tree_size and levels.root().hex() == head.root
-    wanted = {t["row_hash"] for t in transitions}
+    wanted = {leaf_hash(log_entry(t["row_hash"])): t["row_hash"] for t in transitions}
     first: dict[str, int] = {}
-    for i, h in enumerate(entries[:size]):
-        if h in wanted and h not in first:
+    for i, leaf in enumerate(leaves[:size]):
+        h = wanted.get(leaf)
+        if h is not None and h not in first:
             first[h] = i
     out: list[dict[str, Any]] = []
     pending: list[str] = []
@@ -125,7 +127,7 @@ def check_log_section(
 
 
 def check_consistency(
-    package_head: SignedHead, store_entries: Sequence[str], store_head: SignedHead | None
+    package_head: SignedHead, store_leaves: Sequence[bytes], store_head: SignedHead | None
 ) -> list[str]:
     """Problems between the package's head and the store's newest head: the store must hold
     a head at least as large whose tree the package's is a prefix of (RFC 9162 consistency
@@ -137,10 +139,10 @@ def check_consistency(
     if n < m:
         return [f"log: the store's newest signed head has {n} leaves, the package's {m} "
                 "(the log was truncated or its heads deleted)"]  # fmt: skip
-    if len(store_entries) < n:
-        return [f"log: the store holds {len(store_entries)} leaves, its newest head signed {n} "
+    if len(store_leaves) < n:
+        return [f"log: the store holds {len(store_leaves)} leaves, its newest head signed {n} "
                 "(the log was truncated)"]  # fmt: skip
-    leaves = [leaf_hash(log_entry(h)) for h in store_entries[:n]]
+    leaves = store_leaves[:n]
     problems = []
     if root(leaves).hex() != store_head.root:
         problems.append(f"log: the store's leaves do not reproduce its newest signed head "

@@ -31,7 +31,7 @@ from analytics._package import FORMAT, build_package, iso_ns, typed_mismatches
 from analytics._rows import fetch_handoff, fetch_ledger
 from analytics.verify import VerifyResult, package_sha256, verify_offline, verify_package
 from foundation.keys import PublicKeys, SignedHead
-from foundation.ledger_log import read_heads, read_log
+from foundation.ledger_log import read_heads, read_leaves
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
@@ -55,11 +55,11 @@ _RELATED_LIMIT: Final = 200
 TASK_FORMAT: Final = "handoff-task-evidence/v1"
 
 
-def _store_log(client: Client, db: str) -> tuple[list[str], SignedHead | None]:
-    """The store's log entries (hex, leaf order) and its newest signed head."""
+def _store_log(client: Client, db: str) -> tuple[list[bytes], SignedHead | None]:
+    """The store's log (leaf hashes in order) and its newest signed head."""
     heads = read_heads(client, db)
     head = max(heads, key=lambda h: (h.tree_size, h.signed_at)) if heads else None
-    return (read_log(client, db).entries() if head is not None else []), head
+    return (read_leaves(client, db) if head is not None else []), head
 
 
 def evidence_package(

@@ -38,8 +38,9 @@ from analytics._package import (
     typed_mismatches,
 )
 from analytics._rows import fetch_handoff, fetch_ledger
-from foundation.integrity import HASHED_COLUMNS, row_hash
+from foundation.integrity import HASHED_COLUMNS, log_entry, row_hash
 from foundation.keys import PublicKeys, SignedHead
+from foundation.merkle import leaf_hash
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
@@ -179,7 +180,7 @@ def verify_package(
     """Verify a package offline (verify_offline) and against the store as it is now (see
     the module doc); never writes. Raises ValueError for a malformed package."""
     from analytics._evidence_store import cross_anomalies, fetch_task_rows, related
-    from foundation.ledger_log import read_heads, read_log
+    from foundation.ledger_log import read_heads, read_leaves
 
     db = check_db(database)
     notes: list[str] = []
@@ -224,17 +225,17 @@ def verify_package(
     if store_head is not None and keys is not None and (err := keys.check(store_head)):
         problems.append(f"log: the store's newest head: {err}")
     if has_head or store_head is not None:
-        entries = read_log(client, db).entries()
+        leaves = read_leaves(client, db)
         if has_head:
             try:
                 pkg_head = SignedHead.from_dict(section["head"])  # type: ignore[index]
             except ValueError as exc:
                 problems.append(f"integrity.log.head: {exc}")
             else:
-                problems += check_consistency(pkg_head, entries, store_head)
-        signed = set(entries[: store_head.tree_size]) if store_head is not None else set()
+                problems += check_consistency(pkg_head, leaves, store_head)
+        signed = set(leaves[: store_head.tree_size]) if store_head is not None else set()
         for r in stored:
-            if row_hash(r) not in signed:
+            if leaf_hash(log_entry(row_hash(r))) not in signed:
                 problems.append(f"span_id={r['span_id']}: stored, but in no signed head of "
                                 "the store's log")  # fmt: skip
     else:

@@ -25,6 +25,7 @@ __all__ = [
     "LogReport",
     "check_log",
     "read_heads",
+    "read_leaves",
     "read_log",
 ]
 
@@ -98,6 +99,30 @@ def read_log(client: Client, database: str) -> LedgerLog:
         tuple(LogBatch(b, info[b][1], info[b][3], tuple(hashes.get(b, ()))) for b in ordered),
         tuple(unreachable),
     )
+
+
+def read_leaves(client: Client, database: str) -> list[bytes]:
+    """The log's Merkle leaf hashes in log order, hashed by the store (SHA-256 of 0x00 and
+    the raw row hash): what a package's proofs need, half the bytes of read_log and no
+    hashing here."""
+    db = database
+    rows = client.query(
+        f"""SELECT ingest_batch, prev_chain_hash, chain_hash,
+                   toUnixTimestamp64Nano(toDateTime64(received_at, 9))
+            FROM {db}.ingest_batches"""
+    ).result_rows
+    ordered, _unreachable = chain_order([(_s(b), _s(p), _s(c), int(t)) for b, p, c, t in rows])
+    leaves = {
+        _s(b): hs
+        for b, hs in client.query(
+            f"""SELECT ingest_batch,
+                       arrayMap(h -> SHA256(concat(unhex('00'), unhex(h))),
+                                arraySort(groupArray(toString(row_hash))))
+                FROM {db}.transition_ledger GROUP BY ingest_batch"""
+        ).result_rows
+    }
+    return [bytes(h) if not isinstance(h, str) else h.encode("latin-1")
+            for b in ordered for h in leaves.get(b, ())]  # fmt: skip
 
 
 def read_heads(client: Client, database: str) -> list[SignedHead]:

@@ -97,10 +97,10 @@ def test_inclusion_and_consistency_for_a_package(tmp_path):
     key = load_private_key(tmp_path / "k.key")
     keys = PublicKeys.of([key.public_key()])
     log = _log([3, 2, 4])
-    entries = log.entries()
+    entries, leaves = log.entries(), log.leaves()
     old, new = _head(key, log, 2, at=5), _head(key, log, 3, at=6)
     transitions = [{"row_hash": entries[i], "span_id": f"s{i}"} for i in (0, 4, 7)]
-    section = log_section(entries, old, transitions)
+    section = log_section(leaves, old, transitions)
     assert [e["index"] for e in section["entries"]] == [0, 4, None] and section["pending"] == ["s7"]
     pkg = {"transitions": transitions, "integrity": {"log": section}}
     problems = check_log_section(pkg, keys, generated_at_ns=10)
@@ -110,7 +110,7 @@ def test_inclusion_and_consistency_for_a_package(tmp_path):
     assert check_log_section(pkg, keys, generated_at_ns=1)[0].endswith(
         "signed after the package's generated_at"
     )
-    assert check_consistency(old, entries, new) == []
-    assert "truncated" in check_consistency(new, entries, old)[0]
-    rewritten = [*entries[:1], "e" * 64, *entries[2:]]
+    assert check_consistency(old, leaves, new) == []
+    assert "truncated" in check_consistency(new, leaves, old)[0]
+    rewritten = [*leaves[:1], leaf_hash(b"e" * 32), *leaves[2:]]
     assert any("not a prefix" in p for p in check_consistency(old, rewritten, new))
