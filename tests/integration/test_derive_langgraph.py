@@ -116,8 +116,10 @@ def test_langgraph_handoffs_are_derived(serve, provider):
         assert last == want
     with serve.client() as c:
         kinds = analytics.anomalies(c, database=serve.database, window=window)
+        # bob's handoff back names alice's as its cause, which is never verified
         assert {r["kind"]: int(r["count"]) for _, r in kinds.iterrows() if r["count"]} == {
-            "bounce": 1
+            "bounce": 1,
+            "consumed_before_verified": 1,
         }
         pairs = c.query(
             f"SELECT from_agent, to_agent FROM {serve.database}.handoff_transitions "
