@@ -269,3 +269,83 @@ def test_client_without_interceptor_joins_by_traceparent_header(serve, a2a_serve
         pkg = analytics.evidence_package(c, database=serve.database, handoff_id=task.id)
     assert pkg["envelope"]["from_agent"] == "a2a-client"
     assert pkg["envelope"]["task_id"] == task.context_id
+
+
+@pytest.fixture
+def media_checking_server(serve):
+    """(url, observer): a coder server that takes text/plain only (the SDK checks the parts)."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    card = AgentCard(
+        name="coder",
+        description="writes patches",
+        version="1.0.0",
+        supported_interfaces=[
+            AgentInterface(protocol_binding="JSONRPC", url=f"{url}/", protocol_version="1.0")
+        ],
+        capabilities=AgentCapabilities(streaming=False),
+        default_input_modes=["text/plain"],
+        default_output_modes=["text/plain"],
+        skills=[AgentSkill(id="code.write", name="code", description="code", tags=["code"])],
+    )
+    provider = _provider(serve, "coder-a2a-modes")
+    observer = A2AServerObserver(agent="coder", tracer_provider=provider)
+    store = observer.task_store(InMemoryTaskStore())
+    inner = DefaultRequestHandler(ScriptedExecutor(), store, card, validate_input_modes=True)
+    handler = observer.request_handler(inner)
+    app = Starlette(routes=[*create_agent_card_routes(card), *create_jsonrpc_routes(handler, "/")])
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_until(lambda: server.started or not thread.is_alive(), 30, "uvicorn to start")
+    assert thread.is_alive(), "uvicorn thread died"
+    yield url, observer
+    server.should_exit = True
+    thread.join(30)
+    provider.shutdown()
+
+
+def test_a_message_the_server_refuses_is_a_reject_with_the_mapped_code(
+    serve, media_checking_server
+):
+    """Over real HTTP: the SDK refuses an image for a text/plain agent; the server's observer
+    rejects the handoff the client created (incompatible_protocol), in the client's trace,
+    and the error the client receives maps to the same code."""
+    from a2a.utils.errors import ContentTypeNotSupportedError
+
+    from collector.a2a import a2a_error_code
+
+    url, observer = media_checking_server
+    provider = _provider(serve, "planner-modes")
+    interceptor = HandoffClientInterceptor(actor="planner", tracer_provider=provider)
+    part = new_text_part("see the screenshot")
+    part.media_type = "image/png"
+    msg = Message(role=Role.ROLE_USER, message_id=str(uuid.uuid4()), parts=[part])
+
+    async def go():
+        client = await create_client(url, ClientConfig(streaming=False),
+                                     interceptors=[interceptor])  # fmt: skip
+        try:
+            async for _ev in client.send_message(SendMessageRequest(message=msg)):
+                pass
+        finally:
+            await client.close()
+
+    with pytest.raises(ContentTypeNotSupportedError) as ei:
+        asyncio.run(go())
+    assert a2a_error_code(ei.value) == "incompatible_protocol"
+    provider.shutdown()
+    serve.wait_stored()
+    with serve.client() as c:
+        rows = c.query(
+            "SELECT event, actor, error_code, valid, trace_id "
+            f"FROM {serve.database}.handoff_transitions WHERE handoff_id = {{h:String}} "
+            "ORDER BY time",
+            parameters={"h": f"a2a-{msg.message_id}"},
+        ).result_rows
+    assert [r[:4] for r in rows] == [
+        ("create", "planner", "", True),
+        ("reject", "coder", "incompatible_protocol", True),
+    ]
+    assert len({r[4] for r in rows}) == 1
+    assert (observer.errors, observer.refused) == (0, 0)

@@ -127,3 +127,20 @@ def test_target_failure_is_a_failed_handoff(serve, run_observed):
     row = _funnel(serve, window).iloc[0]
     assert (row["settled"], row["accepted"], row["executed"], row["committed"]) == (1, 1, 0, 0)
     assert row["p_e2e"] == 0.0
+
+
+def test_a_chained_run_stores_each_handoffs_cause(serve, run_observed):
+    reviewer = Agent(name="reviewer", model=ScriptedModel([["lgtm"]]))
+    coder = Agent(name="coder", model=ScriptedModel([["handoff:reviewer"]]), handoffs=[reviewer])
+    planner = Agent(name="planner", model=ScriptedModel([["handoff:coder"]]), handoffs=[coder])
+    window = run_observed(planner)
+    with serve.client() as c:
+        rows = c.query(
+            "SELECT from_agent, handoff_id, attributes['handoff.causation_id'] "
+            f"FROM {serve.database}.handoff_transitions "
+            "WHERE event = 'create' AND time >= {t:DateTime64(9)} ORDER BY time",
+            parameters={"t": window.start},
+        ).result_rows
+    by_src = {src: (hid, cause) for src, hid, cause in rows}
+    assert by_src["planner"][1] == ""  # the first of the run consumes nothing
+    assert by_src["coder"][1] == by_src["planner"][0]
