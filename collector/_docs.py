@@ -16,7 +16,7 @@ from typing import Final
 
 from collector import semconv
 from collector._redact import DEFAULT_FIELD_NAMES, InputFilter
-from collector.a2a import A2A_STATES, a2a_event
+from collector.a2a import A2A_ERROR_CODES, A2A_HTTP_CODES, A2A_STATES, a2a_event
 from collector.contract import PROTOCOL, STATES, TERMINAL, TRANSITIONS, Event
 from collector.envelope import REQUIRED_FIELDS, Envelope
 
@@ -227,8 +227,34 @@ def render() -> str:
         "",
         *_a2a_rows(),
         "",
+        "## Error codes",
+        "",
+        "`handoff.error_code` on `reject`, `fail` and `timeout`. The vocabulary",
+        "(`collector.semconv.ERROR_CODES`): "
+        + ", ".join(f"`{c}`" for c in semconv.ERROR_CODES)
+        + ". Any other code is stored as sent and counted as `other`. A receiver refusing an",
+        "envelope (`HandoffTracer.receive`) emits `reject` with `incompatible_protocol` (a",
+        "protocol other than `aa-handoff/v1`), `missing_required_field` or `invalid_envelope`.",
+        "",
+        "The a2a-sdk's refusals (`collector.a2a.a2a_error_code`; an HTTP status of a client",
+        "error first, then the error class or its nearest listed base; anything else keeps",
+        "`a2a_<snake_case class name>`):",
+        "",
+        *_a2a_error_rows(),
+        "",
     ]
     return "\n".join(out)
+
+
+def _a2a_error_rows() -> list[str]:
+    by_code: dict[str, list[str]] = {}
+    for name, code in A2A_ERROR_CODES.items():
+        by_code.setdefault(code, []).append(f"`{name}`")
+    for status, code in sorted(A2A_HTTP_CODES.items()):
+        by_code.setdefault(code, []).append(f"HTTP {status}")
+    rows = ["| a2a-sdk error | `handoff.error_code` |", "|---|---|"]
+    rows += [f"| {', '.join(what)} | `{code}` |" for code, what in by_code.items()]
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:

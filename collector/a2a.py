@@ -34,6 +34,7 @@ from collector.contract import TERMINAL, TRANSITIONS, Event, State
 
 __all__ = [
     "A2A_ERROR_CODES",
+    "A2A_HTTP_CODES",
     "A2A_STATES",
     "a2a_error_code",
     "a2a_event",
@@ -172,7 +173,7 @@ A2A_ERROR_CODES: Final = {
 }
 #: HTTP status of an a2a-sdk client error ("HTTP Error 401: ...", AgentCardResolutionError's
 #: status_code) -> code; other statuses fall through to the class name.
-_HTTP_CODES: Final = {
+A2A_HTTP_CODES: Final = {
     401: "permission_denied",
     403: "permission_denied",
     408: "deadline",
@@ -199,8 +200,8 @@ def a2a_error_code(error: BaseException) -> str:
     if not isinstance(status, int):
         m = _HTTP_RE.search(str(error))
         status = int(m.group(1)) if m else None
-    if status in _HTTP_CODES:
-        return _HTTP_CODES[status]
+    if status in A2A_HTTP_CODES:
+        return A2A_HTTP_CODES[status]
     for cls in type(error).__mro__:
         code = A2A_ERROR_CODES.get(cls.__name__)
         if code is not None:

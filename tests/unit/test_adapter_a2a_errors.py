@@ -172,3 +172,16 @@ def test_a_task_whose_envelope_the_server_refuses_is_rejected_once(rec):
     events = [(t[semconv.EVENT], t.get(semconv.ERROR_CODE)) for t in rec.transitions()]
     assert events == [("create", None), ("reject", "missing_required_field")]
     assert (obs.refused, obs.errors) == (1, 0)
+
+
+def test_the_developer_guide_table_matches_the_mapping():
+    from pathlib import Path
+
+    from collector.a2a import A2A_HTTP_CODES
+
+    doc = Path(__file__).resolve().parents[2] / "docs" / "agent-developers.md"
+    rows = [r for r in doc.read_text(encoding="utf-8").splitlines() if r.startswith("| ")]
+    for name, code in A2A_ERROR_CODES.items():
+        assert any(f"`{name}`" in r and r.endswith(f"| `{code}` |") for r in rows), name
+    for status, code in A2A_HTTP_CODES.items():
+        assert any(str(status) in r and r.endswith(f"| `{code}` |") for r in rows), status
