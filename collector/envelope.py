@@ -196,6 +196,18 @@ _GRANT_FIELDS: Final = (
 )
 
 
+def _coerce_refs(refs: Any) -> list[EvidenceRef]:
+    """EvidenceRefs of a list; an error names the item: `evidence_refs[2].valid_at`."""
+    out = []
+    for i, r in enumerate(refs):
+        try:
+            out.append(EvidenceRef.coerce(r))
+        except EnvelopeError as exc:
+            field = exc.field.replace("evidence_refs", f"evidence_refs[{i}]", 1)
+            raise EnvelopeError(field, exc.reason, exc.code) from None
+    return out
+
+
 def _str_list(name: str, value: Any) -> tuple[str, ...]:
     if not isinstance(value, list | tuple):
         raise EnvelopeError(name, f"must be a list of strings, got {type(value).__name__}")
@@ -357,7 +369,7 @@ class Envelope:
         if not isinstance(refs, (list, tuple)):
             raise EnvelopeError("evidence_refs", f"must be a list, got {type(refs).__name__}")
         if not all(type(r) is EvidenceRef for r in refs) or isinstance(refs, list):
-            object.__setattr__(self, "evidence_refs", tuple(EvidenceRef.coerce(r) for r in refs))
+            object.__setattr__(self, "evidence_refs", tuple(_coerce_refs(refs)))
 
         if self.constraints is not None:
             if not isinstance(self.constraints, Mapping):

@@ -185,7 +185,7 @@ class HandoffTracer:
         reject leaves (`created`; a lenient tracer records it from any known state,
         flagged). `at`: the time of that reject (None: the tracer's clock).
         """
-        state = wire.get("state") or "created" if isinstance(wire, Mapping) else "created"
+        state = (wire.get("state") or "created") if isinstance(wire, Mapping) else "created"
         if not isinstance(state, str) or state not in STATES:
             raise EnvelopeError("state", f"unknown state {state!r}")
         try:

@@ -58,10 +58,10 @@ def test_valid_envelope_normalizes_lists_to_tuples():
         ({"evidence_refs": "doc:1"}, "evidence_refs", "must be a list, got str"),
         (
             {"evidence_refs": [3]},
-            "evidence_refs",
+            "evidence_refs[0]",
             "evidence item must be an id string or an object, got int",
         ),
-        ({"evidence_refs": [{"claim": "x"}]}, "evidence_refs", "evidence item has no 'id'"),
+        ({"evidence_refs": [{"claim": "x"}]}, "evidence_refs[0]", "evidence item has no 'id'"),
         ({"topology": "carrier_pigeon"}, "topology", "unknown topology 'carrier_pigeon'"),
         ({"protocol": "aa-handoff/v2"}, "protocol", "unsupported major version 'aa-handoff/v2'"),
         ({"protocol": "http/1.1"}, "protocol", "unknown protocol 'http/1.1'"),

@@ -68,13 +68,13 @@ def test_unknown_keys_of_a_grant_are_dropped_on_read():
         ({"retry_of": ""}, "retry_of", "non-empty"),
         ({"retry_of": 7}, "retry_of", "must be a string"),
         (
-            {"evidence_refs": [{"id": "doc:1", "valid_at": "yesterday"}]},
-            "evidence_refs.valid_at",
+            {"evidence_refs": ["doc:0", {"id": "doc:1", "valid_at": "yesterday"}]},
+            "evidence_refs[1].valid_at",
             "not an ISO-8601 UTC time",
         ),
         (
             {"evidence_refs": [{"id": "doc:1", "claim": 3}]},
-            "evidence_refs.claim",
+            "evidence_refs[0].claim",
             "must be a string",
         ),
     ],
