@@ -211,8 +211,10 @@ class HandoffTracer:
             anchor = synthetic_anchor()
         start_ns = to_ns(at, self._clock)
         ctx = trace.set_span_in_context(NonRecordingSpan(anchor))
+        cur = get_current_span().get_span_context()  # the receiver's request, as for transitions
+        links = (Link(cur),) if cur.is_valid and cur.trace_id != anchor.trace_id else None
         span = self._tracer.start_span(
-            SPAN_NAME["reject"], context=ctx, attributes=a, start_time=start_ns
+            SPAN_NAME["reject"], context=ctx, attributes=a, start_time=start_ns, links=links
         )
         span.end(end_time=start_ns)
 
@@ -447,7 +449,8 @@ class Handoff:
         **changes: Any,
     ) -> Handoff:
         """The next attempt of this handoff's task at the same target, created by this
-        Handoff's tracer: see `HandoffTracer.retry` (strict refuses while `unknown`)."""
+        Handoff's tracer (so call it on the sender's Handoff: the sender creates): see
+        `HandoffTracer.retry` (strict refuses while `unknown`)."""
         return self._t.retry(self, handoff_id, at, idempotency_key=idempotency_key, **changes)
 
     # -- one method per event (the table in collector/contract.py decides legality) ---------
