@@ -209,3 +209,18 @@ def test_an_accepted_envelope_emits_nothing_on_receive(rec):
     h = HandoffTracer("coder", tracer_provider=rec.provider).receive(wire)
     assert h.envelope.grant == Grant(caller="planner")
     assert [t[semconv.EVENT] for t in rec.transitions()] == ["create"]
+
+
+def test_a_reject_inside_the_receivers_request_span_joins_the_sender_and_links_it(rec):
+    sender = HandoffTracer("planner", tracer_provider=rec.provider)
+    receiver = HandoffTracer("coder", tracer_provider=rec.provider)
+    wire = _wire(sender, protocol="aa-handoff/v2")
+    request_tracer = rec.provider.get_tracer("coder-http")
+    with (
+        request_tracer.start_as_current_span("POST /tasks") as request,
+        pytest.raises(EnvelopeError),
+    ):
+        receiver.receive(wire)
+    create, reject, _request = rec.spans()
+    assert reject.context.trace_id == create.context.trace_id
+    assert [link.context.span_id for link in reject.links] == [request.get_span_context().span_id]
