@@ -22,6 +22,7 @@ _COMMAND_MODULES = (
     "ingest._cli",  # ingest, verify-chain
     "analytics._cli",  # metrics, anomalies, evidence, report
     "analytics._alerts_cli",  # alerts check, watch
+    "analytics._rejections_cli",  # rejections
     "dashboard._cli",  # dashboard
     "handoffs._demo_cli",  # simulate, demo
     "foundation._keys_cli",  # keys generate
