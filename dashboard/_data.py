@@ -32,8 +32,10 @@ __all__ = [
     "evidence_package",
     "find_handoffs",
     "funnel",
+    "handoff_links",
     "handoffs_behind",
     "latencies",
+    "rejections",
     "source",
     "task_handoffs",
     "task_stats",
@@ -230,6 +232,47 @@ def task_handoffs(store: str, database: str, tenant: str, task_id: str) -> pd.Da
     from analytics.graph import task_handoffs as load
 
     return _call(load, store, database, tenant=tenant, task_id=task_id)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False, max_entries=64)
+def handoff_links(
+    store: str, database: str, tenant: str, handoff_id: str, task_id: str, named: tuple[str, ...]
+) -> Any:
+    """analytics.audit_view.handoff_links: the retry chain and causation links of a handoff."""
+    from analytics.audit_view import handoff_links as load
+
+    return _call(
+        load, store, database, tenant=tenant, handoff_id=handoff_id, task_id=task_id, named=named
+    )
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False, max_entries=64)
+def rejections(
+    store: str,
+    database: str,
+    start: str,
+    end: str,
+    as_of: str | None,
+    tenant: str | None = None,
+    examples: int = 3,
+) -> list[dict[str, Any]] | None:
+    """analytics.rejections.rejections as dicts (error_code, count, share_of_rejections,
+    share_of_settled, examples), biggest first; None when this analytics has no such module."""
+    try:
+        from analytics.rejections import rejections as load
+    except ImportError:
+        return None
+    from dataclasses import asdict
+
+    rows = _call(
+        load,
+        store,
+        database,
+        window=_window(start, end, as_of),
+        tenant=tenant,
+        examples=examples,
+    )
+    return [asdict(r) for r in rows]
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False, max_entries=64)

@@ -1,5 +1,6 @@
 """Anomalies: each kind with its count and delta against the previous period; on request a
 trend (counts over six equal slices of the window); examples link into the explorer.
+The kinds of the protocol audit (retries, receipts, grants, tenants) have their own group.
 
 The trend is off by default: each slice is one more anomalies() query, and on a large store
 one query over a day takes tens of seconds (bench/dashboard_render.py's data, 10M rows).
@@ -11,6 +12,18 @@ from analytics.display import markdown_link_text
 from dashboard import _charts, _data, _ui
 
 TREND_SLICES = 6
+#: kinds shown under "Protocol audit"; every other kind analytics reports is under "Transitions"
+PROTOCOL_AUDIT = (
+    "blind_retry",
+    "duplicate_execution",
+    "consumed_before_verified",
+    "expired_receipt_used",
+    "wrong_consumer",
+    "grant_expired",
+    "capability_outside_grant",
+    "grant_tenant_mismatch",
+    "tenant_claim_mismatch",
+)
 
 src = _ui.start_page("Anomalies")
 p = _ui.pickers(src, "anomalies")
@@ -50,27 +63,35 @@ trend = {
 total = int(cur["count"].sum())
 st.caption(f"{total:,} anomalies in {p.describe()}" + (f" · tenant {p.tenant}" if p.tenant else ""))
 
-rows = list(cur.itertuples(index=False))
-for start in range(0, len(rows), 4):
-    cols = st.columns(4)
-    for col, r in zip(cols, rows[start : start + 4], strict=False):
-        delta = _ui.delta_count(r.count, prev_counts.get(r.kind))
-        col.metric(
-            str(r.kind).replace("_", " "),
-            f"{int(r.count):,}",
-            delta,
-            delta_color=_ui.delta_color(delta, inverse=True),
-            delta_arrow="off" if _ui.delta_color(delta) == "off" else "auto",
-            help=f"{r.description}"
-            + (
-                f" Bars: counts over {TREND_SLICES} equal slices of the window."
-                if show_trend
-                else ""
-            ),
-            chart_data=trend[r.kind] if show_trend else None,
-            chart_type="bar",
-            border=True,
-        )
+all_rows = list(cur.itertuples(index=False))
+groups = (
+    ("Transitions and outcomes", [r for r in all_rows if r.kind not in PROTOCOL_AUDIT]),
+    ("Protocol audit", [r for r in all_rows if r.kind in PROTOCOL_AUDIT]),
+)
+for title, rows in groups:
+    if not rows:
+        continue
+    st.markdown(f"##### {title}")
+    for start in range(0, len(rows), 4):
+        cols = st.columns(4)
+        for col, r in zip(cols, rows[start : start + 4], strict=False):
+            delta = _ui.delta_count(r.count, prev_counts.get(r.kind))
+            col.metric(
+                str(r.kind).replace("_", " "),
+                f"{int(r.count):,}",
+                delta,
+                delta_color=_ui.delta_color(delta, inverse=True),
+                delta_arrow="off" if _ui.delta_color(delta) == "off" else "auto",
+                help=f"{r.description}"
+                + (
+                    f" Bars: counts over {TREND_SLICES} equal slices of the window."
+                    if show_trend
+                    else ""
+                ),
+                chart_data=trend[r.kind] if show_trend else None,
+                chart_type="bar",
+                border=True,
+            )
 
 st.plotly_chart(_charts.anomaly_bars(cur), key="an_bars")
 

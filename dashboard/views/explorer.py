@@ -3,7 +3,10 @@
 Find by handoff_id, task_id or idempotency key; `?handoff_id=...` opens one directly (read
 once on arrival). The integrity check runs against the store as it is now, never cached.
 The handoffs of the same task are drawn as a small graph (nodes are handoffs, in causation
-order); clicking one opens it.
+order); clicking one opens it. The protocol audit shows the retry chain (previous and next
+attempts), the handoff this one consumes and its consumers (buttons open them), the
+capability grant (with what its expiry means for the transitions) and the receipt's layers
+(issued, read back, conflicts, used).
 """
 
 import json
@@ -11,7 +14,29 @@ import json
 import pandas as pd
 import streamlit as st
 
+from analytics.audit_view import grant_view, receipt_view
 from dashboard import _charts, _data, _graph, _ui
+
+
+def _open(h, label: str, key: str) -> None:
+    """A button opening handoff `h` (a LinkedHandoff) in this page; the current one is shown
+    disabled."""
+    state = h.last_state or _ui.DASH
+    attempt = f"attempt {h.attempt} · " if h.attempt is not None else ""
+    when = h.created.strftime("%H:%M:%S") if h.created else _ui.DASH
+    clicked = st.button(
+        f"{label} {h.handoff_id} · {attempt}{state} · created {when} UTC",
+        key=key,
+        disabled=h.handoff_id == hid,
+        icon=":material/arrow_forward:"
+        if h.handoff_id != hid
+        else ":material/radio_button_checked:",
+        type="tertiary",
+    )
+    if clicked:
+        # a new arrival for the next run: the search box is set before it is drawn
+        st.query_params["handoff_id"] = h.handoff_id
+        st.rerun()
 
 
 def _decoded(v):
@@ -156,6 +181,121 @@ if len(tdf):
     st.dataframe(
         tdf[first + [c for c in tdf if c not in first]], hide_index=True, key="ex_transitions"
     )
+
+st.markdown("#### Protocol audit")
+with _ui.guard():
+    links = _data.handoff_links(
+        src.store,
+        src.database,
+        str(package.get("tenant") or ""),
+        hid,
+        str(package.get("task_id") or ""),
+        tuple(str(env.get(k) or "") for k in ("retry_of", "causation_id")),
+    )
+chain_col, cause_col = st.columns(2)
+with chain_col:
+    st.markdown("**Retry chain**")
+    if links.attempts:
+        st.caption(
+            f"{len(links.attempts)} attempts of this task at {env.get('to_agent') or _ui.DASH} "
+            "(linked by retry_of, or the same idempotency key), in attempt order."
+        )
+        for i, h in enumerate(links.attempts):
+            rel = (
+                "This:"
+                if h.handoff_id == hid
+                else "Previous:"
+                if links.previous and h.handoff_id == links.previous.handoff_id
+                else "Next:"
+                if any(n.handoff_id == h.handoff_id for n in links.next)
+                else "Attempt:"
+            )
+            _open(h, rel, key=f"ex_attempt_{i}")
+    else:
+        st.caption("The only attempt: no retry of it, and it retries nothing.")
+with cause_col:
+    st.markdown("**Causation**")
+    if links.upstream is not None:
+        _open(links.upstream, "Consumes the result of", key="ex_upstream")
+    elif links.upstream_unresolved:
+        st.caption(
+            f"Caused by `{links.upstream_unresolved}`, which names no stored handoff "
+            "(a message id, or not stored)."
+        )
+    for i, h in enumerate(links.downstream):
+        _open(h, "Consumed by", key=f"ex_downstream_{i}")
+    if links.upstream is None and not links.upstream_unresolved and not links.downstream:
+        st.caption("Consumes no other handoff's result, and none in its task consumes its own.")
+
+grant_col, receipt_col = st.columns(2)
+with grant_col:
+    st.markdown("**Grant**")
+    grant = grant_view(package)
+    if grant is None:
+        st.caption("The create carried no capability grant.")
+    else:
+        st.dataframe(
+            pd.DataFrame(
+                {
+                    "field": [
+                        "caller",
+                        "subject",
+                        "tenant",
+                        "approval",
+                        "capabilities",
+                        "resources",
+                        "expires at",
+                    ],
+                    "value": [
+                        grant.caller or _ui.DASH,
+                        grant.subject or _ui.DASH,
+                        grant.tenant or _ui.DASH,
+                        grant.approval or _ui.DASH,
+                        ", ".join(grant.capabilities) or _ui.DASH,
+                        ", ".join(grant.resources) or _ui.DASH,
+                        grant.expires_at.strftime("%Y-%m-%d %H:%M:%S UTC")
+                        if grant.expires_at
+                        else grant.expires_text or _ui.DASH,
+                    ],
+                }
+            ),
+            hide_index=True,
+            width="stretch",
+            key="ex_grant",
+        )
+        for note in grant.notes:
+            st.warning(f"Grant {note}.", icon=":material/gpp_maybe:")
+with receipt_col:
+    st.markdown("**Receipt**")
+    receipt = receipt_view(package, links.downstream)
+    if receipt is None:
+        st.caption("No receipt was issued, and none was read back.")
+    else:
+        issued = (
+            f"`{receipt.receipt_id}` at {receipt.issued_at.strftime('%Y-%m-%d %H:%M:%S')} UTC"
+            if receipt.receipt_id and receipt.issued_at
+            else _ui.DASH
+        )
+        until = (
+            receipt.expires_at.strftime("%Y-%m-%d %H:%M:%S UTC")
+            if receipt.expires_at
+            else receipt.expires_text or _ui.DASH
+        )
+        if receipt.read_back is None:
+            back = "not read back"
+        else:
+            back = ("yes" if receipt.read_back else "no") + (
+                f", by {receipt.read_back_by} at "
+                f"{receipt.read_back_at.strftime('%Y-%m-%d %H:%M:%S')} UTC"
+                if receipt.read_back_at
+                else ""
+            )
+        st.markdown(
+            f"**Issued** {issued}  \n**Valid until** {until}  \n**Read back** {back}  \n"
+            f"**Conflicts** {', '.join(receipt.conflicts) if receipt.conflicts else 'none'}"
+        )
+        for note in receipt.notes:
+            st.warning(f"Receipt {note}.", icon=":material/receipt_long:")
 
 left, right = st.columns(2)
 with left:

@@ -1,11 +1,15 @@
 """Overview: KPI tiles with deltas against the previous period, the funnel, trends.
 
-Every tile can list the handoffs behind it (links into the explorer). Optional auto-refresh
-for a wall screen re-runs only the body (st.fragment), moving a "Last ..." range with the clock.
+Every tile can list the handoffs behind it (links into the explorer). "Why handoffs are
+refused" counts the refusals by error code (share of the refusals and of the settled
+handoffs) with example handoffs linking into the explorer. Optional auto-refresh for a wall
+screen re-runs only the body (st.fragment), moving a "Last ..." range with the clock.
 """
 
+import pandas as pd
 import streamlit as st
 
+from analytics.display import markdown_link_text
 from dashboard import _charts, _data, _ui
 from dashboard._rollup import rollup
 
@@ -72,6 +76,64 @@ def _split_at(split, p):
     return split[split["bucket"] >= p.start], split[split["bucket"] < p.start]
 
 
+#: example handoffs listed per error code
+REFUSAL_EXAMPLES = 10
+
+
+def refusals(p: _ui.Picked) -> None:
+    """The refusals of the window by error code, and the handoffs behind one code."""
+    st.subheader("Why handoffs are refused")
+    with _ui.guard():
+        rows = _data.rejections(
+            src.store, src.database, *p.args, tenant=p.tenant, examples=REFUSAL_EXAMPLES
+        )
+    if rows is None:
+        st.caption("Refusal reasons are not available from this installation's analytics.")
+        return
+    if not rows:
+        st.caption("No handoff was refused in this window.")
+        return
+    df = pd.DataFrame(
+        {
+            "error code": [r["error_code"] for r in rows],
+            "refused": [int(r["count"]) for r in rows],
+            "share of refusals": [_ui.fmt_rate(r["share_of_rejections"]) for r in rows],
+            "share of settled": [_ui.fmt_rate(r["share_of_settled"]) for r in rows],
+            "example": [
+                _ui.explorer_link(r["examples"][0]) if r["examples"] else None for r in rows
+            ],
+        }
+    )
+    st.dataframe(
+        df,
+        hide_index=True,
+        key="ov_refusals",
+        column_config={
+            "example": st.column_config.LinkColumn(
+                "example handoff", display_text=r"explorer\?handoff_id=(.*)"
+            ),
+        },
+    )
+    codes = [str(r["error_code"]) for r in rows]
+    code = st.selectbox(
+        "Refusals with error code",
+        codes,
+        index=None,
+        placeholder="Pick a code to list its handoffs",
+        format_func=lambda c: f"{c} ({int(rows[codes.index(c)]['count']):,})",
+        key="ov_refusal_code",
+    )
+    if code is not None:
+        examples = list(rows[codes.index(code)]["examples"])
+        st.caption(
+            f"{len(examples)} of {int(rows[codes.index(code)]['count']):,} handoffs refused "
+            f"with `{code}`; each opens its evidence package."
+        )
+        st.markdown(
+            "\n".join(f"- [{markdown_link_text(h)}]({_ui.explorer_link(h)})" for h in examples)
+        )
+
+
 @st.fragment(run_every=every)
 def body() -> None:
     p = picked.refreshed() if auto else picked
@@ -132,6 +194,8 @@ def body() -> None:
     right.plotly_chart(
         _charts.trend_figure(trend, bucket=p.bucket, x_range=(p.start, p.end)), key="ov_trend"
     )
+
+    refusals(p)
 
     st.subheader("Handoffs behind a number")
     labels = [f"{label} — {stage.replace('_', ' ')}" for _, label, _, stage, _ in KPIS]

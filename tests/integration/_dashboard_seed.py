@@ -270,3 +270,149 @@ def send(otlp_url: str, handoffs=HANDOFFS) -> dict:
     )
     with urllib.request.urlopen(req, timeout=30) as r:
         return json.loads(r.read() or b"{}")
+
+
+# ---------------------------------------------------------------- the protocol audit
+#
+# Task task-audit (acme, 2026-11-23 16:00): the first attempt times out into unknown, a
+# retry goes out 10 min later while it is still unknown (blind), under a grant that expires
+# before the retry starts; the retry commits a receipt valid until 16:40 and is read back
+# at 16:12. Two reviewers consume it: h-use-1 at 16:30, h-use-2 at 17:00 (after expiry).
+# h-refused: a refusal with error code grant_expired.
+AUDIT_AT = DAY + timedelta(hours=16)
+
+
+def _m(minutes: float) -> datetime:
+    return AUDIT_AT + timedelta(minutes=minutes)
+
+
+def _grant(expires: datetime, caps: list[str]) -> dict:
+    return {
+        "handoff.grant.caller": "planner",
+        "handoff.grant.subject": "user:acme-1042",
+        "handoff.grant.tenant": "acme",
+        "handoff.grant.approval": "approval:CHG-2211",
+        "handoff.grant.capabilities": caps,
+        "handoff.grant.resources": ["acme/repo/app"],
+        "handoff.grant.expires_at": expires.strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+
+
+def audit_transitions() -> list:
+    """The audit task's transitions as tests/analytics_seed.T records."""
+    from tests.analytics_seed import T, create
+
+    task = "task-audit"
+
+    def t(hid, event, frm, to, minutes, actor, **attrs):
+        return T(hid, event, frm, to, _m(minutes), task_id=task, actor=actor, tenant="acme",
+                 attrs=attrs)  # fmt: skip
+
+    def c(hid, minutes, to_agent, **attrs):
+        return create(
+            hid, _m(minutes), task_id=task, to_agent=to_agent, tenant="acme",
+            capabilities=["code.write"] if to_agent == "coder" else ["code.review"],
+            idempotency_key="idem-audit" if to_agent == "coder" else f"idem-{hid}",
+            **attrs,
+        )  # fmt: skip
+
+    exp = "handoff.receipt.expires_at"
+    return [
+        c("h-try-1", 0, "coder", **{"handoff.attempt": 1}, **_grant(_m(360), ["code.write"])),
+        t("h-try-1", "accept", "created", "accepted", 0.1, "coder"),
+        t("h-try-1", "start", "accepted", "running", 0.2, "coder"),
+        t(
+            "h-try-1",
+            "timeout",
+            "running",
+            "unknown",
+            5,
+            "planner",
+            **{"handoff.error_code": "deadline"},
+        ),
+        t("h-try-1", "resolve_failed", "unknown", "failed", 20, "coder"),
+        c(
+            "h-try-2",
+            10,
+            "coder",
+            **{"handoff.attempt": 2, "handoff.retry_of": "h-try-1"},
+            **_grant(_m(10.05), ["code.write"]),
+        ),
+        t("h-try-2", "accept", "created", "accepted", 10.1, "coder"),
+        t("h-try-2", "start", "accepted", "running", 10.2, "coder"),
+        t(
+            "h-try-2",
+            "commit",
+            "running",
+            "committed",
+            11,
+            "coder",
+            **{
+                "handoff.evidence.count": 1,
+                "handoff.evidence.valid": True,
+                "handoff.receipt.status": "ok",
+                "handoff.receipt.id": "rcpt-try-2",
+                exp: _m(40).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            },
+        ),
+        t(
+            "h-try-2",
+            "verify",
+            "committed",
+            "verified",
+            12,
+            "planner",
+            **{"handoff.receipt.read_back": True, "handoff.receipt.conflicts": []},
+        ),
+        c(
+            "h-use-1",
+            30,
+            "reviewer",
+            **{"handoff.causation_id": "h-try-2"},
+            **_grant(_m(360), ["code.review"]),
+        ),
+        t("h-use-1", "accept", "created", "accepted", 30.1, "reviewer"),
+        c(
+            "h-use-2",
+            60,
+            "reviewer",
+            **{"handoff.causation_id": "h-try-2"},
+            **_grant(_m(360), ["code.review"]),
+        ),
+        t(
+            "h-use-2",
+            "reject",
+            "created",
+            "rejected",
+            60.1,
+            "reviewer",
+            **{"handoff.error_code": "conflict"},
+        ),
+        create(
+            "h-refused",
+            _m(70),
+            task_id="task-refused",
+            to_agent="coder",
+            tenant="acme",
+            capabilities=["code.write"],
+            **_grant(_m(65), ["code.write"]),
+        ),
+        T(
+            "h-refused",
+            "reject",
+            "created",
+            "rejected",
+            _m(70.1),
+            task_id="task-refused",
+            actor="coder",
+            tenant="acme",
+            attrs={"handoff.error_code": "grant_expired"},
+        ),
+    ]
+
+
+def seed_audit(client, database: str) -> None:
+    """Insert the audit task (with ledger rows, as serve writes them)."""
+    from tests.analytics_seed import seed as seed_transitions
+
+    seed_transitions(client, database, audit_transitions())

@@ -352,3 +352,124 @@ def test_explorer_draws_the_task_in_causation_order(store_env, chdb_client):
     assert [c[0] for c in marks["customdata"]] == ["c-1", "c-2", "c-3"]
     assert marks["x"] == [0, 1, 1]  # c-2 and c-3 were both caused by c-1
     assert "causation_id" in _texts(at.caption)
+
+
+# ---------------------------------------------------------------- the protocol audit
+
+
+@pytest.fixture
+def audit_env(store_env, chdb_client):
+    from _dashboard_seed import seed_audit
+
+    seed_audit(chdb_client, store_env)
+    return store_env
+
+
+def _frame(at, column: str):
+    """The first table on the page with `column` (AppTest does not expose table keys)."""
+    return next(d.value for d in at.dataframe if column in d.value.columns)
+
+
+def _buttons(at) -> list[str]:
+    return [b.label for b in at.button]
+
+
+def test_explorer_shows_the_retry_chain_grant_and_receipt(audit_env):
+    at = _app({"handoff_id": "h-try-2"})
+    assert "Handoff h-try-2" in _texts(at.subheader)
+    labels = _buttons(at)
+    assert any(b.startswith("Previous: h-try-1 · attempt 1 · failed") for b in labels), labels
+    assert any(b.startswith("This: h-try-2 · attempt 2 · verified") for b in labels), labels
+    consumers = [b for b in labels if b.startswith("Consumed by")]
+    assert [b.split()[2] for b in consumers] == ["h-use-1", "h-use-2"]
+    grant = _frame(at, "field")
+    assert dict(zip(grant["field"], grant["value"], strict=True)) == {
+        "caller": "planner",
+        "subject": "user:acme-1042",
+        "tenant": "acme",
+        "approval": "approval:CHG-2211",
+        "capabilities": "code.write",
+        "resources": "acme/repo/app",
+        "expires at": "2026-11-23 16:10:03 UTC",
+    }
+    warnings = _texts(at.warning)
+    assert "Grant expired at the time of start (2026-11-23 16:10:12 UTC)" in warnings
+    assert "Grant expired at the time of commit" in warnings
+    receipt = _texts(at.markdown)
+    assert "`rcpt-try-2` at 2026-11-23 16:11:00 UTC" in receipt
+    assert "**Valid until** 2026-11-23 16:40:00 UTC" in receipt
+    assert "**Read back** yes, by planner at 2026-11-23 16:12:00 UTC" in receipt
+    assert "**Conflicts** none" in receipt
+    assert "Receipt used by h-use-2 at 2026-11-23 17:00:00 UTC, after it expired" in warnings
+    assert "h-use-1" not in warnings  # consumed while valid and after the read-back
+
+
+def test_explorer_chain_and_causation_buttons_open_the_handoff(audit_env):
+    at = _app({"handoff_id": "h-try-2"})
+    next(b for b in at.button if b.label.startswith("Previous:")).click().run()
+    assert not at.exception
+    assert "Handoff h-try-1" in _texts(at.subheader)
+    assert at.query_params["handoff_id"] == "h-try-1"
+    assert any(b.startswith("Next: h-try-2 · attempt 2") for b in _buttons(at)), _buttons(at)
+    at = _app({"handoff_id": "h-use-1"})
+    up = next(b for b in at.button if b.label.startswith("Consumes the result of"))
+    assert "h-try-2" in up.label
+    up.click().run()
+    assert "Handoff h-try-2" in _texts(at.subheader)
+
+
+def test_explorer_without_audit_attributes_says_so(audit_env):
+    at = _app({"handoff_id": "h-ok-1"})
+    captions = _texts(at.caption)
+    assert "The only attempt" in captions
+    assert "Consumes no other handoff's result" in captions
+    assert "The create carried no capability grant." in captions
+
+
+AUDIT_KINDS = (
+    "blind_retry",
+    "duplicate_execution",
+    "consumed_before_verified",
+    "expired_receipt_used",
+    "wrong_consumer",
+    "grant_expired",
+    "capability_outside_grant",
+    "grant_tenant_mismatch",
+    "tenant_claim_mismatch",
+)
+
+
+def test_anomalies_page_groups_the_protocol_audit_kinds(audit_env, chdb_client):
+    at = _app(WINDOW, page="views/anomalies.py")
+    expected = analytics.anomalies(chdb_client, database=audit_env, window=_window())
+    counts = dict(zip(expected["kind"], expected["count"], strict=True))
+    assert set(AUDIT_KINDS) <= set(counts)
+    got = _metrics(at)
+    for kind in AUDIT_KINDS:
+        assert got[kind.replace("_", " ")] == f"{int(counts[kind]):,}", kind
+    assert counts["blind_retry"] == counts["grant_expired"] == counts["expired_receipt_used"] == 1
+    headings = _texts(at.markdown)
+    assert "##### Transitions and outcomes" in headings and "##### Protocol audit" in headings
+    at.selectbox(key="an_kind").set_value("blind_retry").run()
+    assert not at.exception
+    table = _frame(at, "open")
+    assert list(table["open"]) == ["explorer?handoff_id=h-try-2"]
+
+
+def test_overview_says_why_handoffs_are_refused(audit_env, chdb_client):
+    from analytics.rejections import rejections
+
+    at = _app(WINDOW)
+    want = rejections(chdb_client, database=audit_env, window=_window(), examples=10)
+    table = _frame(at, "error code")
+    assert list(table["error code"]) == [r.error_code for r in want]
+    assert list(table["refused"]) == [r.count for r in want]
+    assert {"busy", "grant_expired", "conflict"} <= set(table["error code"])
+    row = table[table["error code"] == "grant_expired"].iloc[0]
+    assert row["example"] == "explorer?handoff_id=h-refused"
+    assert row["share of refusals"] == ui.fmt_rate(
+        next(r.share_of_rejections for r in want if r.error_code == "grant_expired")
+    )
+    at.selectbox(key="ov_refusal_code").set_value("grant_expired").run()
+    assert not at.exception
+    assert "[h-refused](explorer?handoff_id=h-refused)" in _texts(at.markdown)
