@@ -99,6 +99,11 @@ def refusals(p: _ui.Picked) -> None:
             "refused": [int(r["count"]) for r in rows],
             "share of refusals": [_ui.fmt_rate(r["share_of_rejections"]) for r in rows],
             "share of settled": [_ui.fmt_rate(r["share_of_settled"]) for r in rows],
+            # codes outside the documented vocabulary are grouped as "other": name them
+            "codes sent": [
+                ", ".join(r.get("raw_codes") or ()) if r["error_code"] == "other" else ""
+                for r in rows
+            ],
             "example": [
                 _ui.explorer_link(r["examples"][0]) if r["examples"] else None for r in rows
             ],

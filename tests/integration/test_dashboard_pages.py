@@ -472,4 +472,4 @@ def test_overview_says_why_handoffs_are_refused(audit_env, chdb_client):
     )
     at.selectbox(key="ov_refusal_code").set_value("grant_expired").run()
     assert not at.exception
-    assert "[h-refused](explorer?handoff_id=h-refused)" in _texts(at.markdown)
+    assert "[h\\-refused](explorer?handoff_id=h-refused)" in _texts(at.markdown)
