@@ -15,25 +15,21 @@ import pandas as pd
 import streamlit as st
 
 from analytics.audit_view import grant_view, receipt_view
+from analytics.display import markdown_link_text
 from dashboard import _charts, _data, _graph, _ui
 
 
 def _open(h, label: str, key: str) -> None:
-    """A button opening handoff `h` (a LinkedHandoff) in this page; the current one is shown
-    disabled."""
+    """A button opening handoff `h` (a LinkedHandoff) in this page; the handoff shown is
+    plain bold text instead."""
     state = h.last_state or _ui.DASH
     attempt = f"attempt {h.attempt} · " if h.attempt is not None else ""
     when = h.created.strftime("%H:%M:%S") if h.created else _ui.DASH
-    clicked = st.button(
-        f"{label} {h.handoff_id} · {attempt}{state} · created {when} UTC",
-        key=key,
-        disabled=h.handoff_id == hid,
-        icon=":material/arrow_forward:"
-        if h.handoff_id != hid
-        else ":material/radio_button_checked:",
-        type="tertiary",
-    )
-    if clicked:
+    text = f"{h.handoff_id} · {attempt}{state} · created {when} UTC"
+    if h.handoff_id == hid:
+        st.markdown(f":material/radio_button_checked: **{label} {markdown_link_text(text)}**")
+        return
+    if st.button(f"{label} {text}", key=key, icon=":material/arrow_forward:", type="tertiary"):
         # a new arrival for the next run: the search box is set before it is drawn
         st.query_params["handoff_id"] = h.handoff_id
         st.rerun()

@@ -201,17 +201,20 @@ def seed(client, database: str, handoffs=HANDOFFS) -> None:
     client.insert(f"{database}.otel_traces", _extra_spans(handoffs), column_names=_EXTRA_COLUMNS)
 
 
-def span_rows(handoffs=HANDOFFS) -> list[list]:
-    """[Timestamp, TraceId, SpanId, SpanName, SpanKind, ServiceName, attrs, Tenant] of every span."""
+def span_rows(handoffs=HANDOFFS, records=None) -> list[list]:
+    """[Timestamp, TraceId, SpanId, SpanName, SpanKind, ServiceName, attrs, Tenant] of every span
+    (of `records`, tests/analytics_seed.T transitions, instead when given)."""
     from tests.analytics_seed import span_rows as rows_of
 
     out = []
-    for ns, trace, span, name, service, attrs, tenant in rows_of(transitions(handoffs)):
+    for ns, trace, span, name, service, attrs, tenant in rows_of(
+        transitions(handoffs) if records is None else records
+    ):
         at = datetime.fromtimestamp(ns // 1_000_000_000, UTC) + timedelta(
             microseconds=(ns % 1_000_000_000) // 1000
         )
         out.append([at, trace, span, name, "Internal", service, attrs, tenant])
-    return out + _extra_spans(handoffs)
+    return out + (_extra_spans(handoffs) if records is None else [])
 
 
 def _otlp_value(key: str, text: str) -> dict:
@@ -226,10 +229,10 @@ def _otlp_value(key: str, text: str) -> dict:
     return {"stringValue": text}
 
 
-def otlp_json(handoffs=HANDOFFS) -> dict:
+def otlp_json(handoffs=HANDOFFS, records=None) -> dict:
     """The same spans as an OTLP/JSON ExportTraceServiceRequest (one resource per service)."""
     by_service: dict[str, list[dict]] = {}
-    for ts, trace, span, name, kind, service, attrs, _tenant in span_rows(handoffs):
+    for ts, trace, span, name, kind, service, attrs, _tenant in span_rows(handoffs, records):
         start = int(ts.timestamp()) * 1_000_000_000 + ts.microsecond * 1000
         duration = 2_000_000
         by_service.setdefault(service, []).append(
@@ -257,11 +260,12 @@ def otlp_json(handoffs=HANDOFFS) -> dict:
     }
 
 
-def send(otlp_url: str, handoffs=HANDOFFS) -> dict:
-    """POST the spans to a running serve's /v1/traces as OTLP/JSON; returns its response."""
+def send(otlp_url: str, handoffs=HANDOFFS, records=None) -> dict:
+    """POST the spans to a running serve's /v1/traces as OTLP/JSON; returns its response.
+    `records` (tests/analytics_seed.T transitions) replace the handoffs when given."""
     import urllib.request
 
-    body = json.dumps(otlp_json(handoffs)).encode()
+    body = json.dumps(otlp_json(handoffs, records)).encode()
     req = urllib.request.Request(
         f"{otlp_url}/v1/traces",
         data=body,

@@ -17,7 +17,7 @@ from pathlib import Path
 from urllib.parse import urlencode
 
 import pytest
-from _dashboard_seed import WEEK, WINDOW, send
+from _dashboard_seed import WEEK, WINDOW, audit_transitions, send
 
 from serve.testing import free_port, wait_until
 
@@ -99,8 +99,9 @@ def _wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float = 120
 @pytest.fixture
 def dashboard_url(serve_process, tmp_path):
     """`handoffs dashboard` (streamlit) reading serve's query port, with data sent in over OTLP."""
-    resp = send(serve_process.otlp_url)
-    assert not int((resp.get("partialSuccess") or {}).get("rejectedSpans") or 0), resp
+    for records in (None, audit_transitions()):
+        resp = send(serve_process.otlp_url, records=records)
+        assert not int((resp.get("partialSuccess") or {}).get("rejectedSpans") or 0), resp
     serve_process.wait_stored()
     port = free_port()
     log = tmp_path / "streamlit.log"
@@ -199,3 +200,47 @@ def _click_an_edge(page) -> list[str]:
     if not page.locator('[data-testid="stDataFrame"]').count():
         return ["graph: the clicked pair shows no handoffs table"]
     return []
+
+
+#: the protocol audit of a retried handoff, as the explorer shows it
+AUDIT_SHOT = Path("/tmp/shots/explorer-audit.png")
+
+
+def test_explorer_shows_a_retry_chain_in_chromium(dashboard_url, tmp_path):
+    """The retry chain, the grant and the receipt of h-try-2 render; "Previous" opens h-try-1."""
+    sync_playwright = _playwright()
+    marker = "Handoff explorer · read from"
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1440, "height": 2700})
+            page.goto(f"{dashboard_url}/?handoff_id=h-try-2", wait_until="domcontentloaded")
+            page.get_by_text(marker, exact=False).first.wait_for(timeout=PAGE_TIMEOUT_MS)
+            page.wait_for_function(_DONE_JS, timeout=PAGE_TIMEOUT_MS)
+            audit = page.get_by_text("Protocol audit", exact=True).first
+            audit.scroll_into_view_if_needed()
+            shot = tmp_path / "explorer-audit.png"
+            page.screenshot(path=str(shot), full_page=True)
+            AUDIT_SHOT.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(shot, AUDIT_SHOT)
+            body = page.inner_text("body")
+            assert not page.locator('[data-testid="stException"]').count(), body[:2000]
+            for text in (
+                "Previous: h-try-1",
+                "This: h-try-2",
+                "Consumed by h-use-1",
+                "Consumed by h-use-2",
+                "approval:CHG-2211",
+                "Grant expired at the time of start (2026-11-23 16:10:12 UTC)",
+                "rcpt-try-2",
+                "Read back yes, by planner",
+                "after it expired",
+            ):
+                assert text in body, text
+            page.get_by_role("button", name="Previous: h-try-1", exact=False).click()
+            page.get_by_text("Handoff h-try-1", exact=True).first.wait_for(timeout=PAGE_TIMEOUT_MS)
+            page.wait_for_function(_DONE_JS, timeout=PAGE_TIMEOUT_MS)
+            assert "Next: h-try-2" in page.inner_text("body")
+            assert "handoff_id=h-try-1" in page.url
+        finally:
+            browser.close()

@@ -379,7 +379,7 @@ def test_explorer_shows_the_retry_chain_grant_and_receipt(audit_env):
     assert "Handoff h-try-2" in _texts(at.subheader)
     labels = _buttons(at)
     assert any(b.startswith("Previous: h-try-1 · attempt 1 · failed") for b in labels), labels
-    assert any(b.startswith("This: h-try-2 · attempt 2 · verified") for b in labels), labels
+    assert "**This: h\\-try\\-2 · attempt 2 · verified" in _texts(at.markdown)
     consumers = [b for b in labels if b.startswith("Consumed by")]
     assert [b.split()[2] for b in consumers] == ["h-use-1", "h-use-2"]
     grant = _frame(at, "field")
