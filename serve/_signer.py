@@ -48,6 +48,9 @@ SIGNING_KEY: Final = Setting(
 #: a tick reads the batches received from an hour before the last signed one on: requests
 #: written concurrently may store a later batch with an earlier receive time
 _WINDOW_MS: Final = 3_600_000
+#: more batch ids than this are read in one pass over the ledger, not as an IN list (a store
+#: signed for the first time may hold millions)
+_IDS_PER_QUERY: Final = 5_000
 #: ticks the next batch may lack ledger rows before the signer says so
 _WARN_AFTER_TICKS: Final = 12
 
@@ -150,6 +153,14 @@ class Signer:
             if since_ns is None
             else f" AND ingested_at >= fromUnixTimestamp64Milli({since_ns // 10**6 - _WINDOW_MS})"
         )
+        out: dict[str, list[str]] = {}
+        if len(batch_ids) > _IDS_PER_QUERY:  # many (a first signing): one pass over the table
+            wanted = set(batch_ids)
+            rows = client.query(
+                f"""SELECT ingest_batch, arraySort(groupArray(toString(row_hash)))
+                    FROM {self._db}.transition_ledger GROUP BY ingest_batch"""
+            ).result_rows
+            return {_s(b): [_s(h) for h in hs] for b, hs in rows if _s(b) in wanted}
         rows = client.query(
             f"""SELECT ingest_batch, arraySort(groupArray(toString(row_hash)))
                 FROM {self._db}.transition_ledger
@@ -157,7 +168,8 @@ class Signer:
                 GROUP BY ingest_batch""",
             parameters={"b": batch_ids},
         ).result_rows
-        return {_s(b): [_s(h) for h in hs] for b, hs in rows}
+        out.update({_s(b): [_s(h) for h in hs] for b, hs in rows})
+        return out
 
     def _load(self, client: Client) -> None:
         """Rebuild the tree up to the newest stored head and check it still matches."""
