@@ -47,6 +47,7 @@ __all__ = [
     "facts",
     "funnel_counts",
     "handoff_anomalies",
+    "iso_ns",
     "machine_order",
 ]
 
