@@ -19,7 +19,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from analytics import Window, anomalies
+from analytics import Window, anomalies, anomaly_handoff_ids
+from analytics.audit_view import handoff_links
 from handoffs.simulator import (
     AUDIT_KINDS,
     Emitter,
@@ -62,7 +63,13 @@ def simulated(tmp_path_factory):
         # after their producer, so the window reaches an hour past the last task start
         w = Window(start=_dt(start), end=_dt(end + 3600 * S), as_of=_dt(end + 3600 * S))
         df = anomalies(client, database=serve.database, window=w, kinds=AUDIT_KINDS)
-        yield stats, dict(zip(df["kind"], df["count"], strict=True))
+        yield {
+            "stats": stats,
+            "got": dict(zip(df["kind"], df["count"], strict=True)),
+            "client": client,
+            "db": serve.database,
+            "window": w,
+        }
         client.close()
     finally:
         serve.stop()
@@ -70,18 +77,56 @@ def simulated(tmp_path_factory):
 
 @pytest.mark.parametrize("kind", AUDIT_KINDS)
 def test_each_injected_kind_is_recovered(simulated, kind):
-    stats, got = simulated
+    stats, got = simulated["stats"], simulated["got"]
     injected = stats.faults.get(kind, 0)
     assert injected > 0, kind
     assert abs(int(got[kind]) - injected) <= max(2, 0.1 * injected), (kind, got[kind], injected)
 
 
 def test_injected_counts_follow_the_rates(simulated):
-    stats, _ = simulated
+    stats = simulated["stats"]
     n = stats.intents
     sd = (AUDIT_RATE * (1 - AUDIT_RATE) / n) ** 0.5
     for kind in AUDIT_KINDS:
         assert abs(stats.faults.get(kind, 0) / n - AUDIT_RATE) < 4 * sd, kind
+
+
+def _links(sim, hid: str):
+    client, db = sim["client"], sim["db"]
+    tenant, task, retry_of, cause = client.query(
+        f"SELECT tenant, task_id, attributes['handoff.retry_of'], "
+        f"attributes['handoff.causation_id'] FROM {db}.handoff_transitions "
+        "WHERE handoff_id = {h:String} AND event = 'create'",
+        parameters={"h": hid},
+    ).result_rows[0]
+    links = handoff_links(
+        client, database=db, tenant=tenant, handoff_id=hid, task_id=task, named=(retry_of, cause)
+    )
+    return links, retry_of, cause
+
+
+def test_the_explorer_links_of_simulated_retries_and_consumers(simulated):
+    """What the explorer shows of a blind retry (its unknown first attempt before it) and
+    of a consumer (the handoff it consumed upstream, this one among that one's consumers)."""
+    ids = {
+        kind: anomaly_handoff_ids(
+            simulated["client"], database=simulated["db"], window=simulated["window"], kind=kind
+        )[:3]
+        for kind in ("blind_retry", "duplicate_execution", "consumed_before_verified")
+    }
+    assert all(ids.values()), ids
+    for hid in ids["blind_retry"] + ids["duplicate_execution"]:
+        links, retry_of, _ = _links(simulated, hid)
+        assert links.previous is not None and links.previous.handoff_id == retry_of
+        assert [a.attempt for a in links.attempts] == [1, 2]
+        assert links.previous.last_state in ("failed", "committed", "verified")
+        first, _, _ = _links(simulated, retry_of)
+        assert [n.handoff_id for n in first.next] == [hid]
+    for hid in ids["consumed_before_verified"]:
+        links, _, cause = _links(simulated, hid)
+        assert links.upstream is not None and links.upstream.handoff_id == cause
+        up, _, _ = _links(simulated, cause)
+        assert hid in [d.handoff_id for d in up.downstream]
 
 
 def test_no_audit_kind_without_injection(tmp_path_factory):
