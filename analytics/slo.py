@@ -31,7 +31,7 @@ from analytics._slo_rules import (
     parse,
     parse_duration,
 )
-from foundation.settings import Setting
+from foundation import settings
 
 __all__ = [
     "DEFAULT_RULES_PATH",
@@ -63,10 +63,8 @@ __all__ = [
 ]
 
 #: The rules file the dashboard's Alerts page reads when none is given.
-DEFAULT_RULES_PATH: Final = "deploy/slos.yaml"
-SLO_RULES: Final = Setting(
-    "HANDOFFS_SLO_RULES", DEFAULT_RULES_PATH, "SLO rules file (YAML) the Alerts page reads"
-)
+SLO_RULES: Final = settings.SLO_RULES
+DEFAULT_RULES_PATH: Final = SLO_RULES.default
 
 Severity = Literal["page", "ticket"]
 SEVERITIES: Final = ("page", "ticket")

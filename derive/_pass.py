@@ -34,7 +34,7 @@ from collector.tracer import INSTRUMENTATION_NAME
 from derive._model import Derived, SpanEvent, SpanRecord
 from derive._otlp import SCOPE, encode
 from derive._rules import RULES, SCOPES, Rule, derive_trace
-from foundation.settings import Setting
+from foundation import settings
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
@@ -43,9 +43,7 @@ __all__ = ["DERIVE_EVERY_S", "DerivePass", "PassResult"]
 
 log = logging.getLogger("handoffs.derive")
 
-DERIVE_EVERY_S: Final = Setting(
-    "HANDOFFS_DERIVE_EVERY_S", "2", "seconds between two passes of handoff derivation"
-)
+DERIVE_EVERY_S: Final = settings.DERIVE_EVERY_S
 #: trace ids read per query
 _CHUNK: Final = 1000
 #: derived span ids remembered as submitted (the store is asked too; this covers the time

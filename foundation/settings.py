@@ -151,6 +151,23 @@ KEEP_DATAFRAME_LIBS_OUT: Final = Setting(
     "1 = serve's process refuses to import pandas, pyarrow, polars and numpy (chDB and "
     "clickhouse-connect would load them, serve needs none); 0 = allow",
 )
+METRICS_TOP_PAIRS: Final = Setting(
+    "HANDOFFS_METRICS_TOP_PAIRS",
+    "20",
+    "agent pairs per tenant with their own funnel series on serve's /metrics (the rest are "
+    "summed as from/to 'other'); 0 = no funnel metrics",
+)
+METRICS_REFRESH_S: Final = Setting(
+    "HANDOFFS_METRICS_REFRESH_S",
+    "30",
+    "seconds serve keeps the funnel metrics of /metrics before reading the store again",
+)
+DERIVE_EVERY_S: Final = Setting(
+    "HANDOFFS_DERIVE_EVERY_S", "2", "seconds between two passes of handoff derivation"
+)
+SLO_RULES: Final = Setting(
+    "HANDOFFS_SLO_RULES", "deploy/slos.yaml", "SLO rules file (YAML) the Alerts page reads"
+)
 USER: Final = Setting("HANDOFFS_USER", "default", "ClickHouse user for an http(s) store")
 PASSWORD: Final = Setting("HANDOFFS_PASSWORD", "", "ClickHouse password for an http(s) store")
 
@@ -182,6 +199,10 @@ ENV: Final = (
     ENGINE_PURGE,
     OVERLAP_MAX_RSS_BYTES,
     KEEP_DATAFRAME_LIBS_OUT,
+    METRICS_TOP_PAIRS,
+    METRICS_REFRESH_S,
+    DERIVE_EVERY_S,
+    SLO_RULES,
     USER,
     PASSWORD,
 )

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final
 
-from foundation.settings import Setting
+from foundation import settings
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
@@ -57,17 +57,8 @@ __all__ = [
 
 log = logging.getLogger("handoffs.serve")
 
-METRICS_TOP_PAIRS: Final = Setting(
-    "HANDOFFS_METRICS_TOP_PAIRS",
-    "20",
-    "agent pairs per tenant with their own funnel series on serve's /metrics (the rest are "
-    "summed as from/to 'other'); 0 = no funnel metrics",
-)
-METRICS_REFRESH_S: Final = Setting(
-    "HANDOFFS_METRICS_REFRESH_S",
-    "30",
-    "seconds serve keeps the funnel metrics of /metrics before reading the store again",
-)
+METRICS_TOP_PAIRS: Final = settings.METRICS_TOP_PAIRS
+METRICS_REFRESH_S: Final = settings.METRICS_REFRESH_S
 
 #: exported stages, in this order everywhere (the metric contract's counts)
 STAGES: Final = (
