@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from analytics._common import Window, check_db, cohort_sql, ts
 from analytics.metrics import RATES, rate
+from collector import semconv
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -34,7 +35,7 @@ __all__ = [
 ]
 
 #: the attribute derive/ stamps on every derived transition (derive.DERIVED_BY)
-DERIVED_BY: Final = "handoff.derived_by"
+DERIVED_BY: Final = semconv.DERIVED_BY
 ADAPTER_SCOPE: Final = "collector.adapters."
 ORIGINS: Final = ("shim", "adapter:<name>", "derived:<rule>")
 #: how far before the window an adapter's run span may start (a run longer than this

@@ -62,6 +62,9 @@ CAUSATION_ID: Final = "handoff.causation_id"
 ATTEMPT: Final = "handoff.attempt"
 RETRY_OF: Final = "handoff.retry_of"
 RETRY_UNRESOLVED: Final = "handoff.retry_unresolved"
+# transitions derived by serve from other telemetry (derive/), not emitted by an agent
+DERIVED_BY: Final = "handoff.derived_by"
+DERIVED_FROM: Final = "handoff.derived_from"
 # the capability grant the handoff runs under (on create)
 GRANT_CALLER: Final = "handoff.grant.caller"
 GRANT_SUBJECT: Final = "handoff.grant.subject"
@@ -165,6 +168,20 @@ WIRE_ATTRIBUTES: Final[tuple[AttrSpec, ...]] = (
         False,
         "true on a retry a lenient shim started while the attempt it retries was still "
         "`unknown` (a blind resend; a strict shim refuses it). The create itself stays valid",
+    ),
+    AttrSpec(
+        DERIVED_BY,
+        "string",
+        "optional",
+        False,
+        "on a transition serve derived from other telemetry: the rule that derived it",
+    ),
+    AttrSpec(
+        DERIVED_FROM,
+        "string",
+        "optional",
+        False,
+        "on a derived transition: the span id of the source span it was derived from",
     ),
     AttrSpec(GRANT_CALLER, "string", "create", False, "grant: who asked for the capability"),
     AttrSpec(GRANT_SUBJECT, "string", "create", False, "grant: on whose behalf it runs"),

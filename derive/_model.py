@@ -17,9 +17,9 @@ from collector import semconv as sc
 from collector.contract import PROTOCOL, next_state
 
 #: the attribute naming the rule that derived a transition (its presence marks a derived span)
-DERIVED_BY: Final = "handoff.derived_by"
+DERIVED_BY: Final = sc.DERIVED_BY
 #: the source span a derived transition was read from
-DERIVED_FROM: Final = "handoff.derived_from"
+DERIVED_FROM: Final = sc.DERIVED_FROM
 #: evidence items listed on a derived `prepare` at most
 MAX_REFS: Final = 32
 
