@@ -9,12 +9,19 @@ RFC's algorithms step by step; the generators follow its recursive definitions (
 PROOF). Cost: root, proofs O(n) hashes; verifiers O(log n). `Frontier` keeps the
 O(log n) perfect subtrees of an append-only tree, so appending leaves and reading the root
 cost O(log n) each instead of rehashing the whole tree.
+
+A log too large to hash per proof is stored in pieces: the hashes of its complete aligned
+subtrees of 2^j leaves, j >= a chunk level K (subtree x of level j covers leaves
+[x 2^j, (x+1) 2^j)), and its leaves, read one chunk of 2^K at a time. `inclusion_proof_from`
+and `root_from` assemble the same PATH and MTH from those pieces: O(log n) stored nodes and
+at most two chunks of leaves (the leaf's own and the ragged last one). `Frontier.extend_nodes`
+yields the subtrees to store as the tree grows.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -24,9 +31,11 @@ __all__ = [
     "Levels",
     "consistency_proof",
     "inclusion_proof",
+    "inclusion_proof_from",
     "leaf_hash",
     "node_hash",
     "root",
+    "root_from",
     "verify_consistency",
     "verify_inclusion",
 ]
@@ -205,6 +214,28 @@ class Frontier:
             size += 1
         return Frontier(size, tuple(stack))
 
+    def extend_nodes(
+        self, leaves: Iterable[bytes], min_level: int
+    ) -> tuple[Frontier, list[tuple[int, int, bytes]]]:
+        """`extend(leaves)` and the complete aligned subtrees of level >= `min_level` it
+        completes, as (level, index, hash) in the order they complete: what a chunked store
+        of the tree holds (subtree `index` of `level` covers leaves index 2^level on)."""
+        stack = list(self.nodes)
+        size = self.size
+        made: list[tuple[int, int, bytes]] = []
+        for leaf in leaves:
+            h, node = 0, leaf
+            size += 1
+            if min_level <= 0:
+                made.append((0, size - 1, leaf))
+            while stack and stack[-1][0] == h:
+                node = node_hash(stack.pop()[1], node)
+                h += 1
+                if h >= min_level:
+                    made.append((h, (size >> h) - 1, node))
+            stack.append((h, node))
+        return Frontier(size, tuple(stack)), made
+
     def root(self) -> bytes:
         """MTH of the `size` leaves (EMPTY_ROOT when none): the subtrees folded right to left,
         which is the RFC's split at the largest power of two, level by level."""
@@ -255,3 +286,92 @@ class Levels:
                 out.append(level[sib])
             i >>= 1
         return out
+
+
+#: get_subtree_hash(level, index): the stored hash of complete aligned subtree `index` of
+#: `level` (>= the chunk level); chunk_leaves(chunk): the leaf hashes of chunk `chunk`
+#: (2^K leaves, fewer only for the tree's last chunk, cut at its size)
+SubtreeHash = Callable[[int, int], bytes]
+ChunkLeaves = Callable[[int], Sequence[bytes]]
+
+
+@dataclass(frozen=True, slots=True)
+class _Pieces:
+    size: int
+    chunk_level: int
+    node: SubtreeHash
+    chunk: ChunkLeaves
+
+    def leaves(self, c: int) -> Sequence[bytes]:
+        got = self.chunk(c)
+        want = min(1 << self.chunk_level, self.size - (c << self.chunk_level))
+        if len(got) < want:
+            raise ValueError(f"chunk {c} has {len(got)} leaves, the tree needs {want}")
+        return got
+
+    def mth(self, lo: int, hi: int) -> bytes:
+        """MTH(D[lo:hi]) for a range the RFC's recursion visits (lo aligned to the largest
+        power of two at most hi - lo)."""
+        n = hi - lo
+        k = self.chunk_level
+        if n & (n - 1) == 0 and lo % n == 0:  # complete and aligned
+            j = n.bit_length() - 1
+            if j >= k:
+                return self.node(j, lo >> j)
+            c = lo >> k
+            return _mth(self.leaves(c), lo - (c << k), hi - (c << k))
+        if hi - (lo >> k << k) <= 1 << k:  # within one chunk: hash its leaves
+            c = lo >> k
+            return _mth(self.leaves(c), lo - (c << k), hi - (c << k))
+        s = _split(n)
+        return node_hash(self.mth(lo, lo + s), self.mth(lo + s, hi))
+
+
+def _check_level(chunk_level: int) -> None:
+    if chunk_level < 0:
+        raise ValueError(f"chunk level {chunk_level} is negative")
+
+
+def root_from(
+    size: int, get_subtree_hash: SubtreeHash, chunk_leaves: ChunkLeaves, *, chunk_level: int
+) -> bytes:
+    """MTH of a tree of `size` leaves from its stored pieces (see SubtreeHash): equal to
+    root(leaves[:size]). O(log size) stored nodes and the last chunk's leaves (at most
+    2^chunk_level). ValueError for a negative size or chunk level, or a chunk short of
+    leaves."""
+    _check_level(chunk_level)
+    if size < 0:
+        raise ValueError(f"tree size {size} is negative")
+    if size == 0:
+        return EMPTY_ROOT
+    return _Pieces(size, chunk_level, get_subtree_hash, chunk_leaves).mth(0, size)
+
+
+def inclusion_proof_from(
+    size: int,
+    index: int,
+    get_subtree_hash: SubtreeHash,
+    chunk_leaves: ChunkLeaves,
+    *,
+    chunk_level: int,
+) -> list[bytes]:
+    """PATH(index) in the tree of `size` leaves from its stored pieces (see SubtreeHash):
+    equal to inclusion_proof(index, leaves[:size]). O(log size) stored nodes, the leaves of
+    `index`'s chunk and of the last chunk. ValueError unless 0 <= index < size, or for a
+    chunk short of leaves."""
+    _check_level(chunk_level)
+    if not 0 <= index < size:
+        raise ValueError(f"leaf index {index} is outside a tree of {size} leaves")
+    pieces = _Pieces(size, chunk_level, get_subtree_hash, chunk_leaves)
+    out: list[bytes] = []
+    lo, hi = 0, size
+    while hi - lo > 1:
+        k = _split(hi - lo)
+        if index < lo + k:
+            out.append(pieces.mth(lo + k, hi))
+            hi = lo + k
+        else:
+            out.append(pieces.mth(lo, lo + k))
+            lo += k
+    out.reverse()  # PATH lists the siblings from the leaf up
+    return out
