@@ -122,7 +122,16 @@ def _cmd_metrics(args) -> int:
     w = _window(args)
     client, db = _client(args)
     try:
-        df = funnel(client, database=db, window=w, by=by, tenant=args.tenant, bucket=args.bucket)
+        if "origin" in by:
+            if by != ("origin",) or args.bucket:
+                raise ValueError("--by origin combines with no other dimension or --bucket")
+            from analytics.origin import funnel_by_origin
+
+            df = funnel_by_origin(client, database=db, window=w, tenant=args.tenant)
+        else:
+            df = funnel(
+                client, database=db, window=w, by=by, tenant=args.tenant, bucket=args.bucket
+            )
     except ValueError as exc:
         raise _Usage(str(exc)) from None
     recs = _records(df)
@@ -139,7 +148,11 @@ def _cmd_metrics(args) -> int:
         return EXIT_OK
     keys = [*by, *(["bucket"] if args.bucket else [])]
     cols = ["volume", "settled", "in_flight"]
-    rates = ["p_accept", "p_execute", "p_evidence", "p_commit", "p_e2e", "unknown_rate"]
+    rates = [
+        r
+        for r in ("p_accept", "p_execute", "p_evidence", "p_commit", "p_e2e", "unknown_rate")
+        if r in df.columns
+    ]
     _print_table(
         [*keys, *cols, *(f"{r} %" for r in rates)],
         [
@@ -462,7 +475,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--by",
         action="append",
         metavar="DIM",
-        help=f"slice by ({', '.join(DIMENSIONS)}); repeat or comma-separate",
+        help=f"slice by ({', '.join(DIMENSIONS)}); repeat or comma-separate; or `origin` "
+        "alone: where each handoff came from (shim, adapter:NAME, derived:RULE)",
     )
     p.add_argument(
         "--bucket", choices=["hour", "day"], help="add a time bucket (created time, UTC)"

@@ -6,7 +6,10 @@ arrive in different requests) to a real `handoffs serve`, which derives the hand
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
 import urllib.request
 from datetime import UTC, datetime, timedelta
 
@@ -106,6 +109,30 @@ def test_genai_transfers_become_handoffs(serve, tracer):
     assert pkg["terminal"]["state"] == "failed"
     assert pkg["transitions"][-1]["attributes"]["handoff.error_code"] == "model_unavailable"
     assert {t["attributes"]["handoff.derived_by"] for t in pkg["transitions"]} == {RULE}
+    # `handoffs metrics --by origin`: the three are derived by the GenAI rule
+    args = ["metrics", "--store", serve.query_url, "--database", serve.database, "--by", "origin"]
+    span = [
+        "--from",
+        f"{window.start:%Y-%m-%dT%H:%M:%S.%fZ}",
+        "--to",
+        f"{window.end:%Y-%m-%dT%H:%M:%S.%fZ}",
+    ]
+    out = subprocess.run(
+        [sys.executable, "-m", "handoffs", *args, *span, "--json"],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    rows = {r["origin"]: r for r in json.loads(out)}
+    assert rows.keys() == {f"derived:{RULE}"} and rows[f"derived:{RULE}"]["volume"] == 3
+    table = subprocess.run(
+        [sys.executable, "-m", "handoffs", *args, *span],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    assert f"derived:{RULE}" in table and "p_e2e %" in table
+    bad = subprocess.run(
+        [sys.executable, "-m", "handoffs", *args, "--by", "mode", *span],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "--by origin combines with no other" in bad.stderr
     with urllib.request.urlopen(f"{serve.otlp_url}/metrics", timeout=10) as r:
         text = r.read().decode()
     submitted = re.search(r"^handoffs_derive_submitted_total (\S+)$", text, re.M)
