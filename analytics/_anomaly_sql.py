@@ -19,7 +19,7 @@ transitions twice (clock skew self-join) or window-sort every task (stale fence)
   envelope     the protocol audit of one handoff's own rows: receiver actor, grant, tenant
                claim (IN on the primary-key prefix)
   retry        attempts against their earlier attempts: blind retry, duplicate execution
-               (summary rows of the cohort's tasks and idempotency keys)
+               (summary rows of the cohort's idempotency keys and retry_of targets only)
   causation    consumers against the handoff they consume: verified, receipt expiry
 """
 
@@ -332,16 +332,19 @@ def _retry_pass(db: str, window: Window, tenant: bool) -> str:
     """B (the cohort) against its earlier attempts A (any handoff of the same tenant: B's
     `retry_of`, or the same task, to_agent and idempotency key; for duplicate execution
     any handoff with B's key). Attempts come from handoff_summary: created, first entry
-    into and first exit out of unknown, first entry into committed (counted rows)."""
+    into and first exit out of unknown, first entry into committed (counted rows). Only
+    handoffs sharing a non-empty key or named by a `retry_of` can pair, so only their
+    summary rows are read (a same-slot peer shares the key)."""
     cohort = cohort_sql(
-        db, window, tenant_param=tenant, extra=("task_id", "to_agent", "idempotency_key")
+        db,
+        window,
+        tenant_param=tenant,
+        extra=("task_id", "to_agent", "idempotency_key", "t_committed"),
     )
     peers = _attempts_sql(
         db,
-        f"(tenant, task_id) IN (SELECT tenant, task_id FROM ({cohort}))"
-        f" OR (tenant, idempotency_key) IN (SELECT tenant, idempotency_key FROM ({cohort})"
-        f" WHERE idempotency_key != '')"
-        f" OR (tenant, handoff_id) IN (SELECT tenant, retry_of FROM retries)",
+        "(tenant, idempotency_key) IN (SELECT tenant, idem FROM b WHERE idem != '')"
+        " OR (tenant, handoff_id) IN (SELECT tenant, retry_of FROM retries)",
     )
     retries = f"""SELECT tenant, handoff_id, max({_attr(semconv.RETRY_OF)}) AS retry_of
     FROM {db}.handoff_transitions
@@ -349,25 +352,24 @@ def _retry_pass(db: str, window: Window, tenant: bool) -> str:
     GROUP BY tenant, handoff_id"""
     blind = "a.t_in IS NOT NULL AND a.t_in < b.created AND (a.t_out IS NULL OR a.t_out > b.created)"
     dup = (
-        "b.idem != '' AND a.idem = b.idem AND b.t_commit IS NOT NULL AND a.t_commit IS NOT NULL"
+        "b.t_commit IS NOT NULL AND a.t_commit IS NOT NULL"
         " AND (assumeNotNull(a.t_commit), a.handoff_id) < (assumeNotNull(b.t_commit), b.handoff_id)"
     )
-    return f"""WITH retries AS ({retries}),
-    peers AS ({peers}),
-    b AS (SELECT c.tenant AS tenant, c.handoff_id AS handoff_id, c.task_id AS task_id,
-                 c.to_agent AS to_agent, c.idempotency_key AS idem, c.created AS created,
-                 p.t_commit AS t_commit, r.retry_of AS retry_of
-          FROM ({cohort}) AS c
-          LEFT JOIN peers AS p ON p.tenant = c.tenant AND p.handoff_id = c.handoff_id
-          LEFT JOIN retries AS r ON r.tenant = c.tenant AND r.handoff_id = c.handoff_id)
+    return f"""WITH b AS (SELECT tenant, handoff_id, task_id, to_agent, idempotency_key AS idem,
+                 created, t_committed AS t_commit FROM ({cohort})),
+    retries AS ({retries}),
+    peers AS ({peers})
 SELECT b.handoff_id AS handoff_id, {blind} AS blind_retry, false AS duplicate_execution
-FROM b JOIN peers AS a ON a.tenant = b.tenant AND a.handoff_id = b.retry_of
+FROM retries AS r
+JOIN b ON b.tenant = r.tenant AND b.handoff_id = r.handoff_id
+JOIN peers AS a ON a.tenant = r.tenant AND a.handoff_id = r.retry_of
 WHERE a.handoff_id != b.handoff_id AND {blind}
 UNION ALL
 SELECT b.handoff_id AS handoff_id, b.task_id = a.task AND b.to_agent = a.target
         AND {blind} AS blind_retry, {dup} AS duplicate_execution
-FROM b JOIN peers AS a ON a.tenant = b.tenant AND a.idem = b.idem
-WHERE b.idem != '' AND a.handoff_id != b.handoff_id
+FROM (SELECT * FROM b WHERE idem != '') AS b
+JOIN (SELECT * FROM peers WHERE idem != '') AS a ON a.tenant = b.tenant AND a.idem = b.idem
+WHERE a.handoff_id != b.handoff_id
   AND ((b.task_id = a.task AND b.to_agent = a.target AND {blind}) OR {dup})"""
 
 
