@@ -54,17 +54,28 @@ def streamlit_command(
 
 
 def streamlit_env(
-    *, store: str | None = None, database: str | None = None, base: Mapping[str, str] | None = None
+    *,
+    store: str | None = None,
+    database: str | None = None,
+    rules: str | None = None,
+    base: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
-    """Environment for the app: `base` (default os.environ) with the resolved store and database.
+    """Environment for the app: `base` (default os.environ) with the resolved store and database,
+    and `rules` (the Alerts page's SLO rules file) as an absolute path when given.
 
-    Raises foundation.store.StoreError naming what is wrong with a malformed store URL.
+    Raises foundation.store.StoreError naming what is wrong with a malformed store URL, and
+    ValueError when `rules` is not a readable file.
     """
     env = dict(os.environ if base is None else base)
     raw = store or env.get(settings.STORE.env) or settings.STORE.default
     spec = parse_store(raw, database=database or env.get(settings.DATABASE.env) or None)
     env[settings.STORE.env] = f"chdb://{spec.path}" if spec.embedded else raw
     env[settings.DATABASE.env] = spec.database
+    if rules:
+        path = Path(rules).expanduser().resolve()
+        if not path.is_file():
+            raise ValueError(f"--rules {rules}: no such file (an SLO rules file, docs/alerts.md)")
+        env[settings.SLO_RULES.env] = str(path)
     return env
 
 
@@ -79,7 +90,7 @@ def _without_password(url: str) -> str:
 
 def _run(args: argparse.Namespace) -> int:
     try:
-        env = streamlit_env(store=args.store, database=args.database)
+        env = streamlit_env(store=args.store, database=args.database, rules=args.rules)
         argv = streamlit_command(port=args.port, host=args.host)
     except (StoreError, ValueError) as exc:
         print(f"handoffs dashboard: {exc}", file=sys.stderr)
@@ -124,6 +135,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--database",
         default=None,
         help=f"database name (env {settings.DATABASE.env}, default handoffs)",
+    )
+    p.add_argument(
+        "--rules",
+        default=None,
+        metavar="FILE",
+        help=f"SLO rules file the Alerts page evaluates (env {settings.SLO_RULES.env}, default "
+        f"{settings.SLO_RULES.default}; schema: docs/alerts.md)",
     )
     p.add_argument("--port", type=int, default=8501, help="port to serve the app on (default 8501)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")

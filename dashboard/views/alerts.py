@@ -1,9 +1,10 @@
 """Alerts: the SLOs of the rules file, firing burn-rate alerts first, then each SLO's remaining
 error budget and its burn rates per window pair (method and schema: docs/alerts.md).
 
-The rules file: `--rules FILE` after `--` on the streamlit command line, else
-HANDOFFS_SLO_RULES, else deploy/slos.yaml. `?as_of=2026-11-23T12:00:00Z` evaluates at that
-time instead of now (a link to what the SLOs looked like then).
+The rules file: `--rules FILE` after `--` on a streamlit command line, else HANDOFFS_SLO_RULES
+(`handoffs dashboard --rules FILE` sets it), else deploy/slos.yaml.
+`?as_of=2026-11-23T12:00:00Z` evaluates at that time instead of now (a link to what the SLOs
+looked like then).
 """
 
 import argparse
@@ -53,7 +54,7 @@ try:
 except OSError:
     st.info(
         f"No SLO rules file at `{path}`. Write one (docs/alerts.md has the schema) and point "
-        f"the dashboard at it with {slo.SLO_RULES.env}=FILE or `-- --rules FILE`.",
+        f"the dashboard at it with `handoffs dashboard --rules FILE` or {slo.SLO_RULES.env}=FILE.",
         icon=":material/rule:",
     )
     st.stop()

@@ -101,6 +101,17 @@ def test_cli_refuses_bad_input(capsys):
     assert "port must be" in capsys.readouterr().err
     assert main(["dashboard", "--database", "bad-name!"]) == 2
     assert "not a plain identifier" in capsys.readouterr().err
+    assert main(["dashboard", "--rules", "/no/such/slos.yaml"]) == 2
+    assert "--rules /no/such/slos.yaml: no such file" in capsys.readouterr().err
+
+
+def test_rules_reach_the_alerts_page_as_an_absolute_path(tmp_path, monkeypatch):
+    rules = tmp_path / "slos.yaml"
+    rules.write_text("slos: []\n")
+    monkeypatch.chdir(tmp_path)
+    env = streamlit_env(store="http://127.0.0.1:8124", rules="slos.yaml", base={})
+    assert env["HANDOFFS_SLO_RULES"] == str(rules)
+    assert "HANDOFFS_SLO_RULES" not in streamlit_env(store="http://127.0.0.1:8124", base={})
 
 
 def test_lock_probe_sees_this_process(chdb_client, chdb_path, tmp_path):
