@@ -34,6 +34,7 @@ __all__ = [
     "inclusion_proof_from",
     "leaf_hash",
     "node_hash",
+    "pieces_needed",
     "root",
     "root_from",
     "verify_consistency",
@@ -375,3 +376,45 @@ def inclusion_proof_from(
             lo += k
     out.reverse()  # PATH lists the siblings from the leaf up
     return out
+
+
+def _need(lo: int, hi: int, k: int, nodes: set[tuple[int, int]], chunks: set[int]) -> None:
+    """The pieces _Pieces.mth(lo, hi) reads (same recursion, no hashing)."""
+    n = hi - lo
+    if n & (n - 1) == 0 and lo % n == 0 and n.bit_length() - 1 >= k:
+        nodes.add((n.bit_length() - 1, lo >> n.bit_length() - 1))
+    elif (n & (n - 1) == 0 and lo % n == 0) or hi - (lo >> k << k) <= 1 << k:
+        chunks.add(lo >> k)
+    else:
+        s = _split(n)
+        _need(lo, lo + s, k, nodes, chunks)
+        _need(lo + s, hi, k, nodes, chunks)
+
+
+def pieces_needed(
+    size: int, indexes: Iterable[int], *, chunk_level: int
+) -> tuple[frozenset[tuple[int, int]], frozenset[int]]:
+    """The stored subtrees (level, index) and the chunks whose leaves `root_from(size)` and
+    `inclusion_proof_from(size, i)` for each i of `indexes` read, so a store can fetch them
+    in one query each: O(log size) subtrees and at most 1 + len(indexes) chunks. ValueError
+    as inclusion_proof_from."""
+    _check_level(chunk_level)
+    nodes: set[tuple[int, int]] = set()
+    chunks: set[int] = set()
+    if size > 0:
+        _need(0, size, chunk_level, nodes, chunks)
+    for index in indexes:
+        if not 0 <= index < size:
+            raise ValueError(f"leaf index {index} is outside a tree of {size} leaves")
+        lo, hi = 0, size
+        while hi - lo > 1:
+            k = _split(hi - lo)
+            if index < lo + k:
+                _need(lo + k, hi, chunk_level, nodes, chunks)
+                hi = lo + k
+            else:
+                _need(lo, lo + k, chunk_level, nodes, chunks)
+                lo += k
+        if size == 1:
+            chunks.add(0)
+    return frozenset(nodes), frozenset(chunks)

@@ -16,6 +16,7 @@ from foundation.merkle import (
     Levels,
     inclusion_proof_from,
     leaf_hash,
+    pieces_needed,
     root,
     root_from,
     verify_inclusion,
@@ -59,6 +60,16 @@ def test_proofs_from_the_chunked_store_equal_the_full_tree(n, k, data):
     # O(log n) nodes, the leaf's chunk and at most the last one
     assert store.node_reads <= 2 * n.bit_length()
     assert store.chunks_read <= {i >> k, (n - 1) >> k}
+    # pieces_needed names (at least) what the proof and the root read
+    before = set(store.nodes)
+    assert root_from(n, store.node, store.chunk, chunk_level=k) == levels.root()
+    nodes, chunks = pieces_needed(n, [i], chunk_level=k)
+    fetched = _Store(leaves, k)
+    fetched.nodes = {p: h for p, h in store.nodes.items() if p in nodes}
+    fetched.leaves = [h if (j >> k) in chunks else b"" for j, h in enumerate(leaves)]
+    assert inclusion_proof_from(n, i, fetched.node, fetched.chunk, chunk_level=k) == proof
+    assert root_from(n, fetched.node, fetched.chunk, chunk_level=k) == levels.root()
+    assert chunks <= {i >> k, (n - 1) >> k} and set(nodes) <= before
 
 
 @settings(max_examples=200, deadline=None, derandomize=True)
