@@ -215,7 +215,12 @@ def build_package(
             },
         },
         "anomalies": sorted(
-            set(ref.handoff_anomalies(ordered, as_of_ns=as_of_ns)) | set(extra_anomalies)
+            set(ref.handoff_anomalies(ordered, as_of_ns=as_of_ns))
+            # the protocol-audit kinds this handoff's own rows show (wrong consumer, grant
+            # expired or exceeded, tenant mismatches); those needing other attempts or the
+            # upstream handoff come in extra_anomalies
+            | set(ref.audit_anomalies(ordered).get((head["tenant"], head["handoff_id"]), ()))
+            | set(extra_anomalies)
         ),
         "related_spans": [dict(s) for s in related_spans],
         "integrity": {

@@ -139,17 +139,32 @@ def _stored(event, f, t, sec, **kw):
     return r
 
 
+def _acknowledged(rows, as_of_ns):
+    """The package of `rows` with every row in the ledger (as serve acknowledged them)."""
+    first = build_package(rows, ledger={}, as_of_ns=as_of_ns)
+    ledger = {t["span_id"]: [t["row_hash"]] for t in first["transitions"]}
+    return build_package(rows, ledger=ledger, as_of_ns=as_of_ns)
+
+
 def test_offline_verification_detects_edits():
     rows = [_stored("create", "", "created", 0), _stored("accept", "created", "accepted", 1)]
-    pkg = build_package(rows, ledger={}, as_of_ns=2 * 10**9)
+    pkg = _acknowledged(rows, 2 * 10**9)
     assert verify_offline(pkg) == []
     edited = copy.deepcopy(pkg)
     edited["transitions"][1]["actor"] = "mallory"
     problems = verify_offline(edited)
     assert any("saccept1" in p and "row_hash" in p for p in problems)
-    assert any("package_sha256" in p for p in problems)
+    assert any(p.startswith("execution.actors[1]") and "mallory" in p for p in problems)
     with pytest.raises(ValueError, match="missing field 'transitions'"):
-        verify_offline({"handoff_id": "h", "tenant": "t", "integrity": {}})
+        verify_offline(
+            {
+                "format": "handoff-evidence/v2",
+                "handoff_id": "h",
+                "tenant": "t",
+                "generated_at": "2026-12-01T00:00:00Z",
+                "integrity": {},
+            }
+        )
 
 
 def test_task_index_ddl_file_is_generated():
@@ -192,10 +207,42 @@ def test_package_lists_a_resent_span_once_with_its_arrivals():
                                           "missing": [], "ok": True}  # fmt: skip
     assert pkg["anomalies"] == []
     assert verify_offline(pkg) == []
-    # arrivals are part of the package: an edit breaks its hash; a nonsense value is refused
+    # how often a transition was stored is no hashed field: offline it is taken as the
+    # package says (a store check compares it, docs/auditors.md); a nonsense value is refused
     edited = copy.deepcopy(pkg)
-    edited["transitions"][1]["arrivals"] = 1
-    assert any("package_sha256" in p for p in verify_offline(edited))
     edited["transitions"][1]["arrivals"] = 0
     with pytest.raises(ValueError, match=r"transitions\[1\]\.arrivals"):
         verify_offline(edited)
+
+
+def test_package_names_the_protocol_audit_kinds_its_own_rows_show():
+    grant = {"handoff.event": "create", "handoff.to_agent": "coder",
+             "handoff.grant.expires_at": "1970-01-01T00:00:01.500000000Z",
+             "handoff.grant.capabilities": '["code.read"]', "handoff.capabilities": '["code.write"]',
+             "handoff.grant.tenant": "other-tenant"}  # fmt: skip
+    rows = [
+        _stored("create", "", "created", 0, actor="planner", attributes=grant),
+        _stored("accept", "created", "accepted", 1, actor="mallory",
+                attributes={"handoff.event": "accept", "handoff.tenant": "someone-else"}),
+        _stored("start", "accepted", "running", 2, actor="coder",
+                attributes={"handoff.event": "start"}),
+    ]  # fmt: skip
+    pkg = _acknowledged(rows, 3 * 10**9)
+    audit = {"wrong_consumer", "grant_expired", "capability_outside_grant",
+             "grant_tenant_mismatch", "tenant_claim_mismatch"}  # fmt: skip
+    assert audit <= set(pkg["anomalies"])
+    assert verify_offline(pkg) == []  # rebuilt from the rows: the same kinds
+    edited = copy.deepcopy(pkg)
+    edited["anomalies"] = sorted(set(pkg["anomalies"]) - {"wrong_consumer"})
+    assert verify_offline(edited)
+    # near misses: the named consumer, a grant in force and covering, the right tenant
+    fine = {**grant, "handoff.grant.expires_at": "1970-01-01T00:00:09Z",
+            "handoff.grant.capabilities": '["code.write"]', "handoff.grant.tenant": "default"}  # fmt: skip
+    ok_rows = [
+        _stored("create", "", "created", 0, actor="planner", attributes=fine),
+        _stored("accept", "created", "accepted", 1, actor="coder",
+                attributes={"handoff.event": "accept"}),
+        _stored("start", "accepted", "running", 2, actor="coder",
+                attributes={"handoff.event": "start"}),
+    ]  # fmt: skip
+    assert not audit & set(build_package(ok_rows, ledger={}, as_of_ns=3 * 10**9)["anomalies"])
