@@ -7,7 +7,13 @@ a signed head, their check, and the consistency of that head with a newer one.
 - `entries`: one per transition, in the same order: its row hash, its leaf index in the
   log and the RFC 9162 inclusion path (hex), or index None when the head does not cover it;
 - `pending`: span ids of transitions no signed head covered yet;
-- `store_matched_head`: whether the store's leaves reproduced the head's root at export.
+- `store_matched_head`: whether the store's leaves reproduced the head's root at export;
+- `note` (only when the proofs came from a full read of the log): why the stored pieces of
+  the log (sql/008) could not be used.
+
+`log_section` builds it from every leaf of the log (O(n)); `log_section_from` from the
+pieces a few proofs need (foundation.ledger_log.read_pieces, O(log n)); both give the same
+entries for the same store and head.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from typing import Any
 
 from foundation.integrity import log_entry
 from foundation.keys import PublicKeys, SignedHead
+from foundation.ledger_log import LogPieces
 from foundation.merkle import (
     Levels,
     consistency_proof,
@@ -26,7 +33,7 @@ from foundation.merkle import (
     verify_inclusion,
 )
 
-__all__ = ["check_consistency", "check_log_section", "log_section"]
+__all__ = ["check_consistency", "check_log_section", "log_section", "log_section_from"]
 
 
 def log_section(
@@ -68,6 +75,31 @@ def log_section(
         "entries": out,
         "pending": pending,
         "store_matched_head": matched,
+    }
+
+
+def log_section_from(
+    pieces: LogPieces, head: SignedHead, transitions: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """`integrity.log` as log_section gives it, from the stored pieces of the tree of
+    `head.tree_size` leaves (pieces.size must be it; ValueError otherwise)."""
+    if pieces.size != head.tree_size:
+        raise ValueError(f"pieces of a tree of {pieces.size} leaves, the head has {head.tree_size}")
+    out: list[dict[str, Any]] = []
+    pending: list[str] = []
+    for t in transitions:
+        at = pieces.index.get(t["row_hash"])
+        if at is None:
+            pending.append(t["span_id"])
+            out.append({"row_hash": t["row_hash"], "index": None, "path": []})
+        else:
+            path = [p.hex() for p in pieces.proof(at)]
+            out.append({"row_hash": t["row_hash"], "index": at, "path": path})
+    return {
+        "head": head.as_dict(),
+        "entries": out,
+        "pending": pending,
+        "store_matched_head": pieces.root().hex() == head.root,
     }
 
 

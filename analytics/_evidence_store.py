@@ -14,7 +14,7 @@ from foundation.integrity import derive_columns
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
 
-__all__ = ["cross_anomalies", "fetch_task_rows", "related"]
+__all__ = ["cross_anomalies", "fetch_task_rows", "ledger_batches", "related"]
 
 _RELATED_LIMIT: Final = 200
 
@@ -35,6 +35,25 @@ def fetch_task_rows(client: Client, db: str, tenant: str, task_id: str) -> list[
     for r in rows:
         r.update({k: v for k, v in derive_columns(r.pop("attributes")).items() if k in r})
     return rows
+
+
+def ledger_batches(client: Client, db: str, tenant: str, handoff_id: str) -> dict[str, list[str]]:
+    """row hash -> the ingest batches of the handoff's ledger rows with that hash (a span
+    stored again has one per arrival), by primary key (tenant, handoff_id)."""
+    res = client.query(
+        f"SELECT toString(row_hash), ingest_batch FROM {db}.transition_ledger "
+        "WHERE tenant = {t:String} AND handoff_id = {h:String}",
+        parameters={"t": tenant, "h": handoff_id},
+        settings=POINT_LOOKUP,
+    )
+    out: dict[str, list[str]] = {}
+    for h, b in res.result_rows:
+        out.setdefault(_s(h), []).append(_s(b))
+    return out
+
+
+def _s(v: object) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 def cross_anomalies(

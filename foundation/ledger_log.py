@@ -4,32 +4,56 @@ against the other.
 Leaves (sql/007_ledger_heads.sql): the transition_ledger row hashes, batch by batch in the
 order of the ingest hash chain (foundation.integrity.chain_order), each batch's hashes
 sorted ascending. `read_log` and `read_heads` are the thin I/O; `check_log` is pure.
+
+The signer also stores the log in pieces (sql/008_ledger_nodes.sql): each batch's position
+and the hashes of its complete aligned subtrees of 2^CHUNK_LEVEL leaves and more.
+`read_pieces` reads what proofs of a few leaves need from them (a handful of queries, O(log
+n) nodes and a few chunks of leaves), so a package does not read the whole log.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from bisect import bisect_left
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
 from foundation.integrity import chain_order, log_entry
 from foundation.keys import PublicKeys, SignedHead
-from foundation.merkle import Frontier, leaf_hash
+from foundation.merkle import (
+    Frontier,
+    inclusion_proof_from,
+    leaf_hash,
+    pieces_needed,
+    root,
+    root_from,
+)
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
 
 __all__ = [
+    "CHUNK_LEVEL",
     "LedgerLog",
     "LogBatch",
+    "LogPieces",
     "LogReport",
     "check_log",
+    "covers",
+    "newest_head",
     "read_heads",
     "read_leaves",
     "read_log",
+    "read_pieces",
 ]
 
 _MAX_PROBLEMS: Final = 100
+#: the stored subtrees start at 2^10 = 1,024 leaves: a proof hashes at most two chunks of
+#: leaves, and the nodes table holds about n / 1,024 rows
+CHUNK_LEVEL: Final = 10
+#: a batch's ledger rows carry about its receive time (staged writes may differ): the window
+#: either side a reader of its rows allows, in ms
+_WINDOW_MS: Final = 3_600_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,3 +246,171 @@ def check_log(log: LedgerLog, heads: Sequence[SignedHead], keys: PublicKeys | No
         problems=tuple(problems[:_MAX_PROBLEMS]),
         notes=tuple(notes),
     )
+
+
+def newest_head(client: Client, database: str) -> SignedHead | None:
+    """The newest signed head of `database` (largest tree, then latest), None when none."""
+    rows = client.query(
+        f"""SELECT tree_size, toString(root), toUnixTimestamp64Nano(signed_at), batches,
+                   toString(chain_hash), key_id, signature
+            FROM {database}.ledger_heads ORDER BY tree_size DESC, signed_at DESC LIMIT 1"""
+    ).result_rows
+    if not rows:
+        return None
+    n, r, t, b, c, k, sig = rows[0]
+    return SignedHead(int(n), _s(r), int(t), int(b), _s(c), _s(k), _s(sig))
+
+
+def covers(client: Client, database: str, head: SignedHead) -> bool:
+    """Whether the stored pieces (sql/008) reach `head`: a batch position ending at its size
+    with its chain link (a store signed by an older serve has none)."""
+    return bool(
+        client.query(
+            f"""SELECT count() FROM {database}.ledger_positions
+                WHERE first_leaf <= {{n:UInt64}} AND first_leaf + leaves = {{n:UInt64}}
+                  AND chain_hash = {{c:String}}""",
+            parameters={"n": head.tree_size, "c": head.chain_hash},
+        ).result_rows[0][0]
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class LogPieces:
+    """The stored pieces of the tree of `size` leaves a few proofs need (read_pieces):
+    `index` maps a row hash to its first leaf index (below `size`)."""
+
+    size: int
+    index: Mapping[str, int]
+    nodes: Mapping[tuple[int, int], bytes]
+    chunks: Mapping[int, tuple[bytes, ...]]
+
+    def _node(self, level: int, index: int) -> bytes:
+        return self.nodes[(level, index)]
+
+    def _chunk(self, c: int) -> Sequence[bytes]:
+        return self.chunks.get(c, ())
+
+    def root(self) -> bytes:
+        return root_from(self.size, self._node, self._chunk, chunk_level=CHUNK_LEVEL)
+
+    def proof(self, index: int) -> list[bytes]:
+        return inclusion_proof_from(
+            self.size, index, self._node, self._chunk, chunk_level=CHUNK_LEVEL
+        )
+
+
+def _positions(
+    client: Client, db: str, where: str, params: dict
+) -> list[tuple[str, int, int, int]]:
+    rows = client.query(
+        f"""SELECT ingest_batch, any(first_leaf), any(leaves),
+                   toUnixTimestamp64Milli(any(received_at))
+            FROM {db}.ledger_positions WHERE {where} GROUP BY ingest_batch""",
+        parameters=params,
+    ).result_rows
+    return [(_s(b), int(f), int(n), int(t)) for b, f, n, t in rows]
+
+
+def read_pieces(
+    client: Client, database: str, size: int, batches_of: Mapping[str, Iterable[str]]
+) -> LogPieces | str:
+    """The pieces (sql/008) proofs in the tree of `size` leaves need for the row hashes of
+    `batches_of` (row hash -> the batches its ledger rows are in), or why they cannot be
+    used (a string: a batch's ledger rows differ from its stored position, a chunk of leaves
+    from its stored subtree, a stored node is missing). Reads: the batches' positions, the
+    ledger rows of those batches and of the chunks the proofs need, the nodes. Row hashes
+    not in the tree's first `size` leaves are absent from `index`."""
+    db, k = database, CHUNK_LEVEL
+    wanted = sorted({b for bs in batches_of.values() for b in bs})
+    pos = {
+        b: (f, n, t)
+        for b, f, n, t in (
+            _positions(client, db, "ingest_batch IN {b:Array(String)}", {"b": wanted})
+            if wanted
+            else []
+        )
+    }
+    hashes = _batch_hashes(client, db, pos)
+    if isinstance(hashes, str):
+        return hashes
+    index: dict[str, int] = {}
+    for h, bs in batches_of.items():
+        found = [pos[b][0] + bisect_left(hashes[b], h) for b in bs if b in pos and h in hashes[b]]
+        if found and min(found) < size:
+            index[h] = min(found)
+    if size == 0:
+        return LogPieces(0, index, {}, {})
+    nodes_needed, chunks = pieces_needed(size, index.values(), chunk_level=k)
+    ranges = {c: (c << k, min((c + 1) << k, size)) for c in chunks}
+    where = " OR ".join(f"(first_leaf < {hi} AND first_leaf + leaves > {lo})"
+                        for lo, hi in ranges.values())  # fmt: skip
+    more = {b: (f, n, t) for b, f, n, t in _positions(client, db, f"leaves > 0 AND ({where})", {})}
+    got = _batch_hashes(client, db, {b: v for b, v in more.items() if b not in hashes})
+    if isinstance(got, str):
+        return got
+    hashes.update(got)
+    pos.update(more)
+    # a complete chunk is checked against its stored subtree, so rewritten ledger rows show
+    full = {c for c, (lo, hi) in ranges.items() if hi - lo == 1 << k}
+    keys = sorted(nodes_needed | {(k, c) for c in full})
+    nodes = _nodes(client, db, keys)
+    if len(nodes) != len(keys):
+        return f"{len(keys) - len(nodes)} stored subtree(s) of the log are missing"
+    out: dict[int, tuple[bytes, ...]] = {}
+    for c, (lo, hi) in ranges.items():
+        leaves: list[bytes] = []
+        at = lo  # the next leaf to place
+        for b, (f, n, _t) in sorted(more.items(), key=lambda kv: kv[1][0]):
+            if f < hi and f + n > lo:
+                if max(f, lo) != at:
+                    return f"the stored positions do not tile leaves {lo}..{hi - 1} (at {at})"
+                end = min(f + n, hi)
+                leaves += [leaf_hash(log_entry(h)) for h in hashes[b][at - f : end - f]]
+                at = end
+        if at != hi:
+            return f"the stored positions do not cover leaves {lo}..{hi - 1}"
+        if c in full and root(leaves) != nodes[(k, c)]:
+            return f"the ledger rows of leaves {lo}..{hi - 1} do not match their stored subtree"
+        out[c] = tuple(leaves)
+    return LogPieces(size, index, nodes, out)
+
+
+def _batch_hashes(
+    client: Client, db: str, pos: Mapping[str, tuple[int, int, int]]
+) -> dict[str, list[str]] | str:
+    """Each batch's ledger row hashes, sorted; a string when a batch's count differs from its
+    stored position. The batches' receive times bound the partitions read."""
+    if not pos:
+        return {}
+    lo = min(t for _f, _n, t in pos.values()) - _WINDOW_MS
+    hi = max(t for _f, _n, t in pos.values()) + _WINDOW_MS
+    rows = client.query(
+        f"""SELECT ingest_batch, arraySort(groupArray(toString(row_hash)))
+            FROM {db}.transition_ledger
+            WHERE ingest_batch IN {{b:Array(String)}}
+              AND ingested_at BETWEEN fromUnixTimestamp64Milli({lo})
+                                  AND fromUnixTimestamp64Milli({hi})
+            GROUP BY ingest_batch""",
+        parameters={"b": sorted(pos)},
+    ).result_rows
+    out: dict[str, list[str]] = {b: [] for b in pos} | {
+        _s(b): [_s(h) for h in hs] for b, hs in rows
+    }
+    for b, (_f, n, _t) in pos.items():
+        if len(out[b]) != n:
+            return f"batch {b}: {len(out[b])} ledger rows, its stored position {n} leaves"
+    return out
+
+
+def _nodes(
+    client: Client, db: str, keys: Sequence[tuple[int, int]]
+) -> dict[tuple[int, int], bytes]:
+    if not keys:
+        return {}
+    pairs = ", ".join(f"({int(lv)}, {int(i)})" for lv, i in keys)
+    rows = client.query(
+        f"""SELECT level, index, any(hash) FROM {db}.ledger_nodes
+            WHERE (level, index) IN ({pairs}) GROUP BY level, index"""
+    ).result_rows
+    return {(int(lv), int(i)): h if isinstance(h, bytes) else h.encode("latin-1")
+            for lv, i, h in rows}  # fmt: skip

@@ -15,6 +15,13 @@ ledger verify` names the place). Ledger rows rewritten below the newest head whi
 runs are found by `handoffs ledger verify`, not by the signer. Batches found at start
 after the newest head were stored while no signer ran: it signs them and says how many.
 Errors of the store are logged and retried at the next tick; the thread never dies.
+
+With each head it also stores the log in pieces (sql/008_ledger_nodes.sql), before the head
+itself: the position of every batch it took and the hash of every complete aligned subtree
+of 2^CHUNK_LEVEL leaves or more the new leaves completed, so a package's proofs read
+O(log n) rows (foundation.ledger_log.read_pieces). At start it stores the pieces of the
+signed log that are missing (a store signed by an older serve), from the read it makes
+anyway. Writing a piece twice is harmless (ReplacingMergeTree); it checks before writing.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from typing import TYPE_CHECKING, Final
 
 from foundation.integrity import GENESIS, chain_order, log_entry
 from foundation.keys import sign_head
-from foundation.ledger_log import read_heads
+from foundation.ledger_log import CHUNK_LEVEL, read_heads
 from foundation.merkle import Frontier, leaf_hash
 from foundation.settings import Setting
 
@@ -183,7 +190,7 @@ class Signer:
         leaves = [
             leaf_hash(log_entry(h)) for b in ordered[: head.batches] for h in hashes.get(b, [])
         ]
-        frontier = Frontier.of(leaves)
+        frontier, nodes = Frontier().extend_nodes(leaves, CHUNK_LEVEL)
         last = ordered[head.batches - 1] if 0 < head.batches <= len(ordered) else None
         if (
             frontier.size != head.tree_size
@@ -199,12 +206,52 @@ class Signer:
             return
         self._frontier, self._batches_signed = frontier, head.batches
         self._chain_hash, self._received_ns = head.chain_hash, info[last][2]
+        self._backfill(client, ordered[: head.batches], info, hashes, nodes)
         if len(ordered) > head.batches:
             log.warning(
                 "signer: %d batch(es) stored after the newest signed head while no signer ran; "
                 "signing them now",
                 len(ordered) - head.batches,
             )
+
+    def _positions(self, start: int, batches: list[str], info, hashes) -> list[list[object]]:
+        out: list[list[object]] = []
+        for b in batches:
+            n = len(hashes.get(b, []))
+            out.append([b, start, n, info[b][0], info[b][2] // 10**6])
+            start += n
+        return out
+
+    def _write_pieces(self, client: Client, positions, nodes) -> None:
+        """Nodes first: a reader takes a position reaching a head as the sign its nodes are
+        stored too."""
+        if nodes:
+            client.insert(
+                f"{self._db}.ledger_nodes",
+                [[lv, i, h] for lv, i, h in nodes],
+                column_names=["level", "index", "hash"],
+            )
+        if positions:
+            client.insert(
+                f"{self._db}.ledger_positions",
+                positions,
+                column_names=["ingest_batch", "first_leaf", "leaves", "chain_hash", "received_at"],
+            )
+
+    def _backfill(self, client: Client, batches: list[str], info, hashes, nodes) -> None:
+        """Store the pieces of the signed log not stored yet (a store signed before them)."""
+        have_b = {_s(b) for (b,) in client.query(
+            f"SELECT DISTINCT ingest_batch FROM {self._db}.ledger_positions").result_rows}  # fmt: skip
+        have_n = {(int(lv), int(i)) for lv, i in client.query(
+            f"SELECT DISTINCT level, index FROM {self._db}.ledger_nodes").result_rows}  # fmt: skip
+        positions = [p for p in self._positions(0, batches, info, hashes) if p[0] not in have_b]
+        missing = [nd for nd in nodes if (nd[0], nd[1]) not in have_n]
+        if positions or missing:
+            log.info(
+                "signer: storing %d batch position(s) and %d subtree(s) of the signed log",
+                len(positions), len(missing),
+            )  # fmt: skip
+            self._write_pieces(client, positions, missing)
 
     def tick(self) -> bool:
         """One round: sign a head when batches were stored after the last one. True when a
@@ -248,7 +295,10 @@ class Signer:
                 )  # fmt: skip
             return False
         self._waits = 0
-        frontier = self._frontier.extend(leaf_hash(log_entry(h)) for b in take for h in hashes[b])
+        frontier, nodes = self._frontier.extend_nodes(
+            (leaf_hash(log_entry(h)) for b in take for h in hashes[b]), CHUNK_LEVEL
+        )
+        self._write_pieces(client, self._positions(self._frontier.size, take, info, hashes), nodes)
         head = sign_head(
             self._key,
             tree_size=frontier.size,
