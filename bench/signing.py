@@ -16,6 +16,14 @@ verify_offline_ms=<> verify_store_ms=<> proof_bytes_per_transition=<>
 ledger_verify_rows_per_s=<>` (the last: `handoffs ledger verify` over the whole store).
 
     .venv/bin/python bench/signing.py --requests 10 --spans 2000 --rounds 2
+
+`--log-sizes 200000,1000000` measures instead package build time against log size: per
+size, one signing serve on a fresh store holding that many leaves; for `--packages`
+handoffs spread over the log, the package as built now (proofs from the signer's stored
+pieces, sql/008) and its `integrity.log` both ways in the same run: from the stored pieces
+and from the full read of the log (read_leaves + log_section, the path a store without
+pieces takes), checked equal. Prints ms per package (medians) and the ratio, and a last
+line `RESULT sizes=<> pieces_log_ms=<> full_log_ms=<> package_ms=<>` (comma lists).
 """
 
 from __future__ import annotations
@@ -32,9 +40,12 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from analytics._evidence_log import log_section, log_section_from
+from analytics._evidence_store import ledger_batches
 from analytics.evidence import evidence_package
 from analytics.verify import verify_offline, verify_package
 from foundation.keys import PublicKeys, generate_keypair, load_public_key
+from foundation.ledger_log import covers, newest_head, read_leaves, read_pieces
 from ingest._verify import verify_ledger
 from ingest.testing import request_protobuf, span_json, transition
 from serve.testing import ServeHandle, start_serve, wait_until
@@ -50,10 +61,10 @@ _STEPS = [
 ]  # fmt: skip
 
 
-def _bodies(n_requests: int, n_spans: int) -> list[bytes]:
+def _bodies(n_requests: int, n_spans: int, *, offset: int = 0) -> list[bytes]:
     t0 = time.time_ns() - 3600 * 10**9
     out = []
-    for k in range(n_requests):
+    for k in range(offset, offset + n_requests):
         spans = []
         for i in range(n_spans):
             h, step = divmod(i, len(_STEPS))
@@ -101,7 +112,11 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2, help="off/on pairs")
     ap.add_argument("--sign-every", type=float, default=1.0, help="serve --sign-every, seconds")
     ap.add_argument("--packages", type=int, default=20, help="packages to build and verify")
+    ap.add_argument("--log-sizes", default="", help="leaves, comma-separated: build time vs size")
     a = ap.parse_args()
+    if a.log_sizes:
+        return _by_size([int(x) for x in a.log_sizes.split(",")], a.spans, a.sign_every,
+                        a.packages)  # fmt: skip
     total = a.requests * a.spans
     bodies = _bodies(a.requests, a.spans)
     rates: dict[str, list[float]] = {"off": [], "on": []}
@@ -198,6 +213,70 @@ def _packages(serve: ServeHandle, keys: PublicKeys, n: int):
         client.close()
     med = statistics.median
     return med(builds), med(offs), med(stores), med(proof_bytes), med(hashes), med(sizes), ledger_s
+
+
+def _by_size(sizes: list[int], per_request: int, sign_every: float, n: int) -> int:
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-signing-size-") as tmp_s:
+        tmp = Path(tmp_s)
+        generate_keypair(tmp / "bench")
+        for size in sizes:
+            d = tmp / f"size-{size}"
+            d.mkdir()
+            serve = start_serve(d, extra_args=("--signing-key", str(tmp / "bench.key"),
+                                               "--sign-every", str(sign_every)))  # fmt: skip
+            try:
+                t = time.perf_counter()
+                per = min(per_request, size)
+                for k in range(0, size, per):
+                    _ingest(serve, _bodies(1, min(per, size - k), offset=k // per))
+                wait_until(lambda s=serve, m=size: _signed_size(s) >= m, 1800, "a signed head")
+                setup = time.perf_counter() - t
+                rows.append((size, setup, *_log_times(serve, n)))
+            finally:
+                serve.stop()
+            print(f"log of {size:,} leaves (stored and signed in {setup:.0f} s): "
+                  f"integrity.log from the stored pieces {rows[-1][2]:.1f} ms, from the full "
+                  f"read {rows[-1][3]:.1f} ms (full / pieces = {rows[-1][3] / rows[-1][2]:.1f}); whole package "
+                  f"{rows[-1][4]:.1f} ms (median of {n})", flush=True)  # fmt: skip
+    print("RESULT " + " ".join(
+        f"{k}={','.join(f'{r[i]:.1f}' if i else str(r[0]) for r in rows)}"
+        for i, k in ((0, "sizes"), (2, "pieces_log_ms"), (3, "full_log_ms"), (4, "package_ms"))))  # fmt: skip
+    return 0
+
+
+def _log_times(serve: ServeHandle, n: int) -> tuple[float, float, float]:
+    """Medians over `n` handoffs, ms: integrity.log from the stored pieces (what a package
+    reads now), from the full read, and the whole package as built now."""
+    client = serve.client()
+    db = serve.database
+    fast, full, whole = [], [], []
+    try:
+        ids = [r[0] for r in client.query(
+            f"SELECT DISTINCT handoff_id FROM handoff_transitions ORDER BY cityHash64(handoff_id) LIMIT {n}"
+        ).result_rows]  # fmt: skip
+        for hid in ids:
+            t = time.perf_counter()
+            pkg = evidence_package(client, database=db, handoff_id=hid)
+            whole.append((time.perf_counter() - t) * 1000)
+            assert pkg is not None and "note" not in pkg["integrity"]["log"], hid
+            trs = pkg["transitions"]
+            ten = pkg["tenant"]
+            t = time.perf_counter()
+            head = newest_head(client, db)
+            assert head is not None and covers(client, db, head)
+            pieces = read_pieces(client, db, head.tree_size, ledger_batches(client, db, ten, hid))
+            assert not isinstance(pieces, str), pieces
+            a = log_section_from(pieces, head, trs)
+            fast.append((time.perf_counter() - t) * 1000)
+            t = time.perf_counter()
+            b = log_section(read_leaves(client, db), newest_head(client, db), trs)
+            full.append((time.perf_counter() - t) * 1000)
+            assert a == b == pkg["integrity"]["log"], hid
+    finally:
+        client.close()
+    med = statistics.median
+    return med(fast), med(full), med(whole)
 
 
 if __name__ == "__main__":

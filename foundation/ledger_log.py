@@ -318,8 +318,8 @@ def read_pieces(
     `batches_of` (row hash -> the batches its ledger rows are in), or why they cannot be
     used (a string: a batch's ledger rows differ from its stored position, a chunk of leaves
     from its stored subtree, a stored node is missing). Reads: the batches' positions, the
-    ledger rows of those batches and of the chunks the proofs need, the nodes. Row hashes
-    not in the tree's first `size` leaves are absent from `index`."""
+    ledger rows of the batches of the chunks they may fall in (one query), the nodes. Row
+    hashes not in the tree's first `size` leaves are absent from `index`."""
     db, k = database, CHUNK_LEVEL
     wanted = sorted({b for bs in batches_of.values() for b in bs})
     pos = {
@@ -330,7 +330,19 @@ def read_pieces(
             else []
         )
     }
-    hashes = _batch_hashes(client, db, pos)
+    if size == 0:
+        return LogPieces(0, {}, {}, {})
+    # the chunks the rows' leaves may fall in, and the last: read their batches' ledger rows
+    # together with the rows' own batches, in one query
+    maybe = {(size - 1) >> k} | {
+        c for f, n, _t in pos.values() if n and f < size
+        for c in range(f >> k, (min(f + n, size) - 1 >> k) + 1)
+    }  # fmt: skip
+    ranges = {c: (c << k, min((c + 1) << k, size)) for c in maybe}
+    where = " OR ".join(f"(first_leaf < {hi} AND first_leaf + leaves > {lo})"
+                        for lo, hi in ranges.values())  # fmt: skip
+    more = {b: (f, n, t) for b, f, n, t in _positions(client, db, f"leaves > 0 AND ({where})", {})}
+    hashes = _batch_hashes(client, db, {**pos, **more})
     if isinstance(hashes, str):
         return hashes
     index: dict[str, int] = {}
@@ -338,18 +350,8 @@ def read_pieces(
         found = [pos[b][0] + bisect_left(hashes[b], h) for b in bs if b in pos and h in hashes[b]]
         if found and min(found) < size:
             index[h] = min(found)
-    if size == 0:
-        return LogPieces(0, index, {}, {})
     nodes_needed, chunks = pieces_needed(size, index.values(), chunk_level=k)
-    ranges = {c: (c << k, min((c + 1) << k, size)) for c in chunks}
-    where = " OR ".join(f"(first_leaf < {hi} AND first_leaf + leaves > {lo})"
-                        for lo, hi in ranges.values())  # fmt: skip
-    more = {b: (f, n, t) for b, f, n, t in _positions(client, db, f"leaves > 0 AND ({where})", {})}
-    got = _batch_hashes(client, db, {b: v for b, v in more.items() if b not in hashes})
-    if isinstance(got, str):
-        return got
-    hashes.update(got)
-    pos.update(more)
+    ranges = {c: ranges[c] for c in chunks}
     # a complete chunk is checked against its stored subtree, so rewritten ledger rows show
     full = {c for c, (lo, hi) in ranges.items() if hi - lo == 1 << k}
     keys = sorted(nodes_needed | {(k, c) for c in full})
