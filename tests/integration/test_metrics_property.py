@@ -5,7 +5,11 @@ Histories are random walks through the state table with lost spans (including th
 duplicate deliveries (a new span), resent spans (the same span stored again unchanged),
 span ids reused with other content (another time, transition or attribute map), skewed clocks,
 rows flagged valid=false, illegal rows, extra legal rows (forks, messages after terminal),
-random evidence and deadlines. Each example seeds its own tenant in one database.
+random evidence and deadlines; and the protocol audit's attributes: attempts sharing a task,
+target and idempotency key, retry_of and causation_id links to the other handoffs,
+capability grants (capabilities, tenant, expiry), receipts with an expiry, receiver events
+by an actor other than the to_agent, claimed tenants. Each example seeds its own tenant in
+one database.
 Derandomized, so a failure replays.
 """
 
@@ -53,8 +57,36 @@ PER_HANDOFF_KINDS = (
 _tenants = itertools.count()
 
 
+def _iso(t: datetime) -> str:
+    return t.strftime("%Y-%m-%dT%H:%M:%S") + (f".{t.microsecond:06d}Z" if t.microsecond else "Z")
+
+
+def _envelope(draw, hid: str, tenant: str, others: list[str], at: datetime) -> dict:
+    """create() keywords of the protocol audit: the attempt's slot, links, grant."""
+    kw: dict = {
+        "task_id": draw(st.sampled_from(["task-a", "task-b", f"task-{hid}"])),
+        "to_agent": draw(st.sampled_from(["worker", "coder"])),
+        "idempotency_key": draw(st.sampled_from([None, "k1", "k2"])),
+        "capabilities": draw(st.sampled_from([[], ["search"], ["search", "write"]])),
+    }
+    if others and draw(st.booleans()):
+        kw["handoff.retry_of"] = draw(st.sampled_from(others))
+    if draw(st.booleans()):
+        kw["handoff.causation_id"] = draw(st.sampled_from([*others, "msg-1"]))
+    if draw(st.booleans()):
+        kw["handoff.grant.capabilities"] = draw(
+            st.sampled_from([[], ["search"], ["search", "write"]])
+        )
+        kw["handoff.grant.tenant"] = draw(st.sampled_from([tenant, "elsewhere", ""]))
+        offset = draw(st.sampled_from([-30, 0.25, 2, 45, 3600]))
+        kw["handoff.grant.expires_at"] = _iso(at + timedelta(seconds=offset))
+    return kw
+
+
 @st.composite
-def history(draw, hid: str, tenant: str, as_of: datetime) -> list[T]:
+def history(
+    draw, hid: str, tenant: str, as_of: datetime, others: list[str] | None = None
+) -> list[T]:
     # ages around the settle thresholds (deadline + 60 s grace) and outside the window
     age = draw(st.sampled_from([10, 59, 62, 100, 179, 182, 359, 362, 600, 7200]))
     start = as_of - timedelta(seconds=age)
@@ -80,6 +112,8 @@ def history(draw, hid: str, tenant: str, as_of: datetime) -> list[T]:
                 draw(st.sampled_from(STATES)),
             )
         )
+    env = _envelope(draw, hid, tenant, others or [], start)
+    task = env["task_id"]
     out: list[T] = []
     for i, (f, e, t) in enumerate(steps):
         if draw(st.integers(0, 9)) == 0:  # lost span (the create too)
@@ -90,20 +124,18 @@ def history(draw, hid: str, tenant: str, as_of: datetime) -> list[T]:
         attrs: dict = {}
         if e in ("prepare", "commit", "resolve_committed"):
             attrs.update(draw(st.sampled_from(EVIDENCE)))
+        if e in ("commit", "resolve_committed") and draw(st.booleans()):
+            offset = draw(st.sampled_from([-60, 30, 3600, 100_000]))
+            attrs["handoff.receipt.expires_at"] = _iso(at + timedelta(seconds=offset))
         if draw(st.integers(0, 19)) == 0:
             attrs["handoff.valid"] = False
+        if draw(st.integers(0, 14)) == 0:  # a tenant claim, most often someone else's
+            attrs["handoff.tenant"] = draw(st.sampled_from([tenant, "evil"]))
         if e == "create" and not f:
-            tr = create(
-                hid,
-                at,
-                task_id=f"task-{hid}",
-                mode=mode,
-                deadline_ms=deadline,
-                tenant=tenant,
-                **attrs,
-            )
+            tr = create(hid, at, mode=mode, deadline_ms=deadline, tenant=tenant, **env, **attrs)
         else:
-            tr = T(hid, e, f, t, at, task_id=f"task-{hid}", tenant=tenant, attrs=attrs)
+            actor = draw(st.sampled_from([env["to_agent"], env["to_agent"], "intruder"]))
+            tr = T(hid, e, f, t, at, task_id=task, actor=actor, tenant=tenant, attrs=attrs)
         out.append(tr)
         if draw(st.integers(0, 9)) == 0:  # duplicate delivery
             out.append(T(tr.handoff_id, tr.event, tr.from_state, tr.to_state, tr.at, task_id=tr.task_id,
@@ -131,6 +163,12 @@ def _ref_row(t: T) -> dict:
     _ns, trace, span, _name, _service, attributes, _tenant = span_rows([t])[0]
     return {
         "tenant": t.tenant,
+        "task_id": attributes["handoff.task_id"],
+        "actor": t.actor,
+        "to_agent": a.get("handoff.to_agent", ""),
+        "idempotency_key": a.get("handoff.idempotency_key", ""),
+        "capabilities": list(a.get("handoff.capabilities", [])),
+        "claimed_tenant": a.get("handoff.tenant", ""),
         "handoff_id": t.handoff_id,
         "event": t.event,
         "from_state": t.from_state,
@@ -148,11 +186,67 @@ def _ref_row(t: T) -> dict:
 
 
 @st.composite
+def linked(draw, tenant: str, as_of: datetime, k: int) -> list[T]:
+    """Attempt A going unknown (resolved failed, committed or never), a later attempt B
+    (its retry_of, the same slot, or only the same idempotency key) and a consumer C of A,
+    at times drawn around A's unknown, resolution, verify and receipt and grant expiry."""
+    a, b, c = f"a{k}", f"b{k}", f"c{k}"
+    t0 = as_of - timedelta(seconds=draw(st.sampled_from([120, 600, 1800])))
+
+    def at(x: float) -> datetime:
+        return t0 + timedelta(seconds=x)
+
+    slot = {"task_id": f"task-l{k}", "to_agent": "worker", "idempotency_key": "kl"}
+    grant = {"handoff.grant.capabilities": [], "handoff.grant.tenant": tenant,
+             "handoff.grant.expires_at": _iso(at(draw(st.sampled_from([1.5, 2.5, 100]))))}  # fmt: skip
+    out = [create(a, at(0), tenant=tenant, **slot, **grant)]
+    out += [T(a, "accept", "created", "accepted", at(1), actor="worker", tenant=tenant),
+            T(a, "start", "accepted", "running", at(2), actor="worker", tenant=tenant),
+            T(a, "timeout", "running", "unknown", at(3), actor="planner", tenant=tenant)]  # fmt: skip
+    end = draw(st.sampled_from(["never", "failed", "committed"]))
+    r = draw(st.sampled_from([5, 20, 40]))
+    if end == "failed":
+        out.append(T(a, "resolve_failed", "unknown", "failed", at(r), tenant=tenant))
+    elif end == "committed":
+        exp = _iso(at(r + draw(st.sampled_from([-1, 10, 1000]))))
+        out.append(T(a, "resolve_committed", "unknown", "committed", at(r), tenant=tenant,
+                     attrs={**EVIDENCE[0], "handoff.receipt.expires_at": exp}))  # fmt: skip
+        if draw(st.booleans()):
+            out.append(T(a, "verify", "committed", "verified", at(r + 1), tenant=tenant))
+    d = draw(st.sampled_from([2, 4, 10, 30, 50]))
+    link = draw(st.sampled_from(["retry_of", "slot", "key"]))
+    if link == "retry_of":
+        bkw = {"task_id": f"task-m{k}", "to_agent": "worker", "handoff.retry_of": a}
+    elif link == "slot":
+        bkw = dict(slot)
+    else:
+        bkw = {**slot, "to_agent": "coder"}
+    out.append(create(b, at(d), tenant=tenant, **bkw))
+    bto = bkw["to_agent"]
+    out += [T(b, "accept", "created", "accepted", at(d + 1), actor=bto, tenant=tenant),
+            T(b, "start", "accepted", "running", at(d + 2), actor=bto, tenant=tenant)]  # fmt: skip
+    if draw(st.booleans()):
+        out.append(T(b, "commit", "running", "committed", at(d + 3), actor=bto, tenant=tenant,
+                     attrs=EVIDENCE[0]))  # fmt: skip
+    cat = draw(st.sampled_from([4, 15, 30, 60, 2000]))
+    out.append(create(c, at(cat), task_id=f"task-c{k}", tenant=tenant,
+                      **{"handoff.causation_id": a}))  # fmt: skip
+    return out
+
+
+@st.composite
 def scenario(draw):
     tenant = f"p{next(_tenants)}"
     as_of = T0 + timedelta(minutes=draw(st.integers(5, 75)))
     n = draw(st.integers(1, 12))
-    rows = [tr for i in range(n) for tr in draw(history(f"h{i}", tenant, as_of))]
+    ids = [f"h{i}" for i in range(n)]
+    rows = [
+        tr
+        for i in range(n)
+        for tr in draw(history(ids[i], tenant, as_of, [h for h in ids if h != ids[i]]))
+    ]
+    for k in range(draw(st.integers(0, 2))):
+        rows += draw(linked(tenant, as_of, k))
     return tenant, rows, as_of
 
 
@@ -197,6 +291,16 @@ def test_sql_funnel_and_anomalies_equal_reference(chdb_client, fresh_db, sc):
             if in_cohort and kind in ref.handoff_anomalies(hr, as_of_ns=as_of_ns):
                 ref_ids.append(h)
         assert sql_ids == ref_ids, kind
+    # the protocol audit: every handoff of the cohort against the others of its tenant
+    audit = ref.audit_anomalies(refrows)
+    lo, hi = w.start.timestamp() * 1e9, w.end.timestamp() * 1e9
+    cohort = {h for h, hr in by_h.items() if (c := ref.facts(h, hr, as_of_ns=as_of_ns).created_ns) is not None and lo <= c < hi}  # fmt: skip
+    for kind in ref.AUDIT_KINDS:
+        sql_ids = anomaly_handoff_ids(
+            chdb_client, database=fresh_db, window=w, kind=kind, tenant=tenant
+        )
+        ref_ids = sorted(h for (_t, h), kinds in audit.items() if h in cohort and kind in kinds)
+        assert sql_ids == ref_ids, kind
 
 
 @st.composite
@@ -227,8 +331,14 @@ def test_resent_spans_change_no_number(chdb_client, fresh_db, sc):
     twin = f"{tenant}r"
     # the twin's spans keep the ids the first tenant's got (a default id hashes the tenant)
     ids = [span_rows([t])[0][1:3] for t in rows]
+
+    # and claim (or hold a grant for) the twin's own tenant where the first claims its own
+    def own(attrs) -> dict:
+        keys = ("handoff.tenant", "handoff.grant.tenant")
+        return {k: twin if k in keys and v == tenant else v for k, v in attrs.items()}
+
     twins = [
-        replace(t, tenant=twin, trace_id=tr, span_id=sp)
+        replace(t, tenant=twin, trace_id=tr, span_id=sp, attrs=own(t.attrs))
         for t, (tr, sp) in zip(rows, ids, strict=True)
     ]
     seed(chdb_client, fresh_db, rows)
