@@ -589,7 +589,10 @@ def test_insider_insert_without_ledger_entry(signed, tmp_path):
 def test_insider_insert_with_ledger_and_chain_recomputed(signed, tmp_path):
     res = tamper(signed, "insert_rechained", tmp_path)
     ledger = res["ledger"]
-    assert ledger["code"] == 1 and ledger["doc"]["log"]["first_bad_position"] == 0
+    # the forged leaf sorts into the first batch (9 leaves, one head) at a place set by its
+    # hash: when it sorts last, the first head still matches and the next one is the first
+    # bad (position 9)
+    assert ledger["code"] == 1 and ledger["doc"]["log"]["first_bad_position"] in (0, 9)
     assert any("do not match it (first bad position" in p for p in ledger["doc"]["problems"])
     problems = _problems(res, "verify")
     assert (
