@@ -30,6 +30,7 @@ __all__ = [
     "Frontier",
     "Levels",
     "consistency_proof",
+    "consistency_proof_from",
     "inclusion_proof",
     "inclusion_proof_from",
     "leaf_hash",
@@ -378,6 +379,40 @@ def inclusion_proof_from(
     return out
 
 
+def consistency_proof_from(
+    old_size: int,
+    size: int,
+    get_subtree_hash: SubtreeHash,
+    chunk_leaves: ChunkLeaves,
+    *,
+    chunk_level: int,
+) -> list[bytes]:
+    """PROOF(old_size) in the tree of `size` leaves from its stored pieces (see SubtreeHash):
+    equal to consistency_proof(old_size, leaves[:size]). O(log size) stored nodes and the
+    leaves of the chunks holding leaf old_size - 1 and the last leaf. ValueError unless
+    0 <= old_size <= size, or for a chunk short of leaves."""
+    _check_level(chunk_level)
+    if not 0 <= old_size <= size:
+        raise ValueError(f"old size {old_size} is outside 0..{size}")
+    if old_size in (0, size):
+        return []
+    pieces = _Pieces(size, chunk_level, get_subtree_hash, chunk_leaves)
+    out: list[bytes] = []
+    m, lo, hi, whole = old_size, 0, size, True
+    while m != hi - lo:
+        k = _split(hi - lo)
+        if m <= k:
+            out.append(pieces.mth(lo + k, hi))
+            hi = lo + k
+        else:
+            out.append(pieces.mth(lo, lo + k))
+            m, lo, whole = m - k, lo + k, False
+    if not whole:
+        out.append(pieces.mth(lo, hi))
+    out.reverse()  # PROOF lists the nodes from the old tree's edge up
+    return out
+
+
 def _need(lo: int, hi: int, k: int, nodes: set[tuple[int, int]], chunks: set[int]) -> None:
     """The pieces _Pieces.mth(lo, hi) reads (same recursion, no hashing)."""
     n = hi - lo
@@ -392,17 +427,34 @@ def _need(lo: int, hi: int, k: int, nodes: set[tuple[int, int]], chunks: set[int
 
 
 def pieces_needed(
-    size: int, indexes: Iterable[int], *, chunk_level: int
+    size: int, indexes: Iterable[int], *, chunk_level: int, old_sizes: Iterable[int] = ()
 ) -> tuple[frozenset[tuple[int, int]], frozenset[int]]:
-    """The stored subtrees (level, index) and the chunks whose leaves `root_from(size)` and
-    `inclusion_proof_from(size, i)` for each i of `indexes` read, so a store can fetch them
-    in one query each: O(log size) subtrees and at most 1 + len(indexes) chunks. ValueError
-    as inclusion_proof_from."""
+    """The stored subtrees (level, index) and the chunks whose leaves `root_from(size)`,
+    `inclusion_proof_from(size, i)` for each i of `indexes` and `consistency_proof_from(m,
+    size)` for each m of `old_sizes` read, so a store can fetch them in one query each:
+    O(log size) subtrees and at most 1 + len(indexes) + len(old_sizes) chunks. ValueError as
+    those functions."""
     _check_level(chunk_level)
     nodes: set[tuple[int, int]] = set()
     chunks: set[int] = set()
     if size > 0:
         _need(0, size, chunk_level, nodes, chunks)
+    for m in old_sizes:
+        if not 0 <= m <= size:
+            raise ValueError(f"old size {m} is outside 0..{size}")
+        if m in (0, size):
+            continue
+        lo, hi, whole = 0, size, True
+        while m != hi - lo:
+            k = _split(hi - lo)
+            if m <= k:
+                _need(lo + k, hi, chunk_level, nodes, chunks)
+                hi = lo + k
+            else:
+                _need(lo, lo + k, chunk_level, nodes, chunks)
+                m, lo, whole = m - k, lo + k, False
+        if not whole:
+            _need(lo, hi, chunk_level, nodes, chunks)
     for index in indexes:
         if not 0 <= index < size:
             raise ValueError(f"leaf index {index} is outside a tree of {size} leaves")

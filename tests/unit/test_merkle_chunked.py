@@ -14,6 +14,8 @@ from foundation.merkle import (
     EMPTY_ROOT,
     Frontier,
     Levels,
+    consistency_proof,
+    consistency_proof_from,
     inclusion_proof_from,
     leaf_hash,
     pieces_needed,
@@ -87,6 +89,23 @@ def test_proofs_of_a_prefix_use_the_nodes_of_the_larger_tree(n, k, data):
         assert got == Levels.of(leaves[:m]).inclusion_proof(i)
 
 
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.integers(0, 3000), st.integers(0, 4), st.data())
+def test_consistency_proofs_from_the_chunked_store_equal_the_full_tree(n, k, data):
+    m = data.draw(st.integers(0, n))
+    leaves = _leaves(n)
+    store = _Store(leaves, k)
+    got = consistency_proof_from(m, n, store.node, store.chunk, chunk_level=k)
+    assert got == consistency_proof(m, leaves)
+    assert store.node_reads <= 2 * max(n.bit_length(), 1)
+    assert store.chunks_read <= {(m - 1) >> k, (n - 1) >> k}
+    nodes, chunks = pieces_needed(n, [], chunk_level=k, old_sizes=[m])
+    fetched = _Store(leaves, k)
+    fetched.nodes = {p: h for p, h in store.nodes.items() if p in nodes}
+    fetched.leaves = [h if (j >> k) in chunks else b"" for j, h in enumerate(leaves)]
+    assert consistency_proof_from(m, n, fetched.node, fetched.chunk, chunk_level=k) == got
+
+
 @settings(max_examples=100, deadline=None, derandomize=True)
 @given(st.lists(st.integers(0, 300), max_size=8), st.integers(0, 4))
 def test_extend_nodes_in_steps_equals_one_step_and_extend(steps, k):
@@ -115,3 +134,7 @@ def test_the_root_of_nothing_and_the_refusals():
         root_from(5, store.node, store.chunk, chunk_level=-1)
     with pytest.raises(ValueError, match="leaves"):
         root_from(5, store.node, lambda c: [], chunk_level=1)
+    with pytest.raises(ValueError, match="outside"):
+        consistency_proof_from(6, 5, store.node, store.chunk, chunk_level=1)
+    with pytest.raises(ValueError, match="outside"):
+        pieces_needed(5, [], chunk_level=1, old_sizes=[6])
