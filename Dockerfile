@@ -11,6 +11,7 @@ COPY foundation/ foundation/
 COPY collector/ collector/
 COPY ingest/ ingest/
 COPY serve/ serve/
+COPY derive/ derive/
 COPY analytics/ analytics/
 COPY dashboard/ dashboard/
 COPY handoffs/ handoffs/

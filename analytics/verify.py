@@ -298,10 +298,17 @@ def _against_stored(package: Mapping[str, Any], stored) -> list[str]:
                 f"span_id={span}: stored {now_hashes.total()} times, the package recorded "
                 f"{then_hashes.total()} arrivals (a copy added or deleted after export)"
             )
-        for c in ("parent_span_id", "span_name", "service_name"):
-            if any(t.get(c) != now[0].get(c) for t in pts):
-                problems.append(f"span_id={span}: stored {c} {now[0].get(c)!r} differs from "
-                                f"the package's {pts[0].get(c)!r}")  # fmt: skip
+        # a span id may carry several transitions (each its own row hash): each packaged
+        # one is compared with the stored rows of its own hash
+        same_hash: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+        for r in now:
+            same_hash[row_hash(r)].append(r)
+        for t in pts:
+            peers = same_hash.get(t["row_hash"]) or now
+            for c in ("parent_span_id", "span_name", "service_name"):
+                if all(t.get(c) != r.get(c) for r in peers):
+                    problems.append(f"span_id={span}: stored {c} {peers[0].get(c)!r} differs "
+                                    f"from the package's {t.get(c)!r}")  # fmt: skip
     for span in sorted(set(by_span) - set(packaged)):
         problems.append(f"span_id={span}: stored but not in the package (added after export)")
     return problems

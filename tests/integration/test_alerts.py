@@ -293,12 +293,16 @@ def test_an_undelivered_notification_is_tried_again_next_evaluation(regression, 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_watch_command_stops_cleanly_on_a_signal(sig, regression, query_port, tmp_path):
     """`handoffs watch` as a process, reading over serve's query port: it evaluates, then
-    the signal ends it with exit 0 (now is hours after the regression: nothing is posted)."""
+    the signal ends it with exit 0. The SLOs here are loose (90%): the simulated traffic's
+    own failures (~1-2%) burn a 99% budget slowly, and whether the 3 d & 6 h ticket pair
+    then fires at the wall clock's now depends on the minute; at 90% nothing can fire."""
+    loose = tmp_path / "loose.yaml"
+    loose.write_text(RULES.replace("target: 0.99\n", "target: 0.9\n").replace("0.995", "0.9"))
     with _Hook() as hook:
         log = tmp_path / "watch.log"
         with log.open("w") as err:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "handoffs", "watch", "--rules", regression["rules"],
+                [sys.executable, "-m", "handoffs", "watch", "--rules", str(loose),
                  "--webhook", hook.url, "--every", "1s", "--store",
                  f"http://127.0.0.1:{query_port}", "--database", regression["db"]],
                 stdout=subprocess.DEVNULL, stderr=err, env={**os.environ, "PYTHONUNBUFFERED": "1"},
