@@ -235,7 +235,7 @@ def linked(draw, tenant: str, as_of: datetime, k: int) -> list[T]:
 
 
 @st.composite
-def scenario(draw):
+def scenario(draw, linked_max: int = 2):
     tenant = f"p{next(_tenants)}"
     as_of = T0 + timedelta(minutes=draw(st.integers(5, 75)))
     n = draw(st.integers(1, 12))
@@ -245,7 +245,7 @@ def scenario(draw):
         for i in range(n)
         for tr in draw(history(ids[i], tenant, as_of, [h for h in ids if h != ids[i]]))
     ]
-    for k in range(draw(st.integers(0, 2))):
+    for k in range(draw(st.integers(0, linked_max))):
         rows += draw(linked(tenant, as_of, k))
     return tenant, rows, as_of
 
@@ -305,7 +305,9 @@ def test_sql_funnel_and_anomalies_equal_reference(chdb_client, fresh_db, sc):
 
 @st.composite
 def resent_scenario(draw):
-    tenant, rows, as_of = draw(scenario())
+    # without the protocol-audit triples: their attempts share one slot across handoffs,
+    # which the twin built below does not reproduce row for row
+    tenant, rows, as_of = draw(scenario(linked_max=0))
     picks = st.lists(st.integers(0, len(rows) - 1), min_size=1, max_size=6) if rows else st.just([])
     return tenant, rows, draw(picks), as_of
 
