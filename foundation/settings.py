@@ -165,6 +165,15 @@ METRICS_REFRESH_S: Final = Setting(
 DERIVE_EVERY_S: Final = Setting(
     "HANDOFFS_DERIVE_EVERY_S", "2", "seconds between two passes of handoff derivation"
 )
+SIGNING_KEY: Final = Setting(
+    "HANDOFFS_SIGNING_KEY",
+    "",
+    "Ed25519 private key file (PEM, from `handoffs keys generate`) serve signs ledger heads "
+    "with; empty = heads are not signed",
+)
+SIGN_EVERY_S: Final = Setting(
+    "HANDOFFS_SIGN_EVERY_S", "5", "seconds between two signed ledger heads at most"
+)
 SLO_RULES: Final = Setting(
     "HANDOFFS_SLO_RULES", "deploy/slos.yaml", "SLO rules file (YAML) the Alerts page reads"
 )
@@ -202,6 +211,8 @@ ENV: Final = (
     METRICS_TOP_PAIRS,
     METRICS_REFRESH_S,
     DERIVE_EVERY_S,
+    SIGNING_KEY,
+    SIGN_EVERY_S,
     SLO_RULES,
     USER,
     PASSWORD,

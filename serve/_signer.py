@@ -32,11 +32,11 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
+from foundation import settings
 from foundation.integrity import GENESIS, chain_order, log_entry
 from foundation.keys import sign_head
 from foundation.ledger_log import CHUNK_LEVEL, read_heads
 from foundation.merkle import Frontier, leaf_hash
-from foundation.settings import Setting
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
@@ -46,12 +46,7 @@ __all__ = ["SIGNING_KEY", "SIGN_EVERY_S", "Signer"]
 
 log = logging.getLogger("handoffs.serve.signer")
 
-SIGNING_KEY: Final = Setting(
-    "HANDOFFS_SIGNING_KEY",
-    "",
-    "Ed25519 private key file (PEM, from `handoffs keys generate`) serve signs ledger heads "
-    "with; empty = heads are not signed",
-)
+SIGNING_KEY: Final = settings.SIGNING_KEY
 #: a tick reads the batches received from an hour before the last signed one on: requests
 #: written concurrently may store a later batch with an earlier receive time
 _WINDOW_MS: Final = 3_600_000
@@ -61,9 +56,7 @@ _IDS_PER_QUERY: Final = 5_000
 #: ticks the next batch may lack ledger rows before the signer says so
 _WARN_AFTER_TICKS: Final = 12
 
-SIGN_EVERY_S: Final = Setting(
-    "HANDOFFS_SIGN_EVERY_S", "5", "seconds between two signed ledger heads at most"
-)
+SIGN_EVERY_S: Final = settings.SIGN_EVERY_S
 
 
 def _s(v: object) -> str:
