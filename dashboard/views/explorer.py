@@ -16,7 +16,7 @@ import streamlit as st
 
 from analytics.audit_view import grant_view, receipt_view
 from analytics.display import markdown_link_text
-from dashboard import _charts, _data, _graph, _ui
+from dashboard import _charts, _data, _graph, _graph_layout, _ui
 
 
 def _open(h, label: str, key: str) -> None:
@@ -141,7 +141,7 @@ if package.get("task_id"):
         has_cause = any(r["causation_id"] for r in rows)
         picked = st.plotly_chart(
             _graph.task_figure(
-                _graph.task_layers(rows),
+                _graph_layout.task_layers(rows),
                 {str(r["handoff_id"]): str(r["last_state"]) for r in rows},
                 current=hid,
             ),

@@ -9,7 +9,7 @@ the mode and topology filters, so switching a filter needs no new query.
 
 import streamlit as st
 
-from dashboard import _data, _graph, _ui
+from dashboard import _data, _graph, _graph_layout, _ui
 from dashboard._rollup import rollup
 
 #: A larger fleet shows its busiest agents only (the circle stays readable).
@@ -50,7 +50,7 @@ if mode != ALL:
 if topology != ALL:
     rows = rows[rows["topology"] == topology]
 pairs = rollup(rows, ("from_agent", "to_agent"))
-edges = _graph.edges_from_rows(pairs.to_dict("records"))
+edges = _graph_layout.edges_from_rows(pairs.to_dict("records"))
 if not edges:
     st.info("No handoffs match these filters.", icon=":material/filter_alt_off:")
     st.stop()
@@ -81,7 +81,7 @@ focus = st.sidebar.selectbox(
     placeholder="All agents",
     help="Draw only this agent's handoffs (in and out); the others fade to grey.",
 )
-layout = _graph.circular_layout(agents, edges)
+layout = _graph_layout.circular_layout(agents, edges)
 event = st.plotly_chart(
     _graph.fleet_figure(layout, edges, focus=focus),
     key="gr_chart",

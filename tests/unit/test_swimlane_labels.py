@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from dashboard import _charts as charts
-from dashboard._graph import boxes_overlap
+from dashboard._graph_layout import boxes_overlap
 
 T0 = datetime(2026, 11, 23, 9, 0, tzinfo=UTC)
 
