@@ -20,7 +20,8 @@ EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
 _COMMAND_MODULES = (
     "serve._cli",  # serve
     "ingest._cli",  # ingest, verify-chain
-    "analytics._cli",  # metrics, anomalies, evidence, report
+    "analytics._cli",  # metrics, anomalies, report
+    "analytics._evidence_cli",  # evidence
     "analytics._alerts_cli",  # alerts check, watch
     "analytics._rejections_cli",  # rejections
     "dashboard._cli",  # dashboard
