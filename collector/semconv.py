@@ -15,7 +15,9 @@ __all__ = [
     "BOOL_ATTRIBUTES",
     "ERROR_CODES",
     "ERROR_CODE_OTHER",
+    "INT_ARRAY_ATTRIBUTES",
     "INT_ATTRIBUTES",
+    "MESSAGE_KINDS",
     "REQUIRED_ON_CREATE",
     "REQUIRED_ON_EVERY",
     "WIRE_ATTRIBUTES",
@@ -83,6 +85,30 @@ RECEIPT_READ_BACK: Final = "handoff.receipt.read_back"
 RECEIPT_CONFLICTS: Final = "handoff.receipt.conflicts"
 EXECUTION_ID: Final = "handoff.execution.id"
 EXECUTION_VERSION: Final = "handoff.execution.version"
+# shared queue / blackboard: the consumer's position (on accept)
+QUEUE_NAME: Final = "handoff.queue.name"
+QUEUE_LAG_MS: Final = "handoff.queue.lag_ms"
+QUEUE_OFFSET: Final = "handoff.queue.offset"
+QUEUE_HEAD_OFFSET: Final = "handoff.queue.head_offset"
+# agent-as-tool: how complete the expert's result is (on result events)
+RESULT_ITEMS_EXPECTED: Final = "handoff.result.items_expected"
+RESULT_ITEMS_RETURNED: Final = "handoff.result.items_returned"
+# in-process transfer: the handed-over history and what the input filter did (on create)
+HISTORY_ITEMS: Final = "handoff.history.items"
+HISTORY_SENSITIVE_ITEMS: Final = "handoff.history.sensitive_items"
+HISTORY_REMOVED_ITEMS: Final = "handoff.history.removed_items"
+INPUT_FILTER: Final = "handoff.input_filter"
+# federated A2A: the Agent Card the sender relied on (on create)
+AGENT_CARD_URL: Final = "handoff.agent_card.url"
+AGENT_CARD_FETCHED_AT: Final = "handoff.agent_card.fetched_at"
+AGENT_CARD_SKILLS: Final = "handoff.agent_card.skills"
+# commands, events, receipts; transitions emitted while replaying a stream
+MESSAGE_KIND: Final = "handoff.message.kind"
+REPLAY: Final = "handoff.replay"
+# compatibility window: the sender's schema version, what the consumer supports
+SCHEMA_VERSION: Final = "handoff.schema_version"
+CONSUMER_SUPPORTED_VERSIONS: Final = "handoff.consumer.supported_versions"
+ENVELOPE_UNKNOWN_FIELDS: Final = "handoff.envelope.unknown_fields"
 
 # OTel GenAI semantic conventions, reused where they exist.
 GEN_AI_AGENT_NAME: Final = "gen_ai.agent.name"
@@ -94,7 +120,7 @@ class AttrSpec:
     """One wire attribute: its OTLP value type and where the contract requires it."""
 
     name: str
-    type: str  # "string" | "int" | "bool" | "string[]"
+    type: str  # "string" | "int" | "bool" | "string[]" | "int[]"
     on: str  # "every" | "create" | "result" | "optional" | ...
     required: bool
     doc: str
@@ -235,6 +261,98 @@ WIRE_ATTRIBUTES: Final[tuple[AttrSpec, ...]] = (
         "identity of the execution that produced the result",
     ),
     AttrSpec(EXECUTION_VERSION, "string", "result", False, "version of the executing agent/model"),
+    AttrSpec(QUEUE_NAME, "string", "accept", False, "shared queue: the queue consumed from"),
+    AttrSpec(
+        QUEUE_LAG_MS,
+        "int",
+        "accept",
+        False,
+        "shared queue: ms from the message's enqueue time to its consumption",
+    ),
+    AttrSpec(QUEUE_OFFSET, "int", "accept", False, "shared queue: the consumed position"),
+    AttrSpec(
+        QUEUE_HEAD_OFFSET,
+        "int",
+        "accept",
+        False,
+        "shared queue: the newest position of the queue when it was consumed",
+    ),
+    AttrSpec(
+        RESULT_ITEMS_EXPECTED,
+        "int",
+        "prepare / commit / resolve_committed",
+        False,
+        "agent-as-tool: result items the caller asked for",
+    ),
+    AttrSpec(
+        RESULT_ITEMS_RETURNED,
+        "int",
+        "prepare / commit / resolve_committed",
+        False,
+        "agent-as-tool: result items the expert returned",
+    ),
+    AttrSpec(HISTORY_ITEMS, "int", "create", False, "transfer: items of the handed-over history"),
+    AttrSpec(
+        HISTORY_SENSITIVE_ITEMS,
+        "int",
+        "create",
+        False,
+        "transfer: history items the input filter found sensitive",
+    ),
+    AttrSpec(
+        HISTORY_REMOVED_ITEMS,
+        "int",
+        "create",
+        False,
+        "transfer: history items removed before the receiver saw them",
+    ),
+    AttrSpec(
+        INPUT_FILTER,
+        "string",
+        "create",
+        False,
+        "transfer: the name of the input filter run over the history (empty when none ran)",
+    ),
+    AttrSpec(AGENT_CARD_URL, "string", "create", False, "A2A: the receiver's Agent Card URL"),
+    AttrSpec(
+        AGENT_CARD_FETCHED_AT,
+        "string",
+        "create",
+        False,
+        "A2A: when that card was fetched, ISO-8601 UTC (`...Z`)",
+    ),
+    AttrSpec(AGENT_CARD_SKILLS, "string[]", "create", False, "A2A: the skill ids the card lists"),
+    AttrSpec(
+        MESSAGE_KIND,
+        "string",
+        "create",
+        False,
+        "`command` (asks for a side effect), `event` (reports a fact), `receipt` (acknowledges)",
+    ),
+    AttrSpec(
+        REPLAY,
+        "bool",
+        "optional",
+        False,
+        "true on every transition emitted while replaying a stream",
+    ),
+    AttrSpec(
+        SCHEMA_VERSION, "int", "create", False, "version of the envelope schema the sender wrote"
+    ),
+    AttrSpec(
+        CONSUMER_SUPPORTED_VERSIONS,
+        "int[]",
+        "accept / reject",
+        False,
+        "the schema versions the consumer supports",
+    ),
+    AttrSpec(
+        ENVELOPE_UNKNOWN_FIELDS,
+        "string[]",
+        "accept / reject",
+        False,
+        "envelope fields the consumer did not know (and ignored on accept)",
+    ),
     AttrSpec(
         VALID, "bool", "optional", False, "false when a lenient shim emitted an illegal transition"
     ),
@@ -251,6 +369,7 @@ REQUIRED_ON_CREATE: Final = tuple(
 INT_ATTRIBUTES: Final = frozenset(a.name for a in WIRE_ATTRIBUTES if a.type == "int")
 BOOL_ATTRIBUTES: Final = frozenset(a.name for a in WIRE_ATTRIBUTES if a.type == "bool")
 ARRAY_ATTRIBUTES: Final = frozenset(a.name for a in WIRE_ATTRIBUTES if a.type == "string[]")
+INT_ARRAY_ATTRIBUTES: Final = frozenset(a.name for a in WIRE_ATTRIBUTES if a.type == "int[]")
 
 #: the documented `handoff.error_code` vocabulary; any other code is stored as sent and
 #: counted under ERROR_CODE_OTHER
@@ -272,5 +391,8 @@ ERROR_CODE_OTHER: Final = "other"
 
 MODES: Final = ("delegate", "consult", "transfer", "escalate")
 TOPOLOGIES: Final = ("in_process", "agent_as_tool", "shared_queue", "federated_a2a")
+#: `handoff.message.kind`: a command asks for a side effect (replaying one executes it
+#: again), an event reports a fact, a receipt acknowledges a result
+MESSAGE_KINDS: Final = ("command", "event", "receipt")
 DEFAULT_DEADLINE_MS: Final = 300_000
 SETTLE_GRACE_MS: Final = 60_000

@@ -33,6 +33,7 @@ EXPECTED_TAG: Final = {
         "int": "int_value",
         "bool": "bool_value",
         "string[]": "array_value",
+        "int[]": "array_value",
     }[t]
     for name, t in _WIRE_TYPE.items()
 }
@@ -62,14 +63,20 @@ class CheckResult:
 def type_problem(name: str, tag: str | None, items: list[Any] | None = None) -> str | None:
     """Why attribute `name` with AnyValue field `tag` breaks the wire contract, else None.
 
-    For string[] attributes pass the array's plain items (all must be str).
+    For array attributes pass the array's plain items (all str for string[], all int for
+    int[]).
     """
     want = EXPECTED_TAG.get(name)
     if want is None or (tag == want and (want != "array_value" or items is None)):
         return None
     if tag != want:
         return f"attribute {name} must be {_WIRE_TYPE[name]}, got {_TAG_NAMES.get(tag, tag)}"
-    if items is not None and not all(isinstance(v, str) for v in items):
+    if items is None:
+        return None
+    if _WIRE_TYPE[name] == "int[]":
+        if not all(type(v) is int for v in items):
+            return f"attribute {name} must be int[], got an array with non-int items"
+    elif not all(isinstance(v, str) for v in items):
         return f"attribute {name} must be string[], got an array with non-string items"
     return None
 

@@ -222,6 +222,8 @@ def _otlp_value(key: str, text: str) -> dict:
 
     if key in sc.ARRAY_ATTRIBUTES:
         return {"arrayValue": {"values": [{"stringValue": v} for v in json.loads(text)]}}
+    if key in sc.INT_ARRAY_ATTRIBUTES:
+        return {"arrayValue": {"values": [{"intValue": str(v)} for v in json.loads(text)]}}
     if key in sc.INT_ATTRIBUTES:
         return {"intValue": str(int(text))}
     if key in sc.BOOL_ATTRIBUTES:

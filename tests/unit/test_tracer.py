@@ -61,6 +61,8 @@ def assert_wire_types(attrs) -> None:
         value = attrs[spec.name]
         if spec.type == "string[]":
             assert isinstance(value, tuple) and all(type(v) is str for v in value), spec.name
+        elif spec.type == "int[]":
+            assert isinstance(value, tuple) and all(type(v) is int for v in value), spec.name
         else:
             assert type(value) is PY_TYPES[spec.type], (spec.name, value)
 

@@ -26,6 +26,16 @@ def _decode(attrs_list, tenant="acme"):
         ("handoff.evidence.valid", "yes", "handoff.evidence.valid must be bool, got string"),
         ("handoff.capabilities", "search", "handoff.capabilities must be string[], got string"),
         ("handoff.capabilities", ["a", 2], "non-string items"),
+        (
+            "handoff.consumer.supported_versions",
+            "1",
+            "handoff.consumer.supported_versions must be int[], got string",
+        ),
+        (
+            "handoff.consumer.supported_versions",
+            [1, "2"],
+            "must be int[], got an array with non-int",
+        ),
         ("handoff.actor", 7, "handoff.actor must be string, got int"),
         ("handoff.evidence.count", 1.5, "handoff.evidence.count must be int, got double"),
     ],
