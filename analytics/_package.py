@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from analytics import reference as ref
+from analytics.reference_audit import audit_anomalies
 from collector import semconv as sc
 from collector.contract import TERMINAL
 from foundation.integrity import (
@@ -219,7 +220,7 @@ def build_package(
             # the protocol-audit kinds this handoff's own rows show (wrong consumer, grant
             # expired or exceeded, tenant mismatches); those needing other attempts or the
             # upstream handoff come in extra_anomalies
-            | set(ref.audit_anomalies(ordered).get((head["tenant"], head["handoff_id"]), ()))
+            | set(audit_anomalies(ordered).get((head["tenant"], head["handoff_id"]), ()))
             | set(extra_anomalies)
         ),
         "related_spans": [dict(s) for s in related_spans],

@@ -43,7 +43,7 @@ import pandas as pd
 
 from analytics import Window, anomalies, backfill_task_index, evidence_package, funnel
 from analytics.anomalies import ANOMALY_KINDS
-from analytics.reference import AUDIT_KINDS
+from analytics.reference_audit import AUDIT_KINDS
 from foundation.integrity import row_hash
 from foundation.store import StoreSpec, apply_schema, connect
 

@@ -34,6 +34,7 @@ from analytics import (
     verify_package,
 )
 from analytics import reference as ref
+from analytics import reference_audit as ref_audit
 from collector.contract import EVENTS, STATES, TRANSITIONS
 from collector.semconv import MODES
 
@@ -292,10 +293,10 @@ def test_sql_funnel_and_anomalies_equal_reference(chdb_client, fresh_db, sc):
                 ref_ids.append(h)
         assert sql_ids == ref_ids, kind
     # the protocol audit: every handoff of the cohort against the others of its tenant
-    audit = ref.audit_anomalies(refrows)
+    audit = ref_audit.audit_anomalies(refrows)
     lo, hi = w.start.timestamp() * 1e9, w.end.timestamp() * 1e9
     cohort = {h for h, hr in by_h.items() if (c := ref.facts(h, hr, as_of_ns=as_of_ns).created_ns) is not None and lo <= c < hi}  # fmt: skip
-    for kind in ref.AUDIT_KINDS:
+    for kind in ref_audit.AUDIT_KINDS:
         sql_ids = anomaly_handoff_ids(
             chdb_client, database=fresh_db, window=w, kind=kind, tenant=tenant
         )
