@@ -22,8 +22,6 @@ sender), each round also running them over HTTP on a fresh serve, and adds
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
 import random
 import sys
 import tempfile
@@ -43,6 +41,15 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 from ingest._decode import decode_protobuf
+from serve.procstat import (
+    MEMORY_FIELDS,
+    MemorySampler,
+    cpu_s,
+    cpu_ticks,
+    machine_note,
+    peak_rss_mb,
+    thread_cpu_s,
+)
 from serve.testing import start_serve
 
 _STEPS = [
@@ -108,17 +115,6 @@ def build_request(rng: random.Random, n_spans: int, base_ns: int) -> bytes:
 _WARM_SPANS = 1000
 
 
-def _stat_cpu_s(stat: str) -> float:
-    """utime + stime, seconds, of a /proc .../stat line (a process's or one thread's)."""
-    fields = stat.rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _cpu_s(pid: int) -> float:
-    """utime + stime of a process, seconds (load-independent cost)."""
-    return _stat_cpu_s(Path(f"/proc/{pid}/stat").read_text())
-
-
 #: the ingest targets (end-to-end spans/s, serve's peak RSS in MB), for the summary of
 #: several rounds (--rounds)
 _TARGET_SPANS_S: Final = 50_000
@@ -131,18 +127,6 @@ _THREAD_ROLES: Final = {
     "python": "Python (stager, writer, stream readers)",
     "MergeMutate": "merges",
 }
-
-
-def _thread_cpu_s(pid: int) -> dict[int, tuple[str, float]]:
-    """tid -> (thread name, utime + stime seconds) of each of a process's threads."""
-    out = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
-        except OSError:  # the thread ended
-            continue
-        out[int(tid)] = (stat[stat.index("(") + 1 : stat.rindex(")")], _stat_cpu_s(stat))
-    return out
 
 
 def _cpu_split(
@@ -160,76 +144,6 @@ def _cpu_split(
     return ", ".join(
         f"{role} {cpu:.2f} s" for role, cpu in sorted(split.items(), key=lambda x: -x[1])
     )
-
-
-def _cpu_ticks() -> list[int]:
-    """The machine's CPU time counters (/proc/stat `cpu` line: user nice system idle iowait
-    irq softirq steal ...), in clock ticks summed over all CPUs."""
-    return [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-
-
-def _machine_note(before: list[int], after: list[int]) -> str:
-    """How much of the machine the run had: idle and hypervisor-stolen shares of all CPUs'
-    time over the run. On a shared VM, steal (and neighbours' load, which shows up as the
-    same work taking more CPU time) moves this bench's figures by ~30% between runs."""
-    d = [b - a for a, b in zip(before, after, strict=True)]
-    total = sum(d[:8]) or 1
-    return f"machine during the run: {100 * d[3] / total:.0f}% idle, {100 * d[7] / total:.0f}% stolen by the hypervisor"
-
-
-def _peak_rss_mb(pid: int, field: str = "VmHWM") -> float:
-    """Peak RSS (VmHWM) or another /proc status field of a process, MB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-_MEMORY_FIELDS: Final = ("RssAnon", "RssFile", "RssShmem")
-
-
-def _memory_kb(pid: int) -> dict[str, int]:
-    """RssAnon, RssFile and RssShmem of a process now, kB (/proc/PID/status)."""
-    out = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        name, _, rest = line.partition(":")
-        if name in _MEMORY_FIELDS:
-            out[name] = int(rest.split()[0])
-    return out
-
-
-class MemorySampler:
-    """Samples a process's RssAnon / RssFile / RssShmem every `every_s` seconds on a thread
-    and keeps each one's peak (the kernel keeps a peak only of their sum, VmHWM). A peak
-    shorter than `every_s` can be missed; at 10 ms a sample costs ~0.2% of a core."""
-
-    def __init__(self, pid: int, every_s: float = 0.01) -> None:
-        self.pid, self.every_s = pid, every_s
-        self.peak_kb = dict.fromkeys(_MEMORY_FIELDS, 0)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="memory-sampler", daemon=True)
-
-    def _sample(self) -> None:
-        with contextlib.suppress(OSError, ValueError, IndexError):  # the process ended
-            for name, kb in _memory_kb(self.pid).items():
-                self.peak_kb[name] = max(self.peak_kb[name], kb)
-
-    def _run(self) -> None:
-        self._sample()
-        while not self._stop.wait(self.every_s):
-            self._sample()
-
-    def __enter__(self) -> MemorySampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._sample()
-
-    def peak_mb(self, name: str) -> float:
-        return self.peak_kb[name] / 1024
 
 
 #: one sender's connection: send(body) -> None when acknowledged, else what went wrong;
@@ -318,9 +232,9 @@ def _e2e(
                         if error:
                             errors.append(error)
 
-                cpu0 = _cpu_s(serve.process.pid)
-                threads0 = _thread_cpu_s(serve.process.pid)
-                ticks0 = _cpu_ticks()
+                cpu0 = cpu_s(serve.process.pid)
+                threads0 = thread_cpu_s(serve.process.pid)
+                ticks0 = cpu_ticks()
                 t0 = time.perf_counter()
                 threads = [threading.Thread(target=sender, args=(c[0],)) for c in connections]
                 for th in threads:
@@ -335,17 +249,17 @@ def _e2e(
                 # connection and thread each time, in the busiest part of the run)
                 health = serve.wait_stored(600, poll_s=0.01)
                 e2e_s = time.perf_counter() - t0
-                cpu = _cpu_s(serve.process.pid) - cpu0
-                split = _cpu_split(threads0, _thread_cpu_s(serve.process.pid), cpu)
-                machine = _machine_note(ticks0, _cpu_ticks())
+                cpu = cpu_s(serve.process.pid) - cpu0
+                split = _cpu_split(threads0, thread_cpu_s(serve.process.pid), cpu)
+                machine = machine_note(ticks0, cpu_ticks())
                 if errors:
                     print("errors:", errors[:3])
                     return None
                 ch = serve.client()
                 stored = ch.query("SELECT count() FROM handoff_transitions").result_rows[0][0]
                 ch.close()
-                rss = _peak_rss_mb(serve.process.pid)
-            anon, rss_file, shmem = (sampler.peak_mb(f) for f in _MEMORY_FIELDS)
+                rss = peak_rss_mb(serve.process.pid)
+            anon, rss_file, shmem = (sampler.peak_mb(f) for f in MEMORY_FIELDS)
         finally:
             serve.stop()
     e2e = total / e2e_s

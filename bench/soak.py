@@ -49,6 +49,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
+from serve.procstat import MEMORY_FIELDS, memory_kb
 from serve.testing import start_serve
 
 _RETRYABLE = frozenset({429, 502, 503, 504})
@@ -183,16 +184,10 @@ class Client(threading.Thread):
 
 
 def memory_mb(pid: int) -> dict[str, float]:
-    """VmRSS, RssAnon, RssFile and RssShmem of `pid` in MiB (from /proc; 0.0 each when the
-    process is gone)."""
-    out = dict.fromkeys(("VmRSS", "RssAnon", "RssFile", "RssShmem"), 0.0)
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            name, _, rest = line.partition(":")
-            if name in out:
-                out[name] = int(rest.split()[0]) / 1024
-    except OSError:
-        pass
+    """VmRSS, RssAnon, RssFile and RssShmem of `pid` in MiB (0.0 each when the process is gone)."""
+    out = dict.fromkeys(("VmRSS", *MEMORY_FIELDS), 0.0)
+    with contextlib.suppress(OSError):
+        out |= {k: kb / 1024 for k, kb in memory_kb(pid, tuple(out)).items()}
     return out
 
 
