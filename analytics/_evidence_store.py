@@ -79,13 +79,14 @@ def cross_anomalies(
 
 
 def related(client: Client, db: str, traces: list[str], rows) -> list[dict[str, Any]]:
-    """Other spans of the handoff's traces (not transitions of this handoff), at most 200."""
+    """Other spans of the handoff's traces (not transitions of this handoff), at most 200,
+    each with the handoff it is a transition of (`handoff_id`, "" for a span of none)."""
     if not traces:
         return []
     own = sorted({r["span_id"] for r in rows})
     res = client.query(
         f"""SELECT TraceId, SpanId, ParentSpanId, SpanName, ServiceName,
-            toUnixTimestamp64Nano(Timestamp) AS t
+            toUnixTimestamp64Nano(Timestamp) AS t, SpanAttributes['handoff.handoff_id']
         FROM {db}.otel_traces
         WHERE TraceId IN {{tr:Array(String)}} AND SpanId NOT IN {{own:Array(String)}}
         ORDER BY t, SpanId LIMIT {_RELATED_LIMIT}""",
@@ -100,6 +101,7 @@ def related(client: Client, db: str, traces: list[str], rows) -> list[dict[str, 
             "name": d,
             "service": e,
             "time": iso_ns(t),
+            "handoff_id": h,
         }
-        for a, b, c, d, e, t in res.result_rows
+        for a, b, c, d, e, t, h in res.result_rows
     ]

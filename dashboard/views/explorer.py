@@ -331,7 +331,24 @@ else:
 st.markdown("**Other spans of the trace**")
 related = package.get("related_spans") or []
 if related:
-    st.dataframe(pd.DataFrame(related), hide_index=True, key="ex_related")
+    # the handoff each span is a transition of, linked (blank: a span of no handoff)
+    spans = pd.DataFrame(related)
+    if "handoff_id" in spans:
+        spans.insert(
+            0,
+            "handoff",
+            [f"explorer?handoff_id={h}" if h else None for h in spans.pop("handoff_id")],
+        )
+    st.dataframe(
+        spans,
+        hide_index=True,
+        key="ex_related",
+        column_config={
+            "handoff": st.column_config.LinkColumn(
+                "handoff", display_text=r"explorer\?handoff_id=(.*)"
+            )
+        },
+    )
 else:
     st.write("none stored (raw spans are kept 30 days)")
 

@@ -354,6 +354,28 @@ def test_explorer_draws_the_task_in_causation_order(store_env, chdb_client):
     assert "causation_id" in _texts(at.caption)
 
 
+def test_explorer_other_spans_name_their_handoff(store_env, chdb_client):
+    from dataclasses import replace
+
+    from _dashboard_seed import DAY
+
+    from tests.analytics_seed import T, create
+    from tests.analytics_seed import seed as seed_rows
+
+    t = DAY + timedelta(hours=17)
+    rows = []
+    for hid in ("tr-1", "tr-2"):  # two handoffs of one trace
+        first = create(hid, t, task_id="task-tr", tenant="acme")
+        rows.append(replace(first, trace_id="ab" * 16))
+        rows.append(T(hid, "reject", "created", "rejected", t + timedelta(seconds=1),
+                      task_id="task-tr", trace_id="ab" * 16, tenant="acme"))  # fmt: skip
+    seed_rows(chdb_client, store_env, rows)
+    at = _app({"handoff_id": "tr-1"})
+    spans = _frame(at, "service")  # the other spans of the trace
+    assert spans.columns[0] == "handoff"
+    assert set(spans["handoff"]) == {"explorer?handoff_id=tr-2"}
+
+
 # ---------------------------------------------------------------- the protocol audit
 
 
