@@ -177,6 +177,27 @@ SIGN_EVERY_S: Final = Setting(
 SLO_RULES: Final = Setting(
     "HANDOFFS_SLO_RULES", "deploy/slos.yaml", "SLO rules file (YAML) the Alerts page reads"
 )
+CONSUMER_LAG_MS: Final = Setting(
+    "HANDOFFS_CONSUMER_LAG_MS",
+    "60000",
+    "consumer_lag: a queue consumer lagging more than this many ms (enqueue to consume)",
+)
+CONSUMER_LAG_OFFSETS: Final = Setting(
+    "HANDOFFS_CONSUMER_LAG_OFFSETS",
+    "1000",
+    "consumer_lag: a queue consumer more than this many offsets behind the queue's head",
+)
+AGENT_CARD_MAX_AGE_S: Final = Setting(
+    "HANDOFFS_AGENT_CARD_MAX_AGE_S",
+    "86400",
+    "stale_agent_card: seconds after its fetch an Agent Card is stale (default 24 h)",
+)
+RISKY_FIELDS: Final = Setting(
+    "HANDOFFS_RISKY_FIELDS",
+    "grant.*,tenant,amount*,permission*,resource_version",
+    "risky_field_ignored: envelope field names (comma-separated, `*` = any suffix) a consumer "
+    "must not ignore as unknown",
+)
 USER: Final = Setting("HANDOFFS_USER", "default", "ClickHouse user for an http(s) store")
 PASSWORD: Final = Setting("HANDOFFS_PASSWORD", "", "ClickHouse password for an http(s) store")
 
@@ -214,6 +235,10 @@ ENV: Final = (
     SIGNING_KEY,
     SIGN_EVERY_S,
     SLO_RULES,
+    CONSUMER_LAG_MS,
+    CONSUMER_LAG_OFFSETS,
+    AGENT_CARD_MAX_AGE_S,
+    RISKY_FIELDS,
     USER,
     PASSWORD,
 )
