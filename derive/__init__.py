@@ -1,6 +1,6 @@
 """Zero-code intake: wire-contract handoff transitions derived from the spans agent
 frameworks already export (OpenAI Agents SDK via OpenInference and OpenLLMetry, LangGraph
-via OpenInference, OTel GenAI conventions).
+via OpenInference, Google ADK's own tracing, OTel GenAI conventions).
 
 Rules are pure functions over frozen span records (one module per source); `derive_trace`
 runs them over one trace; `DerivePass` is the idempotent pass serve runs every few seconds

@@ -7,6 +7,7 @@ from typing import Final
 
 from derive._model import Derived, Observed, SpanRecord, plan
 from derive._trace import TraceIndex
+from derive.adk import ADK_SCOPE, adk_rule
 from derive.genai import genai_rule
 from derive.langgraph import langgraph_rule
 from derive.openai_agents import openinference_rule, openllmetry_rule
@@ -19,10 +20,17 @@ SCOPES: Final = (
     "openinference.instrumentation.openai_agents",
     "opentelemetry.instrumentation.openai_agents",
     "openinference.instrumentation.langchain",
+    ADK_SCOPE,
 )
 
 #: in order; a span is read by at most one rule (the first that derives from it)
-RULES: Final[tuple[Rule, ...]] = (openinference_rule, openllmetry_rule, langgraph_rule, genai_rule)
+RULES: Final[tuple[Rule, ...]] = (
+    openinference_rule,
+    openllmetry_rule,
+    langgraph_rule,
+    adk_rule,
+    genai_rule,
+)
 
 
 def derive_trace(spans: Iterable[SpanRecord], rules: Iterable[Rule] = RULES) -> list[Derived]:

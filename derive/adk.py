@@ -1,0 +1,142 @@
+"""Handoffs in Google ADK's built-in OpenTelemetry tracing (scope `gcp.vertex.agent`): an
+agent's `transfer_to_agent` call, recorded as an `execute_tool transfer_to_agent` span under
+the source agent's `invoke_agent` span, and the target's run as the `invoke_agent` span the
+runner starts next under the same `invoke_workflow` span.
+
+The traps, as ADK records them:
+- the source is named (`gen_ai.agent.name` on the tool span), the target only with message
+  content capture on (`gen_ai.tool.call.arguments` = `{"agent_name": ...}`, or
+  `gcp.vertex.agent.tool_call_args` in ADK's legacy span schema). Without it the target is
+  the first `invoke_agent` span of the same workflow that starts at or after the tool span
+  ends (ADK runs the transferred-to agent next); until that span is stored nothing is
+  derived, and a workflow that ended without one gives `handoff_target_unresolved`;
+- ADK leaves a successful span's status Unset, never Ok: Unset counts as success, Error as
+  failure.
+Mapping table: docs/derived-handoffs.md.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Final
+
+from derive._model import Observed, SpanRecord, Target, slug
+from derive._trace import TraceIndex, next_after
+
+__all__ = ["ADK", "ADK_SCOPE", "adk_rule", "transfer_target"]
+
+ADK: Final = "adk.transfer_to_agent.handoff"
+#: the instrumentation scope of ADK's tracer
+ADK_SCOPE: Final = "gcp.vertex.agent"
+_TRANSFER: Final = "transfer_to_agent"
+_OP: Final = "gen_ai.operation.name"
+_AGENT: Final = "gen_ai.agent.name"
+_TOOL: Final = "gen_ai.tool.name"
+_ARG_KEYS: Final = ("gen_ai.tool.call.arguments", "gcp.vertex.agent.tool_call_args")
+_EVIDENCE_OPS: Final = frozenset({"generate_content", "chat", "execute_tool"})
+
+
+def _is_adk(s: SpanRecord) -> bool:
+    return s.scope == ADK_SCOPE
+
+
+def _is_invoke(s: SpanRecord) -> bool:
+    return _is_adk(s) and s.attr(_OP) == "invoke_agent"
+
+
+def _is_workflow(s: SpanRecord) -> bool:
+    return _is_adk(s) and s.attr(_OP) == "invoke_workflow"
+
+
+def _is_transfer(s: SpanRecord) -> bool:
+    return _is_adk(s) and s.attr(_OP) == "execute_tool" and s.attr(_TOOL) == _TRANSFER
+
+
+def transfer_target(span: SpanRecord) -> str | None:
+    """The agent a `transfer_to_agent` span names in its captured arguments; None when
+    content capture is off (`{}` or absent) or the arguments do not parse."""
+    for key in _ARG_KEYS:
+        raw = span.attr(key)
+        if not raw:
+            continue
+        try:
+            args = json.loads(raw)
+        except ValueError:
+            continue
+        name = args.get("agent_name") if isinstance(args, dict) else None
+        if isinstance(name, str) and name:
+            return name
+    return None
+
+
+def _error(span: SpanRecord) -> str | None:
+    """Why `span` failed (Error status only; Unset and Ok are success)."""
+    if span.status != "Error":
+        return None
+    exc = next((e.attributes.get("exception.type", "") for e in span.events
+                if e.name == "exception"), "")  # fmt: skip
+    return slug(span.status_message or span.attr("error.type") or exc or None)
+
+
+def _target(trace: TraceIndex, span: SpanRecord) -> Target:
+    error = _error(span)
+    evidence = []
+    for s in sorted(trace.descendants(span), key=lambda x: (x.start_ns, x.span_id)):
+        if s.status == "Error":
+            if error is None and s.attr(_OP) != "execute_tool":
+                error = _error(s)
+        elif s.attr(_OP) in _EVIDENCE_OPS and not _is_transfer(s):
+            evidence.append(f"adk:{s.span_id}")
+    return Target(span, error, tuple(evidence))
+
+
+def adk_rule(trace: TraceIndex) -> list[Observed]:
+    """Handoffs of ADK `transfer_to_agent` tool spans in `trace` (module doc)."""
+    # one per span id: a resent span may be stored twice
+    tools = list(
+        {s.span_id: s for s in trace.spans if _is_transfer(s) and s.status != "Error"}.values()
+    )
+    if not tools:
+        return []
+    root = next((s for s in trace.spans if not s.parent_span_id), None)
+    claimed: set[str] = set()
+    made_by: dict[str, str] = {}  # target invoke_agent span id -> the handoff that started it
+    out = []
+    for t in tools:  # in start order: an earlier transfer claims its run first
+        enclosing = trace.nearest(t, _is_invoke)
+        from_agent = t.attr(_AGENT) or (enclosing.attr(_AGENT) if enclosing else "")
+        if not from_agent:
+            continue
+        workflow = trace.nearest(t, _is_workflow)
+        up = {a.span_id for a in trace.ancestors(t)}
+        runs = [
+            s
+            for s in (trace.descendants(workflow) if workflow else trace.spans)
+            if _is_invoke(s) and s.span_id not in up
+        ]
+        named = transfer_target(t)
+        if named is not None:
+            nxt = next_after((s for s in runs if s.attr(_AGENT) == named), t.start_ns, claimed)
+        else:
+            nxt = next_after(runs, t.end_ns, claimed)
+        to_agent = named or (nxt.attr(_AGENT) if nxt is not None else None)
+        handoff_id = f"{t.trace_id}/{t.span_id}"
+        ended = workflow or root
+        if nxt is not None:
+            claimed.add(nxt.span_id)
+            made_by[nxt.span_id] = handoff_id
+        out.append(
+            Observed(
+                rule=ADK,
+                task_id=f"{t.trace_id}/{workflow.span_id}" if workflow else t.trace_id,
+                handoff_id=handoff_id,
+                causation_id=made_by.get(enclosing.span_id) if enclosing is not None else None,
+                source=t,
+                from_agent=from_agent,
+                to_agent=to_agent,
+                topology="in_process",
+                target=_target(trace, nxt) if nxt is not None else None,
+                run_ended_ns=ended.end_ns if ended is not None else None,
+            )
+        )
+    return out
