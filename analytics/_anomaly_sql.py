@@ -13,7 +13,7 @@ transitions twice (clock skew self-join) or window-sort every task (stale fence)
                (IN on the primary-key prefix (tenant, handoff_id))
   fence        stale fence over only the rows that carry a fence token or state version
   bounce       over the summary's `transfer` create rows only
-  spike        window and baseline cohorts in one scan of the summary
+  spike        per-bucket rejection rates against a trailing baseline (_spike_sql.py)
   orphan       candidates from a cheap filter, checked exactly by key
   idempotency  create rows with a key and payload hash only
   envelope     the protocol audit of one handoff's own rows: receiver actor, grant, tenant
@@ -29,15 +29,13 @@ from typing import Final
 
 from analytics import _contract_sql as cs
 from analytics._common import Window, cohort_sql, ts
+from analytics._spike_sql import (  # noqa: F401 (re-exported: the spike thresholds)
+    SPIKE_BASELINE_FACTOR,
+    SPIKE_MIN_RATE,
+    SPIKE_MIN_SETTLED,
+    spike_pass,
+)
 from collector import semconv
-
-#: rejection_spike: a group spikes when both the window and the baseline have at least
-#: SPIKE_MIN_SETTLED settled handoffs, the window's rejection rate is >= SPIKE_MIN_RATE and
-#: >= SPIKE_BASELINE_FACTOR x baseline rate + 0.1. Baseline = the 7 window lengths before.
-SPIKE_MIN_SETTLED: Final = 5
-SPIKE_MIN_RATE: Final = 0.3
-SPIKE_BASELINE_FACTOR: Final = 2.0
-SPIKE_BASELINE_WINDOWS: Final = 7
 
 #: pass name -> the kinds (Bool columns) it returns, in ANOMALY_KINDS order of appearance.
 PASSES: Final = {
@@ -222,31 +220,6 @@ WHERE rn > 1 AND h_from != '' AND prev_from = h_to AND prev_to = h_from
   AND {_ids(cohort)}"""
 
 
-def _spike_pass(db: str, window: Window, tenant: bool) -> str:
-    """The window's and the baseline's cohorts are one contiguous created range: one scan."""
-    length = window.end - window.start
-    both = Window(
-        start=window.start - SPIKE_BASELINE_WINDOWS * length, end=window.end, as_of=window.clock()
-    )
-    cohort = cohort_sql(db, both, tenant_param=tenant, extra=("to_agent", "capabilities"))
-    rej = cs.has("tmask", cs.REJECTED_MASK)
-    cap = "arrayJoin(if(empty(capabilities), [''], capabilities))"
-    in_w = f"created >= {ts(window.start)}"
-    return f"""SELECT DISTINCT arrayJoin(ids) AS handoff_id, true AS rejection_spike FROM (
-    SELECT to_agent, {cap} AS capability,
-        countIf(in_w AND is_settled) AS wn, countIf(in_w AND is_settled AND is_rej) AS wr,
-        countIf(NOT in_w AND is_settled) AS bn, countIf(NOT in_w AND is_settled AND is_rej) AS br,
-        groupArrayIf(handoff_id, in_w AND is_settled AND is_rej) AS ids
-    FROM (
-        SELECT handoff_id, to_agent, capabilities, {in_w} AS in_w, is_settled, {rej} AS is_rej
-        FROM ({cohort})
-    )
-    GROUP BY to_agent, capability
-)
-WHERE wn >= {SPIKE_MIN_SETTLED} AND bn >= {SPIKE_MIN_SETTLED}
-  AND wr / wn >= {SPIKE_MIN_RATE} AND wr / wn >= {SPIKE_BASELINE_FACTOR} * (br / bn) + 0.1"""
-
-
 def _orphan_pass(db: str, window: Window, tenant: bool) -> str:
     """A handoff whose rows all lack `created` and whose earliest row is in the window: the
     row holding that minimum is itself a created-less row first seen in the window, so such
@@ -409,7 +382,7 @@ def pass_sql(name: str, db: str, window: Window, *, tenant: bool, sla_ms: int) -
         "idempotency": _idempotency_pass,
         "fence": _fence_pass,
         "bounce": _bounce_pass,
-        "spike": _spike_pass,
+        "spike": spike_pass,
         "orphan": _orphan_pass,
         "envelope": _envelope_pass,
         "retry": _retry_pass,
