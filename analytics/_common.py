@@ -9,11 +9,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Final
 
 from analytics import _contract_sql as cs
+from collector import semconv
 from collector.semconv import DEFAULT_DEADLINE_MS, SETTLE_GRACE_MS
 from foundation import settings
 
 #: Dimensions every metric can be sliced by (`pair` is "from_agent->to_agent";
-#: `capability` counts a handoff once under each capability it was granted, "" when none).
+#: `capability` counts a handoff once under each capability it was granted, "" when none;
+#: `schema_version` and `message_kind` are read from the create span, "" when it has none).
 DIMENSIONS: Final = (
     "tenant",
     "pair",
@@ -23,6 +25,8 @@ DIMENSIONS: Final = (
     "topology",
     "protocol",
     "capability",
+    "schema_version",
+    "message_kind",
 )
 BUCKETS: Final = (None, "hour", "day")
 _DB_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
@@ -151,6 +155,14 @@ DIM_COLUMNS: Final = {
     "topology": ("topology",),
     "protocol": ("protocol",),
     "capability": ("capabilities",),
+    "schema_version": ("schema_version",),
+    "message_kind": ("message_kind",),
+}
+#: Cohort columns read from the handoff's counted create rows (the greatest value; "" when
+#: absent): not in handoff_summary, so only a cohort asking for one joins them in.
+_CREATE_ATTR_COLUMNS: Final = {
+    "schema_version": semconv.SCHEMA_VERSION,
+    "message_kind": semconv.MESSAGE_KIND,
 }
 
 
@@ -174,6 +186,8 @@ def cohort_sql(
     tenant_and = "AND tenant = {tenant:String}" if tenant_param else ""
     ok_bit = "(first_result != 65535 AND first_result % 2 = 1)"
     cols = list(_EXTRA_COLUMNS) if extra is None else sorted(set(extra))
+    attr_cols = [c for c in cols if c in _CREATE_ATTR_COLUMNS]
+    cols = [c for c in cols if c not in _CREATE_ATTR_COLUMNS]
     for c in cols:
         if c not in _EXTRA_COLUMNS:
             raise ValueError(f"unknown cohort column {c!r}")
@@ -202,5 +216,26 @@ FROM (
        {tenant_and}
     -- the created filter must see merged rows (a server may default this on)
     SETTINGS optimize_move_to_prewhere_if_final = 0
-)
+){_create_attrs_join(db, window, tenant_and, attr_cols)}
 """
+
+
+def _create_attrs_join(db: str, window: Window, tenant_and: str, cols: list[str]) -> str:
+    """LEFT JOIN of create-span attributes (_CREATE_ATTR_COLUMNS) onto the cohort's summary
+    rows: only the cohort's counted create rows are read (PREWHERE on event, IN on the
+    primary-key prefix). Empty when no such column is asked for."""
+    if not cols:
+        return ""
+    sel = ", ".join(f"max(attributes['{_CREATE_ATTR_COLUMNS[c]}']) AS {c}" for c in cols)
+    return f""" AS summary_rows
+LEFT JOIN (
+    SELECT tenant, handoff_id, {sel}
+    FROM {db}.handoff_transitions
+    PREWHERE event = 'create'
+    WHERE valid AND from_state = '' AND to_state = 'created'
+      AND (tenant, handoff_id) IN (
+        SELECT tenant, handoff_id FROM {db}.handoff_summary
+        WHERE created IS NOT NULL
+          AND created >= {ts(window.start)} AND created < {ts(window.end)} {tenant_and})
+    GROUP BY tenant, handoff_id
+) AS create_attrs USING (tenant, handoff_id)"""
