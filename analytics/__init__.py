@@ -28,6 +28,7 @@ if TYPE_CHECKING:
         task_stats,
     )
     from analytics.report import weekly_report
+    from analytics.spikes import rejection_spikes
 
 # Loaded on first use (PEP 562): `handoffs serve` imports analytics._cli to build its parser
 # and must not pay for pandas/numpy (about 100 MB RSS) that only the loaders need.
@@ -48,6 +49,7 @@ _LAZY: dict[str, str] = {
     "latencies": "analytics.metrics",
     "task_stats": "analytics.metrics",
     "weekly_report": "analytics.report",
+    "rejection_spikes": "analytics.spikes",
 }
 
 
@@ -68,6 +70,7 @@ __all__ = [
     "funnel",
     "handoffs_behind",
     "latencies",
+    "rejection_spikes",
     "task_stats",
     "verify_package",
     "weekly_report",

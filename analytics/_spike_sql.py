@@ -123,11 +123,11 @@ def spike_pass(db: str, window: Window, tenant: bool) -> str:
 
 
 def spikes_sql(db: str, window: Window, *, tenant: bool, bucket_s: int, baseline: int) -> str:
-    """Spiking buckets touching the window, in time then group order: bucket_start (UTC),
-    to_agent, capability, settled, rejected, baseline_settled, baseline_rejected, handoffs
+    """Spiking buckets touching the window, in time then group order: b (bucket index:
+    its start is b x bucket_s seconds after the epoch), to_agent, capability, settled, rejected, baseline_settled, baseline_rejected, handoffs
     (distinct flagged handoffs created in the window)."""
     inner = _judged_sql(db, window, tenant, bucket_s, baseline)
-    return f"""SELECT toDateTime(b * {bucket_s}, 'UTC') AS bucket_start, to_agent, capability,
+    return f"""SELECT b, to_agent, capability,
     n AS settled, r AS rejected, bn AS baseline_settled, br AS baseline_rejected,
     length(arrayDistinct(ids)) AS handoffs
 FROM ({inner})

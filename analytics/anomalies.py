@@ -52,8 +52,8 @@ DESCRIPTIONS: Final = {
     "accepted_never_started": "still in accepted (never running, no unknown, no terminal state) "
     "past its deadline",
     "bounce": "a transfer handed straight back (A->B transfer, then B->A transfer in the task)",
-    "rejection_spike": "rejection rate of one to_agent+capability far above its baseline "
-    "(the 7 windows before)",
+    "rejection_spike": "rejection rate of one to_agent+capability in an hour far above its "
+    "baseline (the 24 hours before)",
     "clock_skew": "a transition timestamped before the transition it must follow",
     "orphan_transition": "transitions (first seen in the window) of a handoff whose create was "
     "never seen",
