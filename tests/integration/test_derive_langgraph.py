@@ -36,14 +36,8 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
 @pytest.fixture(scope="module")
-def serve(tmp_path_factory):
-    from serve.testing import start_serve
-
-    s = start_serve(
-        tmp_path_factory.mktemp("derive-langgraph"), env={"HANDOFFS_DERIVE_EVERY_S": "0.25"}
-    )
-    yield s
-    s.stop()
+def serve(derive_serve):
+    return derive_serve
 
 
 @pytest.fixture

@@ -53,14 +53,8 @@ COUNTS = ("volume", "settled", "accepted", "executed", "evidenced", "committed")
 
 
 @pytest.fixture(scope="module")
-def serve(tmp_path_factory):
-    from serve.testing import start_serve
-
-    s = start_serve(
-        tmp_path_factory.mktemp("derive-openai"), env={"HANDOFFS_DERIVE_EVERY_S": "0.25"}
-    )
-    yield s
-    s.stop()
+def serve(derive_serve):
+    return derive_serve
 
 
 @pytest.fixture
