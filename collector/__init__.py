@@ -13,6 +13,19 @@ from foundation.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from collector._redact import InputFilter
+    from collector._topology import (
+        AgentCardRef,
+        Compatibility,
+        FilteredHistory,
+        HistoryReport,
+        QueuePosition,
+        ResultItems,
+        compatibility,
+        filter_history,
+        is_replaying,
+        replaying,
+        result_items,
+    )
     from collector.a2a import A2A_STATES, a2a_event, a2a_events
     from collector.contract import (
         PROTOCOL,
@@ -31,6 +44,17 @@ if TYPE_CHECKING:
 #: exported name -> the module that defines it
 _WHERE = {
     "InputFilter": "collector._redact",
+    "AgentCardRef": "collector._topology",
+    "Compatibility": "collector._topology",
+    "FilteredHistory": "collector._topology",
+    "HistoryReport": "collector._topology",
+    "QueuePosition": "collector._topology",
+    "ResultItems": "collector._topology",
+    "compatibility": "collector._topology",
+    "filter_history": "collector._topology",
+    "is_replaying": "collector._topology",
+    "replaying": "collector._topology",
+    "result_items": "collector._topology",
     "A2A_STATES": "collector.a2a",
     "a2a_event": "collector.a2a",
     "a2a_events": "collector.a2a",
@@ -56,21 +80,32 @@ __all__ = [
     "PROTOCOL",
     "TERMINAL",
     "TRANSITIONS",
+    "AgentCardRef",
+    "Compatibility",
     "Envelope",
     "EnvelopeError",
     "Event",
     "EvidenceRef",
+    "FilteredHistory",
     "Grant",
     "Handoff",
     "HandoffTracer",
+    "HistoryReport",
     "IllegalTransition",
     "InMemoryRecorder",
     "InputFilter",
+    "QueuePosition",
+    "ResultItems",
     "RetryRefused",
     "State",
     "a2a_event",
     "a2a_events",
+    "compatibility",
+    "filter_history",
+    "is_replaying",
     "next_state",
+    "replaying",
+    "result_items",
 ]
 
 

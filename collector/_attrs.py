@@ -1,123 +1,194 @@
-"""The optional attributes of a transition span, type-checked: one pure function.
+"""The optional attributes of a transition span, type-checked: one table, one pure function.
 
 Kept apart from collector/tracer.py (which owns the OTel calls and the state): each keyword
-of `Handoff.transition` becomes its `handoff.*` attribute, or a ValueError naming it.
+of `Handoff.transition` (the keys of `TransitionAttrs`, the one list of them) becomes its
+`handoff.*` attribute(s), or a ValueError naming it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Final, TypedDict
 
 from collector import semconv as sc
+from collector._topology import QueuePosition, ResultItems, as_versions, queue_attributes
 from collector._wire import RESERVED, bad_attr, evidence_attributes
 from collector.envelope import EvidenceRef, utc_time_problem
 
-__all__ = ["transition_attributes"]
+__all__ = ["TRANSITION_KEYWORDS", "TransitionAttrs", "transition_attributes"]
 
 
-def transition_attributes(
-    a: dict[str, Any],
-    *,
-    error_code: str | None = None,
-    fence_token: int | None = None,
-    state_version: int | None = None,
-    payload_hash: str | None = None,
-    evidence_count: int | None = None,
-    evidence_valid: bool | None = None,
-    evidence_refs: Iterable[str | EvidenceRef] | None = None,
-    receipt_status: str | None = None,
-    receipt_hash: str | None = None,
-    result_version: str | None = None,
-    execution_id: str | None = None,
-    execution_version: str | None = None,
-    receipt_id: str | None = None,
-    receipt_expires_at: str | None = None,
-    read_back: bool | None = None,
-    conflicts: Iterable[str] | None = None,
-    extra: Mapping[str, Any] | None = None,
-) -> None:
-    """Add the given (not None) attributes to `a`, in place. ValueError naming the keyword
-    on a wrong type (ints are int, bools bool, receipt_expires_at an ISO-8601 UTC time);
-    `extra` may not override the contract's identity keys (RESERVED)."""
-    if error_code is not None:
-        if not isinstance(error_code, str):
-            raise bad_attr("error_code", "str", error_code)
-        a[sc.ERROR_CODE] = error_code
-    if fence_token is not None:
-        if type(fence_token) is not int:
-            raise bad_attr("fence_token", "int", fence_token)
-        a[sc.FENCE_TOKEN] = fence_token
-    if state_version is not None:
-        if type(state_version) is not int:
-            raise bad_attr("state_version", "int", state_version)
-        a[sc.STATE_VERSION] = state_version
-    if payload_hash is not None:
-        if not isinstance(payload_hash, str):
-            raise bad_attr("payload_hash", "str", payload_hash)
-        a[sc.PAYLOAD_HASH] = payload_hash
-    if evidence_count is not None:
-        if type(evidence_count) is not int or evidence_count < 0:
-            raise bad_attr("evidence_count", "int >= 0", evidence_count)
-        a[sc.EVIDENCE_COUNT] = evidence_count
-    if evidence_valid is not None:
-        if type(evidence_valid) is not bool:
-            raise bad_attr("evidence_valid", "bool", evidence_valid)
-        a[sc.EVIDENCE_VALID] = evidence_valid
-    if evidence_refs is not None:
-        if isinstance(evidence_refs, str):
-            raise bad_attr("evidence_refs", "a list of ids", evidence_refs)
-        items = tuple(evidence_refs)
-        if all(type(r) is str for r in items):
-            a[sc.EVIDENCE_REFS] = items
-        else:
-            for r in items:
-                if not isinstance(r, str | EvidenceRef):
-                    raise bad_attr("evidence_refs", "a list of str ids (or EvidenceRef)", r)
-            a.update(evidence_attributes(tuple(EvidenceRef.coerce(r) for r in items)))
-    if receipt_status is not None:
-        if not isinstance(receipt_status, str):
-            raise bad_attr("receipt_status", "str", receipt_status)
-        a[sc.RECEIPT_STATUS] = receipt_status
-    if receipt_hash is not None:
-        if not isinstance(receipt_hash, str):
-            raise bad_attr("receipt_hash", "str", receipt_hash)
-        a[sc.RECEIPT_HASH] = receipt_hash
-    if result_version is not None:
-        if not isinstance(result_version, str):
-            raise bad_attr("result_version", "str", result_version)
-        a[sc.RESULT_VERSION] = result_version
-    if receipt_id is not None:
-        if not isinstance(receipt_id, str):
-            raise bad_attr("receipt_id", "str", receipt_id)
-        a[sc.RECEIPT_ID] = receipt_id
-    if receipt_expires_at is not None:
-        problem = utc_time_problem(receipt_expires_at)
-        if problem is not None:
-            raise ValueError(f"receipt_expires_at: {problem}")
-        a[sc.RECEIPT_EXPIRES_AT] = receipt_expires_at
-    if read_back is not None:
-        if type(read_back) is not bool:
-            raise bad_attr("read_back", "bool", read_back)
-        a[sc.RECEIPT_READ_BACK] = read_back
-    if conflicts is not None:
-        if isinstance(conflicts, str):
-            raise bad_attr("conflicts", "a list of str", conflicts)
-        found = tuple(conflicts)
+class TransitionAttrs(TypedDict, total=False):
+    """The keywords of `Handoff.transition` and the event methods (None = absent).
+
+    They belong to events (docs/semantic-conventions.md says which): `error_code` on
+    reject / fail / timeout (any string is kept as sent; `semconv.ERROR_CODES` is the
+    vocabulary); evidence on results (refs given as EvidenceRef also emit their claims and
+    valid_at times, aligned with the ids); `receipt_id` / `receipt_expires_at` (ISO-8601 UTC)
+    on commit / resolve_committed; `read_back` / `conflicts` on verify / verify_fail (the
+    receipt was read back from the receiver; what differed); `queue` on accept (the queue
+    position, and the lag from the message's enqueue time to the transition);
+    `result_items` on results (expected vs returned items); `supported_versions` /
+    `unknown_fields` on accept / reject (the consumer's window); `extra` adds other keys
+    but never overrides the contract's identity keys.
+    """
+
+    error_code: str | None
+    fence_token: int | None
+    state_version: int | None
+    payload_hash: str | None
+    evidence_count: int | None
+    evidence_valid: bool | None
+    evidence_refs: Iterable[str | EvidenceRef] | None
+    receipt_status: str | None
+    receipt_hash: str | None
+    result_version: str | None
+    execution_id: str | None
+    execution_version: str | None
+    receipt_id: str | None
+    receipt_expires_at: str | None
+    read_back: bool | None
+    conflicts: Iterable[str] | None
+    queue: QueuePosition | None
+    result_items: ResultItems | None
+    supported_versions: Iterable[int] | None
+    unknown_fields: Iterable[str] | None
+    extra: Mapping[str, Any] | None
+
+
+#: (attributes, keyword, value, transition time in ns) -> None: adds or raises ValueError
+_Setter = Callable[[dict[str, Any], str, Any, int], None]
+
+
+def _str(attr: str) -> _Setter:
+    def put(a: dict[str, Any], kw: str, v: Any, _ns: int) -> None:
+        if not isinstance(v, str):
+            raise bad_attr(kw, "str", v)
+        a[attr] = v
+
+    return put
+
+
+def _int(attr: str, minimum: int | None = None) -> _Setter:
+    want = "int" if minimum is None else f"int >= {minimum}"
+
+    def put(a: dict[str, Any], kw: str, v: Any, _ns: int) -> None:
+        if type(v) is not int or (minimum is not None and v < minimum):
+            raise bad_attr(kw, want, v)
+        a[attr] = v
+
+    return put
+
+
+def _bool(attr: str) -> _Setter:
+    def put(a: dict[str, Any], kw: str, v: Any, _ns: int) -> None:
+        if type(v) is not bool:
+            raise bad_attr(kw, "bool", v)
+        a[attr] = v
+
+    return put
+
+
+def _strs(attr: str) -> _Setter:
+    def put(a: dict[str, Any], kw: str, v: Any, _ns: int) -> None:
+        if isinstance(v, str) or not isinstance(v, Iterable):
+            raise bad_attr(kw, "a list of str", v)
+        found = tuple(v)
         for c in found:
             if not isinstance(c, str):
-                raise bad_attr("conflicts", "a list of str", c)
-        a[sc.RECEIPT_CONFLICTS] = found
-    if execution_id is not None:
-        if not isinstance(execution_id, str):
-            raise bad_attr("execution_id", "str", execution_id)
-        a[sc.EXECUTION_ID] = execution_id
-    if execution_version is not None:
-        if not isinstance(execution_version, str):
-            raise bad_attr("execution_version", "str", execution_version)
-        a[sc.EXECUTION_VERSION] = execution_version
-    if extra:
-        for k in extra:
-            if not isinstance(k, str) or k in RESERVED:
-                raise ValueError(f"extra: key {k!r} is not allowed (reserved or not a string)")
-        a.update(extra)
+                raise bad_attr(kw, "a list of str", c)
+        a[attr] = found
+
+    return put
+
+
+def _evidence_refs(a: dict[str, Any], kw: str, v: Any, _ns: int) -> None:
+    if isinstance(v, str) or not isinstance(v, Iterable):
+        raise bad_attr(kw, "a list of ids", v)
+    items = tuple(v)
+    if all(type(r) is str for r in items):
+        a[sc.EVIDENCE_REFS] = items
+        return
+    for r in items:
+        if not isinstance(r, str | EvidenceRef):
+            raise bad_attr(kw, "a list of str ids (or EvidenceRef)", r)
+    a.update(evidence_attributes(tuple(EvidenceRef.coerce(r) for r in items)))
+
+
+def _utc(attr: str) -> _Setter:
+    def put(a: dict[str, Any], kw: str, v: Any, _ns: int) -> None:
+        problem = utc_time_problem(v)
+        if problem is not None:
+            raise ValueError(f"{kw}: {problem}")
+        a[attr] = v
+
+    return put
+
+
+def _queue(a: dict[str, Any], kw: str, v: Any, ns: int) -> None:
+    if not isinstance(v, QueuePosition):
+        raise bad_attr(kw, "a QueuePosition", v)
+    a.update(queue_attributes(v, ns))
+
+
+def _result_items(a: dict[str, Any], kw: str, v: Any, _ns: int) -> None:
+    if not isinstance(v, ResultItems):
+        raise bad_attr(kw, "a ResultItems", v)
+    a.update(v.attributes())
+
+
+def _versions(a: dict[str, Any], kw: str, v: Any, _ns: int) -> None:
+    a[sc.CONSUMER_SUPPORTED_VERSIONS] = as_versions(kw, v)
+
+
+def _extra(a: dict[str, Any], kw: str, v: Any, _ns: int) -> None:
+    if not isinstance(v, Mapping):
+        raise bad_attr(kw, "a mapping", v)
+    for k in v:
+        if not isinstance(k, str) or k in RESERVED:
+            raise ValueError(f"extra: key {k!r} is not allowed (reserved or not a string)")
+    a.update(v)
+
+
+_SETTERS: Final[dict[str, _Setter]] = {
+    "error_code": _str(sc.ERROR_CODE),
+    "fence_token": _int(sc.FENCE_TOKEN),
+    "state_version": _int(sc.STATE_VERSION),
+    "payload_hash": _str(sc.PAYLOAD_HASH),
+    "evidence_count": _int(sc.EVIDENCE_COUNT, 0),
+    "evidence_valid": _bool(sc.EVIDENCE_VALID),
+    "evidence_refs": _evidence_refs,
+    "receipt_status": _str(sc.RECEIPT_STATUS),
+    "receipt_hash": _str(sc.RECEIPT_HASH),
+    "result_version": _str(sc.RESULT_VERSION),
+    "execution_id": _str(sc.EXECUTION_ID),
+    "execution_version": _str(sc.EXECUTION_VERSION),
+    "receipt_id": _str(sc.RECEIPT_ID),
+    "receipt_expires_at": _utc(sc.RECEIPT_EXPIRES_AT),
+    "read_back": _bool(sc.RECEIPT_READ_BACK),
+    "conflicts": _strs(sc.RECEIPT_CONFLICTS),
+    "queue": _queue,
+    "result_items": _result_items,
+    "supported_versions": _versions,
+    "unknown_fields": _strs(sc.ENVELOPE_UNKNOWN_FIELDS),
+    "extra": _extra,  # last: it may add keys, never override the identity ones
+}
+#: every keyword `Handoff.transition` takes besides event and at
+TRANSITION_KEYWORDS: Final = frozenset(TransitionAttrs.__annotations__)
+assert frozenset(_SETTERS) == TRANSITION_KEYWORDS, "TransitionAttrs and _SETTERS differ"
+_ORDER: Final = tuple(_SETTERS)
+
+
+def transition_attributes(a: dict[str, Any], attrs: Mapping[str, Any], at_ns: int) -> None:
+    """Add the given (not None) keywords' attributes to `a`, in place. TypeError on an
+    unknown keyword; ValueError naming the keyword on a wrong type (ints are int, bools
+    bool, receipt_expires_at an ISO-8601 UTC time, queue a QueuePosition, result_items a
+    ResultItems). `at_ns` is the transition's time (the queue lag ends there). `extra` may
+    not override the contract's identity keys (RESERVED)."""
+    unknown = attrs.keys() - TRANSITION_KEYWORDS
+    if unknown:
+        raise TypeError(f"transition() got an unexpected keyword argument {min(unknown)!r}")
+    for kw in _ORDER if len(attrs) > 1 else attrs:
+        v = attrs.get(kw)
+        if v is not None:
+            _SETTERS[kw](a, kw, v, at_ns)

@@ -51,6 +51,9 @@ _ENVELOPE_NOTES: Final = {
     "state_version": "int >= 0, optimistic version",
     "fence_token": "int >= 0, lease fence token",
     "payload_hash": "tells a same-key retry from a changed payload",
+    "message_kind": ", ".join(f"`{k}`" for k in semconv.MESSAGE_KINDS),
+    "schema_version": "int >= 0, the envelope schema the sender wrote; consumers compare it "
+    "with the versions they support",
 }
 
 

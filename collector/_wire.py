@@ -7,6 +7,7 @@ plain strings for the hot path, W3C traceparent formatting/parsing, `at` -> ns, 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import re
@@ -36,6 +37,7 @@ __all__ = [
     "grant_attributes",
     "parse_traceparent",
     "refusal_attributes",
+    "retry_envelope",
     "synthetic_anchor",
     "to_ns",
 ]
@@ -172,6 +174,8 @@ def envelope_attributes(env: Envelope, filt: InputFilter) -> dict[str, Any]:
         (sc.STATE_VERSION, env.state_version),
         (sc.FENCE_TOKEN, env.fence_token),
         (sc.PAYLOAD_HASH, env.payload_hash),
+        (sc.MESSAGE_KIND, env.message_kind),
+        (sc.SCHEMA_VERSION, env.schema_version),
     ):
         if value is not None:
             a[name] = value
@@ -265,6 +269,31 @@ def refusal_attributes(
         a[sc.VALID] = False
         a[sc.INVALID_REASON] = str(IllegalTransition(state, "reject"))
     return a
+
+
+_RETRY_OWN: Final = frozenset({"task_id", "to_agent", "attempt", "retry_of"})
+
+
+def retry_envelope(
+    prev: Envelope, handoff_id: str, idempotency_key: str | None, changes: Mapping[str, Any]
+) -> Envelope:
+    """The envelope of the attempt after `prev`: `handoff_id`, retry_of = prev's id, attempt
+    + 1, prev's idempotency key unless one is given, and `changes` (other envelope fields;
+    task_id, to_agent, attempt and retry_of are the retry's own: ValueError)."""
+    own = _RETRY_OWN.intersection(changes)
+    if own:
+        raise ValueError(
+            f"retry: {', '.join(sorted(own))} cannot change: a retry is the same task at "
+            "the same target, numbered from the attempt it retries"
+        )
+    return dataclasses.replace(
+        prev,
+        handoff_id=handoff_id,
+        retry_of=prev.handoff_id,
+        attempt=(prev.attempt or 1) + 1,
+        idempotency_key=prev.idempotency_key if idempotency_key is None else idempotency_key,
+        **changes,
+    )
 
 
 def bad_attr(name: str, expected: str, value: Any) -> ValueError:

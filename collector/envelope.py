@@ -275,7 +275,8 @@ class Envelope:
     `attempt` (>= 1; None reads as 1) numbers the attempts of one task at one target;
     `retry_of` names the handoff_id this attempt retries (then attempt >= 2). `grant` is the
     capability grant (a Grant, or its wire dict). Evidence `valid_at` and grant
-    `expires_at` are ISO-8601 UTC times.
+    `expires_at` are ISO-8601 UTC times. `message_kind` is command|event|receipt;
+    `schema_version` (int >= 0) the envelope schema the sender wrote.
     `extra` holds unknown optional fields read from a newer wire version; they are kept and
     re-emitted but never interpreted. Raises EnvelopeError(field, reason) on bad input.
     """
@@ -304,6 +305,8 @@ class Envelope:
     state_version: int | None = None
     fence_token: int | None = None
     payload_hash: str | None = None
+    message_kind: str | None = None
+    schema_version: int | None = None
     extra: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
@@ -349,8 +352,14 @@ class Envelope:
                 )
         if self.grant is not None and not isinstance(self.grant, Grant):
             object.__setattr__(self, "grant", Grant.coerce(self.grant))
-        for name in ("max_tool_calls", "state_version", "fence_token"):
+        for name in ("max_tool_calls", "state_version", "fence_token", "schema_version"):
             _int_field(name, getattr(self, name), minimum=0)
+        if self.message_kind is not None and self.message_kind not in semconv.MESSAGE_KINDS:
+            raise EnvelopeError(
+                "message_kind",
+                f"unknown kind {self.message_kind!r}; expected one of "
+                + ", ".join(semconv.MESSAGE_KINDS),
+            )
 
         caps = self.capabilities
         if not isinstance(caps, (list, tuple)):

@@ -304,7 +304,7 @@ WIRE_ATTRIBUTES: Final[tuple[AttrSpec, ...]] = (
         "int",
         "create",
         False,
-        "transfer: history items removed before the receiver saw them",
+        "transfer: history items the filter removed (or changed) before the receiver saw them",
     ),
     AttrSpec(
         INPUT_FILTER,

@@ -16,7 +16,6 @@ one span. No regex, no deep copy per transition.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -29,6 +28,13 @@ from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, get_current
 from collector import semconv as sc
 from collector._attrs import transition_attributes
 from collector._redact import InputFilter
+from collector._topology import (
+    as_versions,
+    compatibility,
+    create_attributes,
+    is_replaying,
+    wire_compatibility,
+)
 from collector._wire import (
     EVENT_TARGET,
     INSTRUMENTATION_NAME,
@@ -40,14 +46,19 @@ from collector._wire import (
     format_traceparent,
     parse_traceparent,
     refusal_attributes,
+    retry_envelope,
     synthetic_anchor,
     to_ns,
 )
 from collector.contract import RETRY_NEEDS_RESOLUTION, IllegalTransition, RetryRefused, State
-from collector.envelope import Envelope, EnvelopeError, EvidenceRef
+from collector.envelope import Envelope, EnvelopeError
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer, TracerProvider
+    from typing_extensions import Unpack
+
+    from collector._attrs import TransitionAttrs
+    from collector._topology import AgentCardRef, HistoryReport
 
 __all__ = [
     "INSTRUMENTATION_NAME",
@@ -66,9 +77,11 @@ class HandoffTracer:
     no span); lenient (False) emits it flagged `handoff.valid=false`, state unchanged.
     `input_filter`: redacts envelope text at create (None: the default InputFilter).
     `clock`: returns int ns since the epoch (default time.time_ns); used when `at` is None.
+    `supported_versions`: the envelope schema versions this agent consumes; when given,
+    its `accept` and `reject` spans carry them and the envelope's unknown fields.
     """
 
-    __slots__ = ("_clock", "_filter", "_tracer", "actor", "strict")
+    __slots__ = ("_clock", "_filter", "_tracer", "actor", "strict", "supported_versions")
 
     def __init__(
         self,
@@ -78,6 +91,7 @@ class HandoffTracer:
         strict: bool = True,
         input_filter: InputFilter | None = None,
         clock: Callable[[], int] | None = None,
+        supported_versions: Iterable[int] | None = None,
     ) -> None:
         if not isinstance(actor, str) or not actor:
             raise ValueError(f"actor: must be a non-empty string, got {actor!r}")
@@ -91,14 +105,28 @@ class HandoffTracer:
         self._tracer: Tracer = provider.get_tracer(INSTRUMENTATION_NAME)
         self._filter = input_filter if input_filter is not None else default_filter()
         self._clock = clock if clock is not None else time.time_ns
+        self.supported_versions = (
+            None
+            if supported_versions is None
+            else as_versions("supported_versions", supported_versions)
+        )
 
-    def create(self, envelope: Envelope, at: datetime | int | None = None) -> Handoff:
+    def create(
+        self,
+        envelope: Envelope,
+        at: datetime | int | None = None,
+        *,
+        history: HistoryReport | None = None,
+        agent_card: AgentCardRef | None = None,
+    ) -> Handoff:
         """Start a handoff: emit its `create` span now (a child of the caller's current span,
         or a new trace's root) and return the Handoff in state `created`. The span carries
-        `handoff.attempt` (the envelope's, 1 when it has none)."""
+        `handoff.attempt` (the envelope's, 1 when it has none), a transfer's `history`
+        (`filter_history(...).report`) and the `agent_card` the sender relied on."""
         if not isinstance(envelope, Envelope):
             raise TypeError(f"envelope: expected an Envelope, got {type(envelope).__name__}")
-        return self._create(envelope, at, None)
+        flag = create_attributes(history, agent_card)
+        return self._create(envelope, at, flag)
 
     def retry(
         self,
@@ -123,26 +151,12 @@ class HandoffTracer:
         """
         if not isinstance(previous, Handoff):
             raise TypeError(f"previous: expected a Handoff, got {type(previous).__name__}")
-        own = _RETRY_OWN.intersection(changes)
-        if own:
-            raise ValueError(
-                f"retry: {', '.join(sorted(own))} cannot change: a retry is the same task at "
-                "the same target, numbered from the attempt it retries"
-            )
-        prev = previous.envelope
-        env = dataclasses.replace(
-            prev,
-            handoff_id=handoff_id,
-            retry_of=prev.handoff_id,
-            attempt=(prev.attempt or 1) + 1,
-            idempotency_key=prev.idempotency_key if idempotency_key is None else idempotency_key,
-            **changes,
-        )
+        env = retry_envelope(previous.envelope, handoff_id, idempotency_key, changes)
         flag = None
         state = previous.state
         if state in RETRY_NEEDS_RESOLUTION:
             if self.strict:
-                raise RetryRefused(prev.handoff_id, state)
+                raise RetryRefused(previous.handoff_id, state)
             flag = {sc.RETRY_UNRESOLVED: True}
         return self._create(env, at, flag)
 
@@ -153,6 +167,8 @@ class HandoffTracer:
         attrs = envelope_attributes(envelope, self._filter)
         if flag:
             attrs.update(flag)
+        if is_replaying():
+            attrs[sc.REPLAY] = True
         attrs.update(
             {
                 sc.TASK_ID: envelope.task_id,
@@ -205,6 +221,10 @@ class HandoffTracer:
         a = refusal_attributes(wire, state, exc.code, self.actor, strict=self.strict)
         if a is None:
             return
+        if self.supported_versions is not None:
+            a.update(wire_compatibility(wire, self.supported_versions))
+        if is_replaying():
+            a[sc.REPLAY] = True
         try:
             anchor = parse_traceparent(wire.get("traceparent"), None)
         except EnvelopeError:
@@ -219,7 +239,7 @@ class HandoffTracer:
         span.end(end_time=start_ns)
 
 
-_RETRY_OWN: Final = frozenset({"task_id", "to_agent", "attempt", "retry_of"})
+_CONSUMER_EVENTS: Final = frozenset({"accept", "reject"})
 
 
 class Handoff:
@@ -233,6 +253,7 @@ class Handoff:
     __slots__ = (
         "_anchor",
         "_base",
+        "_consumer",
         "_last",
         "_lock",
         "_otel",
@@ -263,6 +284,12 @@ class Handoff:
             sc.GEN_AI_AGENT_NAME: tracer.actor,
         }
         self._lock = threading.Lock()
+        #: the consumer's supported versions and the envelope's unknown fields, for accept/reject
+        self._consumer: dict[str, Any] | None = (
+            None
+            if tracer.supported_versions is None
+            else compatibility(envelope, tracer.supported_versions).attributes()
+        )
         self._last: tuple[str, dict[str, Any]] | None = None
         self._wire: dict[str, Any] | None = None
 
@@ -316,73 +343,32 @@ class Handoff:
     # -- transitions ------------------------------------------------------------------------
 
     def transition(
-        self,
-        event: str,
-        at: datetime | int | None = None,
-        *,
-        error_code: str | None = None,
-        fence_token: int | None = None,
-        state_version: int | None = None,
-        payload_hash: str | None = None,
-        evidence_count: int | None = None,
-        evidence_valid: bool | None = None,
-        evidence_refs: Iterable[str | EvidenceRef] | None = None,
-        receipt_status: str | None = None,
-        receipt_hash: str | None = None,
-        result_version: str | None = None,
-        execution_id: str | None = None,
-        execution_version: str | None = None,
-        receipt_id: str | None = None,
-        receipt_expires_at: str | None = None,
-        read_back: bool | None = None,
-        conflicts: Iterable[str] | None = None,
-        extra: Mapping[str, Any] | None = None,
+        self, event: str, at: datetime | int | None = None, **attrs: Unpack[TransitionAttrs]
     ) -> str:
         """Apply `event` and emit its span (start time `at`). Returns the state after.
 
         Raises IllegalTransition for an unknown event or `create` (both modes), and in strict
         mode for an event the table does not allow from the current state (no span, state
-        unchanged). Raises ValueError naming the attribute on a wrongly typed attribute
-        (ints are int, evidence_valid and read_back bools, receipt_expires_at an ISO-8601
-        UTC time); `extra` may add `handoff.*` (or other) keys but not override the
-        contract's identity keys.
-
-        The attributes belong to events (the wire reference says which) but are not checked
-        against the event: `error_code` on reject / fail / timeout (any string is kept as
-        sent; `semconv.ERROR_CODES` is the vocabulary), `receipt_id` / `receipt_expires_at`
-        on commit / resolve_committed (the receipt issued, until when it may be used),
-        `read_back` / `conflicts` on verify / verify_fail (the receipt was read back from
-        the receiver; what differed). Evidence refs given as EvidenceRef also emit their
-        claims and valid_at times, aligned with the ids.
+        unchanged). The keywords (`collector._attrs.TransitionAttrs` says what each means
+        and on which events it belongs; not checked against the event): ValueError naming
+        one with a wrong type, TypeError for an unknown one. On accept / reject of a tracer
+        with `supported_versions`, its window is added; inside `replaying()`,
+        `handoff.replay=true`.
         """
         start_ns = self._t._clock() if at is None else to_ns(at, self._t._clock)
         a = self._base.copy()
-        transition_attributes(
-            a,
-            error_code=error_code,
-            fence_token=fence_token,
-            state_version=state_version,
-            payload_hash=payload_hash,
-            evidence_count=evidence_count,
-            evidence_valid=evidence_valid,
-            evidence_refs=evidence_refs,
-            receipt_status=receipt_status,
-            receipt_hash=receipt_hash,
-            result_version=result_version,
-            execution_id=execution_id,
-            execution_version=execution_version,
-            receipt_id=receipt_id,
-            receipt_expires_at=receipt_expires_at,
-            read_back=read_back,
-            conflicts=conflicts,
-            extra=extra,
-        )
-
+        if attrs:
+            transition_attributes(a, attrs, start_ns)
         event = str(event)
         name = SPAN_NAME.get(event)
         if name is None or event == "create":
             reason = "create is not an event of an existing handoff" if event == "create" else None
             raise IllegalTransition(self._state, event, reason or f"unknown event {event!r}")
+        if self._consumer is not None and event in _CONSUMER_EVENTS:
+            for k, v in self._consumer.items():
+                a.setdefault(k, v)
+        if is_replaying():
+            a[sc.REPLAY] = True
         a[sc.EVENT] = event
         a[sc.GEN_AI_OPERATION_NAME] = name
         with self._lock:
@@ -427,6 +413,8 @@ class Handoff:
                     self._state, "redeliver", "nothing to redeliver: no transition emitted yet"
                 )
             name, a = self._last
+            if is_replaying() and a.get(sc.REPLAY) is not True:
+                a = {**a, sc.REPLAY: True}
             self._emit(name, a, start_ns)
 
     def _emit(self, name: str, attrs: dict[str, Any], start_ns: int) -> None:
@@ -455,44 +443,50 @@ class Handoff:
 
     # -- one method per event (the table in collector/contract.py decides legality) ---------
 
-    def accept(self, at: datetime | int | None = None, **attrs: Any) -> str:
+    def accept(self, at: datetime | int | None = None, **attrs: Unpack[TransitionAttrs]) -> str:
         return self.transition("accept", at, **attrs)
 
-    def reject(self, at: datetime | int | None = None, **attrs: Any) -> str:
+    def reject(self, at: datetime | int | None = None, **attrs: Unpack[TransitionAttrs]) -> str:
         return self.transition("reject", at, **attrs)
 
-    def expire(self, at: datetime | int | None = None, **attrs: Any) -> str:
+    def expire(self, at: datetime | int | None = None, **attrs: Unpack[TransitionAttrs]) -> str:
         return self.transition("expire", at, **attrs)
 
-    def timeout(self, at: datetime | int | None = None, **attrs: Any) -> str:
+    def timeout(self, at: datetime | int | None = None, **attrs: Unpack[TransitionAttrs]) -> str:
         return self.transition("timeout", at, **attrs)
 
-    def start(self, at: datetime | int | None = None, **attrs: Any) -> str:
+    def start(self, at: datetime | int | None = None, **attrs: Unpack[TransitionAttrs]) -> str:
         return self.transition("start", at, **attrs)
 
-    def prepare(self, at: datetime | int | None = None, **attrs: Any) -> str:
+    def prepare(self, at: datetime | int | None = None, **attrs: Unpack[TransitionAttrs]) -> str:
         return self.transition("prepare", at, **attrs)
 
-    def commit(self, at: datetime | int | None = None, **attrs: Any) -> str:
+    def commit(self, at: datetime | int | None = None, **attrs: Unpack[TransitionAttrs]) -> str:
         return self.transition("commit", at, **attrs)
 
-    def fail(self, at: datetime | int | None = None, **attrs: Any) -> str:
+    def fail(self, at: datetime | int | None = None, **attrs: Unpack[TransitionAttrs]) -> str:
         return self.transition("fail", at, **attrs)
 
-    def verify(self, at: datetime | int | None = None, **attrs: Any) -> str:
+    def verify(self, at: datetime | int | None = None, **attrs: Unpack[TransitionAttrs]) -> str:
         return self.transition("verify", at, **attrs)
 
-    def verify_fail(self, at: datetime | int | None = None, **attrs: Any) -> str:
+    def verify_fail(
+        self, at: datetime | int | None = None, **attrs: Unpack[TransitionAttrs]
+    ) -> str:
         return self.transition("verify_fail", at, **attrs)
 
-    def resolve_committed(self, at: datetime | int | None = None, **attrs: Any) -> str:
+    def resolve_committed(
+        self, at: datetime | int | None = None, **attrs: Unpack[TransitionAttrs]
+    ) -> str:
         return self.transition("resolve_committed", at, **attrs)
 
-    def resolve_failed(self, at: datetime | int | None = None, **attrs: Any) -> str:
+    def resolve_failed(
+        self, at: datetime | int | None = None, **attrs: Unpack[TransitionAttrs]
+    ) -> str:
         return self.transition("resolve_failed", at, **attrs)
 
-    def cancel(self, at: datetime | int | None = None, **attrs: Any) -> str:
+    def cancel(self, at: datetime | int | None = None, **attrs: Unpack[TransitionAttrs]) -> str:
         return self.transition("cancel", at, **attrs)
 
-    def escalate(self, at: datetime | int | None = None, **attrs: Any) -> str:
+    def escalate(self, at: datetime | int | None = None, **attrs: Unpack[TransitionAttrs]) -> str:
         return self.transition("escalate", at, **attrs)
