@@ -71,6 +71,24 @@ DESCRIPTIONS: Final = {
     "capability_outside_grant": "envelope capabilities not all in grant.capabilities",
     "grant_tenant_mismatch": "grant.tenant differs from the credential's (stored) tenant",
     "tenant_claim_mismatch": "a span whose claimed tenant differs from the credential's",
+    "consumer_lag": "a queue consumer that accepted the message more than 60 s after it was "
+    "enqueued (queue.lag_ms) or more than 1,000 offsets behind the queue's head (settings "
+    "HANDOFFS_CONSUMER_LAG_MS, HANDOFFS_CONSUMER_LAG_OFFSETS)",
+    "partial_result_committed": "committed, with a result that returned fewer items than "
+    "expected while its evidence was marked valid",
+    "unfiltered_sensitive_history": "a transfer whose handed-over history kept sensitive items "
+    "(history.sensitive_items > history.removed_items)",
+    "stale_agent_card": "rejected as not doing or speaking what the Agent Card said, with a "
+    "card fetched more than 24 h before (HANDOFFS_AGENT_CARD_MAX_AGE_S), or asking for a "
+    "capability the card's skills lack",
+    "command_replayed": "a command executed again during a replay (a replay=true transition "
+    "into running or beyond)",
+    "incompatible_accepted": "accepted by a consumer whose supported_versions lack the "
+    "envelope's schema_version",
+    "risky_field_ignored": "accepted while ignoring an unknown envelope field on the risk list "
+    "(HANDOFFS_RISKY_FIELDS: grant.*, tenant, amount*, permission*, resource_version)",
+    "fan_out_all": "an agent-as-tool task whose orchestrator called at least 3 distinct "
+    "experts, every expert it called in the window",
 }
 ANOMALY_KINDS: Final = tuple(DESCRIPTIONS)
 
@@ -118,7 +136,7 @@ def anomalies(
     included): kind, count (handoffs), examples (up to `examples` handoff ids, sorted),
     description. ValueError for an unknown kind.
 
-    One query per pass needed (10 queries for all 21 kinds). Timings:
+    One query per pass needed (12 queries for all 29 kinds). Timings:
     docs/metrics.md, bench/analytics_queries.py.
     """
     db = check_db(database)

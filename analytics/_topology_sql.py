@@ -1,0 +1,247 @@
+"""SQL of each topology's own anomaly kinds, as two passes of analytics/_anomaly_sql.py.
+
+  topology  one GROUP BY per cohort handoff over only the rows that carry what the kinds
+            read: create (envelope), accept / reject (the consumer's side), result events
+            and rows into running or beyond (execution). PREWHERE on the typed `event` and
+            `to_state` columns, so the attribute map is read for those rows only; the cohort
+            restricts by IN on the primary-key prefix (tenant, handoff_id).
+  fan_out   agent-as-tool handoffs of the cohort's summary rows (no transition is read).
+
+Thresholds come from foundation.settings (argument, then HANDOFFS_* variable, then default)
+when the SQL is built. Definitions: docs/metrics.md; the reference: analytics/reference_topology.py.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Final
+
+from analytics._common import Window, cohort_sql
+from collector import semconv
+from foundation import settings
+
+__all__ = [
+    "CARD_REJECT_CODES",
+    "EXEC_STATES",
+    "FAN_OUT_MIN_EXPERTS",
+    "PASSES",
+    "Thresholds",
+    "fan_out_pass",
+    "int_list",
+    "risky_condition",
+    "strip_prefix",
+    "thresholds",
+    "topology_pass",
+]
+
+#: pass name -> the kinds (Bool columns) it returns
+PASSES: Final = {
+    "topology": (
+        "consumer_lag",
+        "partial_result_committed",
+        "unfiltered_sensitive_history",
+        "stale_agent_card",
+        "command_replayed",
+        "incompatible_accepted",
+        "risky_field_ignored",
+    ),
+    "fan_out": ("fan_out_all",),
+}
+#: rejection codes that say the receiver does not do or speak what its Agent Card said
+CARD_REJECT_CODES: Final = (
+    "unknown_capability",
+    "incompatible_protocol",
+    "invalid_envelope",
+    "missing_required_field",
+)
+#: states a command reaches only by executing (running or beyond, failures excluded)
+EXEC_STATES: Final = ("running", "prepared", "committed", "verified")
+#: fan_out_all: an orchestrator's task fans out to at least this many distinct experts
+FAN_OUT_MIN_EXPERTS: Final = 3
+#: a counted transition into committed (legal and not flagged invalid)
+_INTO_COMMITTED: Final = (
+    "valid AND to_state = 'committed' AND ((event = 'commit' AND from_state IN "
+    "('running', 'prepared')) OR (event = 'resolve_committed' AND from_state = 'unknown'))"
+)
+_IS_CREATE: Final = "(valid AND event = 'create' AND from_state = '' AND to_state = 'created')"
+_RESULT_EVENTS: Final = ("prepare", "commit", "resolve_committed")
+_READ_EVENTS: Final = ("create", "accept", "reject", *_RESULT_EVENTS)
+_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]+\*?$")
+_WIRE_PREFIX: Final = "handoff."
+
+
+@dataclass(frozen=True, slots=True)
+class Thresholds:
+    """The kinds' thresholds: consumer lag (ms, offsets behind the head), Agent Card age (s),
+    and the risky envelope field names (`name` exact, `name*` any suffix)."""
+
+    lag_ms: int
+    lag_offsets: int
+    card_max_age_s: int
+    risky_fields: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        for name in ("lag_ms", "lag_offsets", "card_max_age_s"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {v!r}")
+        for p in self.risky_fields:
+            if not _PATTERN.match(p):
+                raise ValueError(
+                    f"risky field pattern {p!r}: letters, digits, '_', '.', '-', optionally "
+                    "ending in '*'"
+                )
+
+
+def thresholds(
+    *,
+    lag_ms: int | None = None,
+    lag_offsets: int | None = None,
+    card_max_age_s: int | None = None,
+    risky_fields: str | None = None,
+) -> Thresholds:
+    """Thresholds from the arguments, then the HANDOFFS_* variables, then the defaults
+    (foundation.settings). ValueError naming the variable on a bad value."""
+    raw = settings.resolve(settings.RISKY_FIELDS, risky_fields)
+    try:
+        return Thresholds(
+            lag_ms=settings.resolve_int(settings.CONSUMER_LAG_MS, lag_ms),
+            lag_offsets=settings.resolve_int(settings.CONSUMER_LAG_OFFSETS, lag_offsets),
+            card_max_age_s=settings.resolve_int(settings.AGENT_CARD_MAX_AGE_S, card_max_age_s),
+            risky_fields=tuple(p.strip() for p in raw.split(",") if p.strip()),
+        )
+    except ValueError as exc:
+        names = "HANDOFFS_CONSUMER_LAG_MS / _OFFSETS, HANDOFFS_AGENT_CARD_MAX_AGE_S, HANDOFFS_RISKY_FIELDS"
+        raise ValueError(f"{exc} (settings {names})") from None
+
+
+def strip_prefix(name: str) -> str:
+    """An unknown field's name as matched against the risk list: without `handoff.`."""
+    return name[len(_WIRE_PREFIX) :] if name.startswith(_WIRE_PREFIX) else name
+
+
+def risky_condition(var: str, patterns: tuple[str, ...]) -> str:
+    """SQL Bool: field name `var` (prefix stripped) matches a pattern. Patterns are validated
+    by Thresholds (no quote can occur)."""
+    n = f"if(startsWith({var}, '{_WIRE_PREFIX}'), substring({var}, {len(_WIRE_PREFIX) + 1}), {var})"
+    conds = [
+        f"startsWith({n}, '{p[:-1]}')" if p.endswith("*") else f"{n} = '{p}'" for p in patterns
+    ]
+    return "(" + " OR ".join(conds) + ")" if conds else "false"
+
+
+def _tuple(items) -> str:
+    return "(" + ", ".join(f"'{x}'" for x in items) + ")"
+
+
+def _attr(name: str) -> str:
+    return f"attributes['{name}']"
+
+
+def _int(name: str) -> str:
+    return f"toInt64OrNull({_attr(name)})"
+
+
+def int_list(expr: str) -> str:
+    """SQL Array(Nullable(Int64)) of a JSON array text: numbers or decimal strings (an int[]
+    attribute as stored); other elements NULL, not an array = []."""
+    return f"arrayMap(x -> toInt64OrNull(trim(BOTH '\"' FROM x)), JSONExtractArrayRaw({expr}))"
+
+
+def _ids(cohort: str) -> str:
+    return f"(tenant, handoff_id) IN (SELECT tenant, handoff_id FROM ({cohort}))"
+
+
+def topology_pass(db: str, window: Window, tenant: bool, th: Thresholds | None = None) -> str:
+    """Seven kinds from one scan of the cohort's create, accept, reject, result and
+    executing rows (see the module doc)."""
+    th = th or thresholds()
+    cohort = cohort_sql(db, window, tenant_param=tenant, extra=())
+    sc = semconv
+    lag = (
+        f"coalesce({_int(sc.QUEUE_LAG_MS)} > {th.lag_ms}, false) OR coalesce("
+        f"{_int(sc.QUEUE_HEAD_OFFSET)} - {_int(sc.QUEUE_OFFSET)} > {th.lag_offsets}, false)"
+    )
+    partial = (
+        f"coalesce({_int(sc.RESULT_ITEMS_RETURNED)} < {_int(sc.RESULT_ITEMS_EXPECTED)}, false)"
+    )
+    skills = sc.AGENT_CARD_SKILLS
+    sup = sc.CONSUMER_SUPPORTED_VERSIONS
+    fetched = (
+        f"parseDateTime64BestEffortOrNull(nullIf({_attr(sc.AGENT_CARD_FETCHED_AT)}, ''), 9, 'UTC')"
+    )
+    unknown = f"JSONExtract({_attr(sc.ENVELOPE_UNKNOWN_FIELDS)}, 'Array(String)')"
+    age_ns = th.card_max_age_s * 1_000_000_000
+    return f"""SELECT handoff_id,
+    lag_hit AS consumer_lag,
+    reached_commit AND partial_hit AS partial_result_committed,
+    h_mode = 'transfer' AND h_sens IS NOT NULL AND h_sens > coalesce(h_removed, 0)
+        AS unfiltered_sensitive_history,
+    (card_rejected AND h_fetched IS NOT NULL
+        AND toUnixTimestamp64Nano(t_created) - toUnixTimestamp64Nano(assumeNotNull(h_fetched))
+            > {age_ns})
+        OR (has_skills AND NOT hasAll(JSONExtract(h_skills, 'Array(String)'), h_caps))
+        AS stale_agent_card,
+    h_kind = 'command' AND replay_exec AS command_replayed,
+    h_sv IS NOT NULL AND arrayExists(l -> NOT has(l, assumeNotNull(h_sv)), sup_lists)
+        AS incompatible_accepted,
+    risky_hit AS risky_field_ignored
+FROM (
+    SELECT tenant, handoff_id,
+        minIf(time, {_IS_CREATE}) AS t_created,
+        maxIf(mode, {_IS_CREATE}) AS h_mode,
+        maxIf(CAST(capabilities, 'Array(String)'), {_IS_CREATE}) AS h_caps,
+        maxIf({_attr(sc.MESSAGE_KIND)}, {_IS_CREATE}) AS h_kind,
+        maxIf({_int(sc.SCHEMA_VERSION)}, {_IS_CREATE}) AS h_sv,
+        maxIf({_int(sc.HISTORY_SENSITIVE_ITEMS)}, {_IS_CREATE}) AS h_sens,
+        maxIf({_int(sc.HISTORY_REMOVED_ITEMS)}, {_IS_CREATE}) AS h_removed,
+        maxIf({fetched}, {_IS_CREATE}) AS h_fetched,
+        countIf({_IS_CREATE} AND mapContains(attributes, '{skills}')) > 0 AS has_skills,
+        maxIf({_attr(skills)}, {_IS_CREATE} AND mapContains(attributes, '{skills}')) AS h_skills,
+        countIf(event = 'reject' AND error_code IN {_tuple(CARD_REJECT_CODES)}) > 0
+            AS card_rejected,
+        countIf(event = 'accept' AND ({lag})) > 0 AS lag_hit,
+        groupArrayIf({int_list(_attr(sup))}, event = 'accept' AND mapContains(attributes, '{sup}'))
+            AS sup_lists,
+        countIf(event = 'accept'
+                AND arrayExists(f -> {risky_condition("f", th.risky_fields)}, {unknown})) > 0
+            AS risky_hit,
+        countIf({_attr(sc.REPLAY)} = 'true' AND to_state IN {_tuple(EXEC_STATES)}) > 0
+            AS replay_exec,
+        countIf({_INTO_COMMITTED}) > 0 AS reached_commit,
+        countIf(event IN {_tuple(_RESULT_EVENTS)} AND evidence_valid = true AND {partial}) > 0
+            AS partial_hit
+    FROM {db}.handoff_transitions
+    PREWHERE event IN {_tuple(_READ_EVENTS)} OR to_state IN {_tuple(EXEC_STATES)}
+    WHERE {_ids(cohort)}
+    GROUP BY tenant, handoff_id
+)
+WHERE consumer_lag OR partial_result_committed OR unfiltered_sensitive_history
+   OR stale_agent_card OR command_replayed OR incompatible_accepted OR risky_field_ignored"""
+
+
+def fan_out_pass(db: str, window: Window, tenant: bool) -> str:
+    """fan_out_all over the cohort's agent_as_tool handoffs (from_agent = orchestrator,
+    to_agent = expert, non-empty): per (tenant, orchestrator) the distinct experts of the
+    window, per task the distinct experts of that task; a task with at least
+    FAN_OUT_MIN_EXPERTS that called every one of them flags all its handoffs."""
+    cohort = cohort_sql(
+        db, window, tenant_param=tenant, extra=("task_id", "from_agent", "to_agent", "topology")
+    )
+    return f"""SELECT arrayJoin(ids) AS handoff_id, true AS fan_out_all FROM (
+    SELECT tenant, from_agent, task_id, uniqExact(to_agent) AS n_task, any(n_all) AS n_all,
+        arrayFlatten(groupArray(h_ids)) AS ids
+    FROM (
+        SELECT tenant, from_agent, to_agent, task_id, h_ids,
+            uniqExact(to_agent) OVER (PARTITION BY tenant, from_agent) AS n_all
+        FROM (
+            SELECT tenant, from_agent, to_agent, task_id, groupArray(handoff_id) AS h_ids
+            FROM ({cohort})
+            WHERE topology = 'agent_as_tool' AND to_agent != ''
+            GROUP BY tenant, from_agent, to_agent, task_id
+        )
+    )
+    GROUP BY tenant, from_agent, task_id
+)
+WHERE n_task >= {FAN_OUT_MIN_EXPERTS} AND n_task = n_all"""
