@@ -35,6 +35,7 @@ __all__ = [
     "handoff_links",
     "handoffs_behind",
     "latencies",
+    "origins",
     "rejections",
     "source",
     "task_handoffs",
@@ -273,6 +274,18 @@ def rejections(
         examples=examples,
     )
     return [asdict(r) for r in rows]
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False, max_entries=64)
+def origins(
+    store: str, database: str, start: str, end: str, as_of: str | None, tenant: str | None = None
+) -> pd.DataFrame:
+    """analytics.origin.funnel_by_origin over [start, end): the funnel per origin (shim,
+    adapter:<name>, derived:<rule>)."""
+    from analytics.origin import funnel_by_origin
+
+    return _call(funnel_by_origin, store, database, window=_window(start, end, as_of),
+                 tenant=tenant)  # fmt: skip
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False, max_entries=64)

@@ -2,7 +2,9 @@
 
 Every tile can list the handoffs behind it (links into the explorer). "Why handoffs are
 refused" counts the refusals by error code (share of the refusals and of the settled
-handoffs) with example handoffs linking into the explorer. Optional auto-refresh for a wall
+handoffs) with example handoffs linking into the explorer. "Where handoffs came from"
+slices the funnel by origin: the shim, an adapter, or derivation from framework spans
+(analytics.origin). Optional auto-refresh for a wall
 screen re-runs only the body (st.fragment), moving a "Last ..." range with the clock.
 """
 
@@ -74,6 +76,36 @@ def _split_at(split, p):
     if not len(split):
         return split, split
     return split[split["bucket"] >= p.start], split[split["bucket"] < p.start]
+
+
+#: (column of analytics.origin.funnel_by_origin, header) shown per origin
+ORIGIN_COLUMNS = (
+    ("volume", "handoffs"),
+    ("settled", "settled"),
+    ("p_accept", "P_accept"),
+    ("p_execute", "P_execute"),
+    ("p_e2e", "P_e2e"),
+)
+
+
+def origins(p: _ui.Picked) -> None:
+    """The funnel per origin: shim, adapter:<name> or derived:<rule>."""
+    st.subheader("Where handoffs came from")
+    with _ui.guard():
+        df = _data.origins(src.store, src.database, *p.args, tenant=p.tenant)
+    if not len(df):
+        st.caption("No handoff was created in this window.")
+        return
+    table = pd.DataFrame({"origin": df["origin"]})
+    for col, header in ORIGIN_COLUMNS:
+        fmt = _ui.fmt_count if col in ("volume", "settled") else _ui.fmt_rate
+        table[header] = [fmt(v) for v in df[col]]
+    st.dataframe(table, hide_index=True, key="ov_origins")
+    st.caption(
+        "`shim`: the project's shim (or another emitter of the wire contract); "
+        "`adapter:<name>`: one of its framework adapters; `derived:<rule>`: derived by "
+        "`handoffs serve` from the spans a framework already exports (docs/derived-handoffs.md)."
+    )
 
 
 #: example handoffs listed per error code
@@ -219,6 +251,8 @@ def body() -> None:
             )
         st.caption(f"Up to 200 handoffs, stage `{stage}`; click one to open its evidence package.")
         _ui.handoffs_table(df, key="ov_behind_table")
+
+    origins(p)
 
 
 body()

@@ -495,3 +495,31 @@ def test_overview_says_why_handoffs_are_refused(audit_env, chdb_client):
     at.selectbox(key="ov_refusal_code").set_value("grant_expired").run()
     assert not at.exception
     assert "[h\\-refused](explorer?handoff_id=h-refused)" in _texts(at.markdown)
+
+
+def test_overview_slices_the_funnel_by_origin(monkeypatch, chdb_path, chdb_client, fresh_db):
+    from _dashboard_seed import DAY, transitions
+
+    from analytics.origin import funnel_by_origin
+    from tests.analytics_seed import T, create
+    from tests.analytics_seed import seed as seed_transitions
+
+    rule = "adk.transfer_to_agent.handoff"  # a handoff derived from framework spans
+    derived = {"handoff.derived_by": rule}
+    at0 = DAY + timedelta(hours=16)
+    seed_transitions(chdb_client, fresh_db, [
+        *transitions(),
+        create("h-derived", at0, task_id="task-d", mode="transfer", from_agent="triage",
+               to_agent="coder", tenant="acme", **derived),
+        T("h-derived", "reject", "created", "rejected", at0 + timedelta(seconds=1),
+          task_id="task-d", actor="triage", tenant="acme", attrs=derived),
+    ])  # fmt: skip
+    monkeypatch.setenv("HANDOFFS_STORE", f"chdb://{chdb_path}")
+    monkeypatch.setenv("HANDOFFS_DATABASE", fresh_db)
+    at = _app(WINDOW)
+    table = _frame(at, "origin")
+    want = funnel_by_origin(chdb_client, database=fresh_db, window=_window())
+    assert list(table["origin"]) == list(want["origin"]) == ["derived:" + rule, "shim"]
+    assert list(table["handoffs"]) == [ui.fmt_count(v) for v in want["volume"]] == ["1", "7"]
+    assert list(table["P_e2e"]) == [ui.fmt_rate(v) for v in want["p_e2e"]]
+    assert list(table["P_accept"])[0] == "0.0%"  # the derived one was rejected
