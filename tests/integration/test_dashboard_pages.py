@@ -522,4 +522,4 @@ def test_overview_slices_the_funnel_by_origin(monkeypatch, chdb_path, chdb_clien
     assert list(table["origin"]) == list(want["origin"]) == ["derived:" + rule, "shim"]
     assert list(table["handoffs"]) == [ui.fmt_count(v) for v in want["volume"]] == ["1", "7"]
     assert list(table["P_e2e"]) == [ui.fmt_rate(v) for v in want["p_e2e"]]
-    assert list(table["P_accept"])[0] == "0.0%"  # the derived one was rejected
+    assert table["P_accept"].iloc[0] == "0.0%"  # the derived one was rejected
