@@ -15,10 +15,17 @@ side, then the target side and the workflow.
    CPU seconds (utime + stime of the process) over the whole run, per 1,000 spans received,
    both ways, and the difference: what derivation costs.
 
+`--source adk`: the same in the shape Google ADK's own tracing exports (scope
+`gcp.vertex.agent`: an `invoke_workflow` span, the source's `invoke_agent` with its
+`generate_content` and `execute_tool transfer_to_agent` (message content capture off: the
+target not named), the target's `invoke_agent` with its `generate_content`; status Unset; 6
+spans per handoff), derived by the ADK rule.
+
 Last line: `RESULT delay_p50_s=.. delay_p95_s=.. cpu_ms_per_1k_spans_derive=..
 cpu_ms_per_1k_spans_base=.. derive_cpu_ms_per_1k_spans=..`
 
     .venv/bin/python bench/derive.py --handoffs 100 --rate 20 --cpu-handoffs 2000
+    .venv/bin/python bench/derive.py --source adk
 """
 
 from __future__ import annotations
@@ -44,12 +51,18 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from serve.testing import ServeHandle, start_serve, wait_until
 
-SCOPE = "openinference.instrumentation.openai_agents"
-RULE = "openinference.openai_agents.handoff"
+#: source -> (instrumentation scope, rule that derives it)
+SOURCES = {
+    "openinference": ("openinference.instrumentation.openai_agents",
+                      "openinference.openai_agents.handoff"),
+    "adk": ("gcp.vertex.agent", "adk.transfer_to_agent.handoff"),
+}  # fmt: skip
 MS = 1_000_000
 
 
-def _span(tid: bytes, sid: int, parent: int, name: str, start: int, end: int, **attrs) -> Span:
+def _span(
+    tid: bytes, sid: int, parent: int, name: str, start: int, end: int, ok: bool = True, **attrs
+) -> Span:
     return Span(
         trace_id=tid,
         span_id=sid.to_bytes(8, "big"),
@@ -57,7 +70,7 @@ def _span(tid: bytes, sid: int, parent: int, name: str, start: int, end: int, **
         name=name,
         start_time_unix_nano=start,
         end_time_unix_nano=end,
-        status=Status(code=Status.STATUS_CODE_OK),
+        status=Status(code=Status.STATUS_CODE_OK if ok else Status.STATUS_CODE_UNSET),
         attributes=[
             KeyValue(key=k.replace("__", "."), value=AnyValue(string_value=v))
             for k, v in attrs.items()
@@ -65,8 +78,10 @@ def _span(tid: bytes, sid: int, parent: int, name: str, start: int, end: int, **
     )
 
 
-def handoff_requests(rng: random.Random, t0: int) -> tuple[bytes, bytes]:
-    """(source side, target side + workflow) of one handoff, OTLP/protobuf."""
+def handoff_requests(rng: random.Random, t0: int, source: str) -> tuple[bytes, bytes, str]:
+    """(source side, target side + workflow, handoff id) of one handoff, OTLP/protobuf."""
+    if source == "adk":
+        return adk_requests(rng, t0)
     tid = rng.randbytes(16)
     ids = iter(range(rng.getrandbits(40) << 8, (1 << 63)))
     root, wf, a, turn, gen, h, b, turn2, gen2 = (next(ids) for _ in range(9))
@@ -87,17 +102,45 @@ def handoff_requests(rng: random.Random, t0: int) -> tuple[bytes, bytes]:
         _span(tid, wf, root, "Agent workflow", t0, t0 + 21 * MS, **{kind: "CHAIN"}),
         _span(tid, root, 0, "Agent workflow", t0, t0 + 21 * MS, **{kind: "AGENT"}),
     ]  # fmt: skip
-    return _request(src), _request(dst)
+    scope = SOURCES["openinference"][0]
+    return _request(src, scope), _request(dst, scope), f"{tid.hex()}/{h:016x}"
 
 
-def _request(spans: list[Span]) -> bytes:
+def adk_requests(rng: random.Random, t0: int) -> tuple[bytes, bytes, str]:
+    """One ADK transfer, as ADK's tracer records it (module doc)."""
+    tid = rng.randbytes(16)
+    ids = iter(range(rng.getrandbits(40) << 8, (1 << 63)))
+    wf, a, gen, tool, b, gen2 = (next(ids) for _ in range(6))
+    op = "gen_ai__operation__name"
+    src = [
+        _span(tid, a, wf, "invoke_agent triage", t0 + 1 * MS, t0 + 10 * MS, False,
+              **{op: "invoke_agent"}, gen_ai__agent__name="triage"),
+        _span(tid, gen, a, "generate_content triage", t0 + 2 * MS, t0 + 8 * MS, False,
+              **{op: "generate_content"}, gen_ai__agent__name="triage"),
+        _span(tid, tool, a, "execute_tool transfer_to_agent", t0 + 8 * MS, t0 + 9 * MS, False,
+              **{op: "execute_tool"}, gen_ai__tool__name="transfer_to_agent",
+              gen_ai__agent__name="triage"),
+    ]  # fmt: skip
+    dst = [
+        _span(tid, b, wf, "invoke_agent coder", t0 + 11 * MS, t0 + 20 * MS, False,
+              **{op: "invoke_agent"}, gen_ai__agent__name="coder"),
+        _span(tid, gen2, b, "generate_content coder", t0 + 12 * MS, t0 + 18 * MS, False,
+              **{op: "generate_content"}, gen_ai__agent__name="coder"),
+        _span(tid, wf, 0, "invoke_workflow triage", t0, t0 + 21 * MS, False,
+              **{op: "invoke_workflow"}, gen_ai__workflow__name="triage"),
+    ]  # fmt: skip
+    scope = SOURCES["adk"][0]
+    return _request(src, scope), _request(dst, scope), f"{tid.hex()}/{tool:016x}"
+
+
+def _request(spans: list[Span], scope: str) -> bytes:
     req = ExportTraceServiceRequest()
     rs = req.resource_spans.add()
     rs.resource.attributes.append(
         KeyValue(key="service.name", value=AnyValue(string_value="agents-app"))
     )
     ss = rs.scope_spans.add()
-    ss.scope.name = SCOPE
+    ss.scope.name = scope
     ss.spans.extend(spans)
     return req.SerializeToString()
 
@@ -112,12 +155,12 @@ def post(serve: ServeHandle, body: bytes) -> None:
         r.read()
 
 
-def derived_commits(serve: ServeHandle) -> set[str]:
+def derived_commits(serve: ServeHandle, rule: str) -> set[str]:
     with serve.client() as c:
         rows = c.query(
             f"SELECT DISTINCT handoff_id FROM {serve.database}.handoff_transitions "
             "WHERE event = 'commit' AND attributes['handoff.derived_by'] = {r:String}",
-            parameters={"r": RULE},
+            parameters={"r": rule},
         ).result_rows
     return {r[0] for r in rows}
 
@@ -132,7 +175,7 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
 
 
-def measure_delay(n: int, rate: float, rng: random.Random) -> list[float]:
+def measure_delay(n: int, rate: float, rng: random.Random, source: str) -> list[float]:
     with tempfile.TemporaryDirectory() as tmp:
         serve = start_serve(tmp, grpc_port=0)
         try:
@@ -143,7 +186,7 @@ def measure_delay(n: int, rate: float, rng: random.Random) -> list[float]:
             def poll() -> None:
                 while not stop.is_set():
                     now = time.monotonic()
-                    for hid in derived_commits(serve) - seen.keys():
+                    for hid in derived_commits(serve, SOURCES[source][1]) - seen.keys():
                         seen[hid] = now
                     stop.wait(0.05)
 
@@ -151,14 +194,10 @@ def measure_delay(n: int, rate: float, rng: random.Random) -> list[float]:
             poller.start()
             t0 = time.time_ns()
             for i in range(n):
-                first, second = handoff_requests(rng, t0 + i * 100 * MS)
+                first, second, hid = handoff_requests(rng, t0 + i * 100 * MS, source)
                 post(serve, first)
                 post(serve, second)
-                tid = ExportTraceServiceRequest.FromString(second).resource_spans[0]
-                span0 = tid.scope_spans[0].spans[0]
-                handoff_span = ExportTraceServiceRequest.FromString(first)
-                h = handoff_span.resource_spans[0].scope_spans[0].spans[3]
-                sent[f"{span0.trace_id.hex()}/{h.span_id.hex()}"] = time.monotonic()
+                sent[hid] = time.monotonic()
                 time.sleep(1 / rate)
             wait_until(lambda: len(seen) >= n, 120, f"{n} derived commits", every=0.1)
             stop.set()
@@ -168,7 +207,7 @@ def measure_delay(n: int, rate: float, rng: random.Random) -> list[float]:
             serve.stop()
 
 
-def measure_cpu(n: int, derive: bool, rng: random.Random) -> tuple[float, int]:
+def measure_cpu(n: int, derive: bool, rng: random.Random, source: str) -> tuple[float, int]:
     """(serve CPU seconds from start to all stored/derived, spans sent)."""
     with tempfile.TemporaryDirectory() as tmp:
         args = () if derive else ("--no-derive",)
@@ -176,9 +215,9 @@ def measure_cpu(n: int, derive: bool, rng: random.Random) -> tuple[float, int]:
         try:
             before = cpu_s(serve.process.pid)
             t0 = time.time_ns()
-            pairs = [handoff_requests(rng, t0 + i * 30 * MS) for i in range(n)]
+            pairs = [handoff_requests(rng, t0 + i * 30 * MS, source)[:2] for i in range(n)]
             spans = 0
-            for i in range(0, n, 50):  # 50 handoffs, 500 spans per request
+            for i in range(0, n, 50):  # 50 handoffs per request
                 batch = pairs[i : i + 50]
                 req = ExportTraceServiceRequest()
                 for first, second in batch:
@@ -188,7 +227,9 @@ def measure_cpu(n: int, derive: bool, rng: random.Random) -> tuple[float, int]:
                 post(serve, req.SerializeToString())
             serve.wait_stored()
             if derive:
-                wait_until(lambda: len(derived_commits(serve)) >= n, 300, "every commit", every=0.5)
+                rule = SOURCES[source][1]
+                wait_until(lambda: len(derived_commits(serve, rule)) >= n, 300, "every commit",
+                           every=0.5)  # fmt: skip
                 serve.wait_stored()
             return cpu_s(serve.process.pid) - before, spans
         finally:
@@ -201,18 +242,22 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=20.0, help="handoffs per second (20)")
     ap.add_argument("--cpu-handoffs", type=int, default=2000, help="handoffs for the CPU (2000)")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--source", choices=sorted(SOURCES), default="openinference",
+                    help="span shape: openinference (OpenAI Agents SDK) or adk (Google ADK)")  # fmt: skip
     a = ap.parse_args()
     rng = random.Random(a.seed)
-    delays = measure_delay(a.handoffs, a.rate, rng)
+    if min(a.handoffs, a.cpu_handoffs) < 1 or a.rate <= 0:
+        ap.error("--handoffs and --cpu-handoffs must be >= 1, --rate > 0")
+    delays = measure_delay(a.handoffs, a.rate, rng, a.source)
     p50, p95 = statistics.median(delays), pct(delays, 0.95)
     print(f"delay arrival -> derived commit in handoff_transitions, {len(delays)} handoffs: "
           f"p50 {p50:.2f} s, p95 {p95:.2f} s, max {max(delays):.2f} s")  # fmt: skip
-    base, spans = measure_cpu(a.cpu_handoffs, False, rng)
-    on, spans_on = measure_cpu(a.cpu_handoffs, True, rng)
+    base, spans = measure_cpu(a.cpu_handoffs, False, rng, a.source)
+    on, spans_on = measure_cpu(a.cpu_handoffs, True, rng, a.source)
     per_base, per_on = base / spans * 1e6, on / spans_on * 1e6  # ms per 1,000 spans
     print(f"serve CPU, {spans:,} spans: --no-derive {base:.2f} s ({per_base:.1f} ms/1k spans), "
           f"derive {on:.2f} s ({per_on:.1f} ms/1k spans)")  # fmt: skip
-    print(f"RESULT delay_p50_s={p50:.2f} delay_p95_s={p95:.2f} "
+    print(f"RESULT source={a.source} delay_p50_s={p50:.2f} delay_p95_s={p95:.2f} "
           f"cpu_ms_per_1k_spans_derive={per_on:.1f} cpu_ms_per_1k_spans_base={per_base:.1f} "
           f"derive_cpu_ms_per_1k_spans={per_on - per_base:.1f}")  # fmt: skip
     return 0
