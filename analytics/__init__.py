@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     )
     from analytics.report import weekly_report
     from analytics.spikes import rejection_spikes
+    from analytics.topology import queue_lag, task_fan_out, topology_cards, unknown_fields
 
 # Loaded on first use (PEP 562): `handoffs serve` imports analytics._cli to build its parser
 # and must not pay for pandas/numpy (about 100 MB RSS) that only the loaders need.
@@ -49,6 +50,10 @@ _LAZY: dict[str, str] = {
     "latencies": "analytics.metrics",
     "task_stats": "analytics.metrics",
     "weekly_report": "analytics.report",
+    "queue_lag": "analytics.topology",
+    "task_fan_out": "analytics.topology",
+    "topology_cards": "analytics.topology",
+    "unknown_fields": "analytics.topology",
     "rejection_spikes": "analytics.spikes",
 }
 
@@ -70,8 +75,12 @@ __all__ = [
     "funnel",
     "handoffs_behind",
     "latencies",
+    "queue_lag",
     "rejection_spikes",
+    "task_fan_out",
     "task_stats",
+    "topology_cards",
+    "unknown_fields",
     "verify_package",
     "weekly_report",
 ]

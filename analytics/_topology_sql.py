@@ -19,6 +19,7 @@ from typing import Final
 
 from analytics._common import Window, cohort_sql
 from collector import semconv
+from collector.contract import TRANSITIONS
 from foundation import settings
 
 __all__ = [
@@ -59,10 +60,15 @@ CARD_REJECT_CODES: Final = (
 EXEC_STATES: Final = ("running", "prepared", "committed", "verified")
 #: fan_out_all: an orchestrator's task fans out to at least this many distinct experts
 FAN_OUT_MIN_EXPERTS: Final = 3
-#: a counted transition into committed (legal and not flagged invalid)
+#: a counted transition into committed (legal under the contract, not flagged invalid)
 _INTO_COMMITTED: Final = (
-    "valid AND to_state = 'committed' AND ((event = 'commit' AND from_state IN "
-    "('running', 'prepared')) OR (event = 'resolve_committed' AND from_state = 'unknown'))"
+    "valid AND to_state = 'committed' AND ("
+    + " OR ".join(
+        f"(from_state = '{f}' AND event = '{e}')"
+        for (f, e), t in sorted(TRANSITIONS.items())
+        if t == "committed"
+    )
+    + ")"
 )
 _IS_CREATE: Final = "(valid AND event = 'create' AND from_state = '' AND to_state = 'created')"
 _RESULT_EVENTS: Final = ("prepare", "commit", "resolve_committed")
