@@ -39,7 +39,9 @@ __all__ = [
     "compatibility",
     "create_attributes",
     "filter_history",
+    "history_report",
     "is_replaying",
+    "is_sensitive",
     "queue_attributes",
     "replaying",
     "result_items",
@@ -240,7 +242,6 @@ def filter_history(
     if items is None:
         raise ValueError(f"history: expected a list of items, got {type(history).__name__}")
     det = detector if detector is not None else InputFilter()
-    sensitive = sum(1 for i in items if is_sensitive(i, det))
     if input_filter is None:
         kept, label = items, ""
     elif isinstance(input_filter, InputFilter):
@@ -258,15 +259,30 @@ def filter_history(
     if name is not None:
         _text("name", name)
         label = name
-    remaining = Counter(_key(k) for k in kept)
+    return FilteredHistory(kept, history_report(items, kept, label, detector=det))
+
+
+def history_report(
+    before: Sequence[Any],
+    after: Iterable[Any],
+    input_filter: str,
+    *,
+    detector: InputFilter | None = None,
+) -> HistoryReport:
+    """The report of a filter that turned history `before` into `after` (items compared by
+    value, as a multiset: an item changed counts as removed): `detector` (default: the
+    default InputFilter) finds the sensitive items of `before`."""
+    det = detector if detector is not None else InputFilter()
+    remaining = Counter(_key(k) for k in after)
     removed = 0
-    for i in items:
+    for i in before:
         k = _key(i)
         if remaining[k] > 0:
             remaining[k] -= 1
         else:
             removed += 1
-    return FilteredHistory(kept, HistoryReport(len(items), sensitive, removed, label))
+    sensitive = sum(1 for i in before if is_sensitive(i, det))
+    return HistoryReport(len(before), sensitive, removed, input_filter)
 
 
 # -- federated A2A ------------------------------------------------------------------------

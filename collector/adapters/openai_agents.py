@@ -13,6 +13,7 @@ on the TracerProvider you pass (keyword-only; never the global one):
 | handoff span error "Multiple handoffs requested" | the chosen handoff as above; each ignored one: `create` + `reject` (error_code `multiple_handoffs`) |
 | handoff span ends without a target agent | `create` + `reject` (error_code `handoff_target_unresolved`), to_agent `unknown` |
 | the SDK trace ends before the target agent ran/finished | `fail` (error_code `run_ended_before_target_finished`) |
+| an agent span starts under a function span (an `Agent.as_tool()` call) | an `agent_as_tool` handoff, mode `delegate`, id = the function span's: `create` (the calling agent, at the call's start), `accept` + `start` (the expert); then as a target above |
 
 Identity: task_id = the SDK trace id (one Runner run), handoff_id = the SDK handoff span id
 (`<id>:<n>` for the n-th ignored handoff). Chained handoffs: a handoff B made by the agent
@@ -30,12 +31,20 @@ agent's model turns and tool calls that ended without error (SDK spans of type
 turn/response/generation/function under its agent span); `handoff.evidence.count` = their
 number, `.valid` = count >= 1, `handoff.evidence_refs` = `openai-agents:<span id>` (first 32).
 
+Input filters: the SDK's trace does not show them. Wrap one with
+`processor.observe_input_filter(fn, name=None)` and its handoff's `create` carries
+`handoff.input_filter` (its name), `handoff.history.items`, `.sensitive_items` (items the
+processor's InputFilter would redact) and `.removed_items` (items it dropped or changed). An
+unwrapped filter leaves these absent (unknown), never "none ran".
+
 The processor never raises into the SDK: a failure is logged and counted in `errors`.
 Memory: per SDK trace in flight, one record (span parents + handoffs), freed at trace end.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import re
 import threading
@@ -44,9 +53,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final
 
-from agents.tracing import TracingProcessor
+from agents.handoffs import HandoffInputData
+from agents.tracing import TracingProcessor, get_current_span
 from opentelemetry import trace as otel_trace
 
+from collector._topology import HistoryReport, history_report
 from collector.envelope import MODES, Envelope
 from collector.tracer import HandoffTracer
 
@@ -71,6 +82,19 @@ _INSTRUMENTATION: Final = "collector.adapters.openai_agents"
 def _slug(message: str | None) -> str:
     s = re.sub(r"[^a-z0-9]+", "_", (message or "error").lower()).strip("_")
     return s[:64] or "error"
+
+
+def history_items(data: HandoffInputData) -> list[Any]:
+    """The history a handoff hands over, as plain items: the input history (a string counts
+    as one item), the items before the handoff and the new ones (`input_items` instead, when
+    a filter set what the next agent's model sees)."""
+    history = data.input_history
+    items: list[Any] = [history] if isinstance(history, str) else list(history)
+    new = data.input_items if data.input_items is not None else data.new_items
+    for item in (*data.pre_handoff_items, *new):
+        to_input = getattr(item, "to_input_item", None)
+        items.append(to_input() if callable(to_input) else repr(item))
+    return items
 
 
 def _span_type(span: Span[Any]) -> str:
@@ -99,6 +123,10 @@ class _Run:
     task_id: str
     root: Any = None  # the OTel span parenting the run's `create`s
     parents: dict[str, str | None] = field(default_factory=dict)
+    #: span id -> (type, agent or tool name, start time) of the run's agent and function spans
+    spans: dict[str, tuple[str, str, str | None]] = field(default_factory=dict)
+    #: history reports of observed input filters, by the SDK handoff span they ran in
+    filtered: dict[str, HistoryReport] = field(default_factory=dict)
     pending: list[_Target] = field(default_factory=list)  # target agent span not started yet
     running: dict[str, _Target] = field(default_factory=dict)  # by target agent span id
     last_to: dict[str, str] = field(default_factory=dict)  # agent -> last handoff id to it
@@ -166,6 +194,44 @@ class HandoffTracingProcessor(TracingProcessor):
         if flush is not None:
             flush()
 
+    def observe_input_filter(
+        self, input_filter: Callable[[HandoffInputData], Any], *, name: str | None = None
+    ) -> Callable[[HandoffInputData], Any]:
+        """`input_filter` (a HandoffInputFilter, sync or async) wrapped so that the handoff it
+        runs in records what it did on its `create`: `handoff.input_filter` = `name` (default:
+        its qualified name), the history's items, the sensitive ones among them (the
+        processor's input filter would redact them) and how many the filter removed or
+        changed. Pass the result as `handoff(agent, input_filter=...)` or
+        `RunConfig(handoff_input_filter=...)`. ValueError on a non-callable or empty name."""
+        if not callable(input_filter):
+            raise ValueError(f"input_filter: expected a callable, got {input_filter!r}")
+        if name is not None and (not isinstance(name, str) or not name):
+            raise ValueError(f"name: expected a non-empty str, got {name!r}")
+        label = str(name or getattr(input_filter, "__qualname__", type(input_filter).__name__))
+        detector = self._filter
+
+        def record(before: HandoffInputData, after: Any) -> Any:
+            span = get_current_span()
+            if span is not None and isinstance(after, HandoffInputData):
+                with self._lock:
+                    self._run(span.trace_id).filtered[span.span_id] = history_report(
+                        history_items(before), history_items(after), label, detector=detector
+                    )
+            return after
+
+        @functools.wraps(input_filter)
+        def observed(data: HandoffInputData) -> Any:
+            out = input_filter(data)
+            if inspect.isawaitable(out):
+
+                async def later() -> Any:
+                    return record(data, await out)
+
+                return later()
+            return record(data, out)
+
+        return observed
+
     # -- internals --------------------------------------------------------------------------
 
     def _guard(self, fn: Callable[[Any], None], arg: Any) -> None:
@@ -217,7 +283,15 @@ class HandoffTracingProcessor(TracingProcessor):
     def _span_start(self, span: Span[Any]) -> None:
         run = self._run(span.trace_id)
         run.parents[span.span_id] = span.parent_id
-        if _span_type(span) != "agent" or not run.pending:
+        kind = _span_type(span)
+        if kind in ("agent", "function"):
+            label = str(getattr(span.span_data, "name", "") or "unknown")
+            run.spans[span.span_id] = (kind, label, span.started_at)
+        if kind != "agent":
+            return
+        if self._tool_call_start(run, span):
+            return
+        if not run.pending:
             return
         name = getattr(span.span_data, "name", None)
         for i, target in enumerate(run.pending):
@@ -241,6 +315,37 @@ class HandoffTracingProcessor(TracingProcessor):
                 elif span.error is None and (kind in _EVIDENCE_TYPES or kind == "turn"):
                     target.evidence.append(f"openai-agents:{span.span_id}")
 
+    def _tool_call_start(self, run: _Run, span: Span[Any]) -> bool:
+        """An agent span whose nearest function-or-agent ancestor is a function span is an
+        `Agent.as_tool()` run: record the tool call as an agent_as_tool handoff from the
+        calling agent (created at the tool call's start, accepted as the expert starts)."""
+        call: str | None = None
+        sid = span.parent_id
+        for _ in range(256):
+            if sid is None:
+                return False
+            found = run.spans.get(sid)
+            if found is not None:
+                if found[0] == "agent":
+                    if call is None:
+                        return False
+                    break
+                call = call or sid
+            sid = run.parents.get(sid)
+        if call is None:
+            return False
+        caller = run.spans[sid][1] if sid is not None and sid in run.spans else "unknown"
+        expert = str(getattr(span.span_data, "name", "") or "unknown")
+        h = self._create(
+            run, call, caller, expert, self._at(run.spans[call][2]), None, "agent_as_tool"
+        )
+        recv = self._tracer(expert).receive(h.to_wire())
+        at = self._at(span.started_at)
+        recv.accept(at)
+        recv.start(at)
+        run.running[span.span_id] = _Target(recv, expert, span.span_id)
+        return True
+
     def _enclosing_target(self, run: _Run, span: Span[Any]) -> _Target | None:
         sid: str | None = span.parent_id
         for _ in range(256):  # bounded walk up the SDK span tree
@@ -253,38 +358,47 @@ class HandoffTracingProcessor(TracingProcessor):
         return None
 
     def _create(
-        self, run: _Run, handoff_id: str, src: str, dst: str, at: Any, cause: str | None
+        self,
+        run: _Run,
+        handoff_id: str,
+        src: str,
+        dst: str,
+        at: Any,
+        cause: str | None,
+        topology: str = "in_process",
+        history: HistoryReport | None = None,
     ) -> Handoff:
         env = Envelope(
             task_id=run.task_id,
             handoff_id=handoff_id,
             from_agent=src,
             to_agent=dst,
-            mode=self._mode,
-            topology="in_process",
+            mode=self._mode if topology == "in_process" else "delegate",
+            topology=topology,
             deadline_ms=self._deadline_ms,
             causation_id=cause,
         )
         tracer = self._tracer(src)
         if run.root is None:
-            return tracer.create(env, at=at)
+            return tracer.create(env, at=at, history=history)
         with otel_trace.use_span(run.root, end_on_exit=False):
-            return tracer.create(env, at=at)
+            return tracer.create(env, at=at, history=history)
 
     def _handoff_end(self, run: _Run, span: Span[Any]) -> None:
         data = span.span_data
         src = getattr(data, "from_agent", None) or "unknown"
         dst = getattr(data, "to_agent", None)
         started, ended = self._at(span.started_at), self._at(span.ended_at)
+        history = run.filtered.pop(span.span_id, None)
         # A handoff made by the target of an earlier one (its span inside that target's
         # agent span, or else from the agent that handoff went to) hands that one's result on.
         enclosing = self._enclosing_target(run, span)
         cause = enclosing.handoff.handoff_id if enclosing is not None else run.last_to.get(src)
         if not dst:
-            h = self._create(run, span.span_id, src, "unknown", started, cause)
+            h = self._create(run, span.span_id, src, "unknown", started, cause, history=history)
             h.reject(ended, error_code="handoff_target_unresolved")
             return
-        h = self._create(run, span.span_id, src, dst, started, cause)
+        h = self._create(run, span.span_id, src, dst, started, cause, history=history)
         run.last_to[dst] = span.span_id
         recv = self._tracer(dst).receive(h.to_wire())
         recv.accept(ended)

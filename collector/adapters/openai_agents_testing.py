@@ -3,12 +3,14 @@
 The test double shipped beside the adapter (as OTel ships InMemorySpanExporter): each call
 to `get_response` consumes the next step of the script.
 
-A step is a list of items, each either a string (an assistant text message) or
+A step is a list of items, each either a string (an assistant text message),
 `"handoff:<agent name>"` (a function call of that agent's handoff tool, resolved from the
-handoffs the SDK passes in), or an Exception instance (raised by the call: a failing model).
+handoffs the SDK passes in) or `"tool:<tool name>:<arguments JSON>"` (a call of one of the
+agent's tools, e.g. an `Agent.as_tool()`: `'tool:coder:{"input": "fix it"}'`; arguments
+default to `{}`), or an Exception instance (raised by the call: a failing model).
 Limits: no streaming (`stream_response` raises NotImplementedError); a script that runs out
-raises RuntimeError naming the model; an unknown handoff target raises ValueError listing
-the handoffs the agent has.
+raises RuntimeError naming the model; an unknown handoff target or tool raises ValueError
+listing the handoffs or tools the agent has.
 """
 
 from __future__ import annotations
@@ -83,6 +85,25 @@ class ScriptedModel(Model):
                         call_id=f"call_{n}",
                         name=match[0].tool_name,
                         arguments="{}",
+                        type="function_call",
+                        status="completed",
+                    )
+                )
+            elif item.startswith("tool:"):
+                parts = item.split(":", 2)
+                tool = parts[1]
+                arguments = parts[2] if len(parts) > 2 else "{}"
+                names = [getattr(t, "name", None) for t in tools]
+                if tool not in names:
+                    raise ValueError(f"ScriptedModel {self.name!r}: no tool {tool!r}; "
+                                     f"the agent has {names}")  # fmt: skip
+                n = next(_ids)
+                out.append(
+                    ResponseFunctionToolCall(
+                        id=f"fc_{n}",
+                        call_id=f"call_{n}",
+                        name=tool,
+                        arguments=arguments,
                         type="function_call",
                         status="completed",
                     )
