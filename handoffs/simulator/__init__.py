@@ -7,7 +7,14 @@ TracerProvider per tenant with that tenant's bearer token; it never writes to th
 """
 
 from handoffs.simulator._arrivals import backfill_starts, live_starts
-from handoffs.simulator._catalog import AGENTS, MEAN_INTENTS, TOPOLOGIES, WORKFLOWS
+from handoffs.simulator._catalog import (
+    AGENTS,
+    LEFT_BEHIND,
+    MEAN_INTENTS,
+    TOPOLOGIES,
+    TOPOLOGY_FAULTS,
+    WORKFLOWS,
+)
 from handoffs.simulator._emit import EmitStats, Emitter, otlp_exporter_factory
 from handoffs.simulator._model import (
     AUDIT_KINDS,
@@ -32,9 +39,11 @@ __all__ = [
     "CHAINED_KINDS",
     "CLI_AUDIT_RATE",
     "FAULTS",
+    "LEFT_BEHIND",
     "LIVE_SEQ_BASE",
     "MEAN_INTENTS",
     "TOPOLOGIES",
+    "TOPOLOGY_FAULTS",
     "WORKFLOWS",
     "EmitStats",
     "Emitter",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from collector import semconv as sc
 from collector.contract import TERMINAL
@@ -22,8 +22,28 @@ from handoffs.simulator._builder import (
     S,
     iso_s,
 )
-from handoffs.simulator._catalog import ACCEPT_MS, AGENTS, DEADLINE_MS, SPECIALISTS, Hop
+from handoffs.simulator._catalog import (
+    ACCEPT_MS,
+    AGENTS,
+    DEADLINE_MS,
+    SPECIALISTS,
+    TOPOLOGY_FAULTS,
+    Hop,
+)
 from handoffs.simulator._model import AUDIT_KINDS, CHAINED_KINDS, ScenarioConfig, Step
+
+#: Faults that shape an attempt's topology attributes (Builder traits).
+_TRAITS: Final = frozenset(
+    {
+        "unfiltered_sensitive_history",
+        "partial_result",
+        "partial_result_committed",
+        "consumer_lag",
+        "stale_agent_card",
+    }
+)
+#: Faults drawn only in their own topology.
+_OWNED: Final = frozenset(f for faults in TOPOLOGY_FAULTS.values() for f in faults)
 
 __all__ = ["Result", "Shape", "attempt", "draw_audit", "draw_outcome", "impostor", "shape_for"]
 
@@ -77,6 +97,7 @@ def attempt(
         causation=causation,
         retry_of=retry_of,
         grant=shape.grant,
+        traits=frozenset(labels & _TRAITS),
     )
     snd, rcv = hop.from_agent, shape.receiver or hop.to_agent
     deadline_ns = DEADLINE_MS[b.topology] * MS
@@ -85,10 +106,10 @@ def attempt(
     commit_step: int | None = None
     commit_ns: int | None = None
     verified = False
-    if outcome in ("reject", "skill_removed"):
+    if outcome in ("reject", "skill_removed", "stale_agent_card"):
         code = (
             "unknown_capability"
-            if outcome == "skill_removed"
+            if outcome in ("skill_removed", "stale_agent_card")
             else b.rng.choice(("busy", "permission_denied", "budget_exceeded", "policy"))
         )
         t = b.step(hid, "reject", t + b.ms(ACCEPT_MS[b.topology]), rcv, error_code=code)
@@ -97,7 +118,7 @@ def attempt(
     else:
         # the receiver names its tenant on the accept (a claim: the credential decides)
         claim = {"extra": {sc.TENANT: shape.accept_claim or b.tenant}}
-        t = b.step(hid, "accept", t + b.ms(ACCEPT_MS[b.topology]), rcv, **claim)
+        t = b.step(hid, "accept", b.accept_at(hid, t), rcv, **claim)
         t = b.step(hid, "start", t + b.ms(30), rcv)
         if outcome == "cancel":
             t = b.step(hid, "cancel", t + run_ns // 3, snd, error_code="superseded")
@@ -179,37 +200,59 @@ def attempt(
 
 
 def draw_outcome(b: Builder, hop: Hop, at: int) -> tuple[str, frozenset[str]]:
+    """An intent's exclusive outcome and its overlay faults; a topology's own faults only in
+    that topology (TOPOLOGY_FAULTS)."""
     r, rng = b.cfg.rates, b.rng
+    own = TOPOLOGY_FAULTS[b.topology]
     u = rng.random()
     outcome = "success"
     acc = 0.0
     for name in ("reject", "expire", "cancel", "fail", "timeout", "partial_result", "commit_fail"):
+        if name == "partial_result" and name not in own:
+            continue
         acc += getattr(r, name)
         if u < acc:
             outcome = name
             break
+    drawn = (
+        "bounce",
+        "duplicate_delivery",
+        "stale_state_version",
+        "stale_fence",
+        "idempotency_conflict",
+        "after_terminal",
+        "unfiltered_sensitive_history",
+        "partial_result_committed",
+        "consumer_lag",
+        "stale_agent_card",
+    )
     overlays = {
         name
-        for name in (
-            "bounce",
-            "duplicate_delivery",
-            "stale_state_version",
-            "stale_fence",
-            "idempotency_conflict",
-            "after_terminal",
-        )
-        if rng.random() < getattr(r, name)
+        for name in drawn
+        if (name not in _OWNED or name in own)
+        and (name != "unfiltered_sensitive_history" or hop.mode == "transfer")
+        and rng.random() < getattr(r, name)
     }
-    if overlays & {"stale_state_version", "stale_fence"} and outcome != "partial_result":
-        outcome = "success"  # a stale commit needs a commit
+    if overlays & {"stale_state_version", "stale_fence", "partial_result_committed"}:
+        if outcome != "partial_result":
+            outcome = "success"  # a stale or partial commit needs a commit
+        if outcome == "partial_result":
+            overlays.discard("partial_result_committed")  # a partial result is one or other
+    if "consumer_lag" in overlays and outcome in ("reject", "expire"):
+        outcome = "success"  # a lagging consumer takes the message, late
+    if "stale_agent_card" in overlays:
+        overlays.discard("stale_agent_card")
+        outcome = "stale_agent_card"  # the card's skill is gone: rejected
+        overlays -= {"stale_state_version", "stale_fence", "duplicate_delivery"}
     outage = b.cfg.outage
     if (
-        outage
+        outcome != "stale_agent_card"
+        and outage
         and outage.covers(hop.to_agent, hop.capabilities, at)
         and rng.random() < outage.reject_rate
     ):
         outcome = "skill_removed"
-        overlays -= {"stale_state_version", "stale_fence"}
+        overlays -= {"stale_state_version", "stale_fence", "partial_result_committed"}
     return outcome, frozenset(overlays)
 
 

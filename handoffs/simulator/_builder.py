@@ -15,10 +15,20 @@ from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import Any, Final
 
+from collector import ResultItems
 from collector.contract import next_state
 from collector.envelope import EvidenceRef
-from handoffs.simulator._catalog import AGENTS, DEADLINE_MS, Hop
+from handoffs.simulator._catalog import ACCEPT_MS, AGENTS, DEADLINE_MS, Hop
 from handoffs.simulator._model import PlannedHandoff, ScenarioConfig, Step
+from handoffs.simulator._topology import (
+    card_ref,
+    consumer_window,
+    history_report,
+    lag_ns,
+    queue_position,
+    result_items,
+    v2_fields,
+)
 
 __all__ = [
     "CONSUME_LATE_NS",
@@ -53,6 +63,7 @@ VERIFY_P_LAST: Final = 0.3
 RETRY_AFTER_FAIL_P: Final = 0.5
 
 
+_RESULT_EVENTS: Final = frozenset({"prepare", "commit", "resolve_committed"})
 _CLAIMS: Final = {
     "doc": "source read",
     "test": "tests pass",
@@ -87,6 +98,12 @@ class Builder:
         self.n_attempts = 0
         self.subject = f"user:{tenant}-{rng.randint(1000, 9999)}"  # on whose behalf the task runs
         self.envelopes: dict[str, dict[str, Any]] = {}
+        # per handoff: the faults shaping its topology attributes, its create attributes,
+        # its result items (agent-as-tool) and whether it is a replayed copy
+        self.traits: dict[str, frozenset[str]] = {}
+        self.on_create: dict[str, dict[str, Any]] = {}
+        self.items: dict[str, ResultItems] = {}
+        self.replayed: set[str] = set()
 
     def ms(self, median_ms: float) -> int:
         """A latency in ns drawn around median_ms, scaled by config.latency_scale; >= 1 ms."""
@@ -120,10 +137,13 @@ class Builder:
         causation: str | None = None,
         grant: Mapping[str, Any] | None = None,
         retry_of: str | None = None,
+        traits: frozenset[str] = frozenset(),
     ) -> str:
         """Plan a `create`; `retry_of` names an earlier attempt whose envelope (key, payload,
         causation, grant) this one repeats with the next attempt number, as the shim's
-        `retry()` builds it."""
+        `retry()` builds it (the shim's retry carries no history or card). `traits`: the
+        topology faults of this attempt (its history, Agent Card, queue position and result
+        items follow them)."""
         self.n_attempts += 1
         hid = f"{self.task_id}-h{self.n_attempts}-{self.rng.getrandbits(32):08x}"
         if retry_of is not None:
@@ -160,16 +180,101 @@ class Builder:
                 "attempt": 1,
                 "grant": grant if grant is not None else self.grant(hop, at),
             }
-        self.envelopes[hid] = env
-        self.handoffs.append(PlannedHandoff(self.tenant, MappingProxyType(env), at, faults))
-        self.steps.append(Step(hid, "create", at, hop.from_agent))
-        self.state[hid] = "created"
+        if retry_of is not None:
+            self.traits[hid] = self.traits[retry_of]
+            wire = dict(self.on_create[retry_of])
+        else:
+            self.traits[hid] = traits
+            wire = self._create_attributes(hop, at, traits, env)
+        self._add(hid, env, at, faults, hop.from_agent, wire)
         return hid
+
+    def _create_attributes(
+        self, hop: Hop, at: int, traits: frozenset[str], env: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The message kind and schema version (in `env`, with a version-2 sender's new
+        fields) and the create's topology keywords: an in-process transfer's history report,
+        a federated sender's Agent Card."""
+        version = 2 if self.rng.random() < self.cfg.rates.schema_rollout else 1
+        env["message_kind"], env["schema_version"] = hop.kind, version
+        if version == 2:
+            env["extra"] = v2_fields(self.rng)
+        kw: dict[str, Any] = {}
+        if self.topology == "in_process" and hop.mode == "transfer":
+            unfiltered = "unfiltered_sensitive_history" in traits
+            kw["history"] = history_report(self.rng, unfiltered=unfiltered)
+        elif self.topology == "federated_a2a":
+            stale = "stale_agent_card" in traits
+            kw["agent_card"] = card_ref(self.rng, self.tenant, hop.to_agent, at, stale=stale)
+        return kw
+
+    def _add(
+        self,
+        hid: str,
+        env: dict[str, Any],
+        at: int,
+        faults: frozenset[str],
+        actor: str,
+        wire: dict[str, Any],
+    ) -> None:
+        self.envelopes[hid] = env
+        self.on_create[hid] = wire
+        self.handoffs.append(PlannedHandoff(self.tenant, MappingProxyType(env), at, faults))
+        self.steps.append(
+            Step(hid, "create", at, actor, MappingProxyType(wire), replay=hid in self.replayed)
+        )
+        self.state[hid] = "created"
+
+    def replay(self, hid: str, at: int) -> str:
+        """A consumer replaying the stream from an older offset takes `hid`'s message again:
+        a copy (new handoff id, the consumer's own dedup key) whose every transition carries
+        `handoff.replay`."""
+        self.n_attempts += 1
+        new = f"{self.task_id}-h{self.n_attempts}-{self.rng.getrandbits(32):08x}"
+        env = dict(self.envelopes[hid], handoff_id=new, attempt=1)
+        env["idempotency_key"] = f"{self.task_id}:replay:{self.n_attempts}"
+        env.pop("retry_of", None)
+        self.traits[new] = frozenset()
+        self.replayed.add(new)
+        self._add(new, env, at, frozenset(), str(env["from_agent"]), dict(self.on_create[hid]))
+        return new
+
+    def created_at(self, hid: str) -> int:
+        return next(s.at_ns for s in self.steps if s.handoff_id == hid and s.event == "create")
+
+    def accept_at(self, hid: str, t: int) -> int:
+        """When the receiver takes `hid` (sent at t): a lagging queue consumer minutes late."""
+        if "consumer_lag" in self.traits[hid]:
+            return t + lag_ns(self.rng)
+        return t + self.ms(ACCEPT_MS[self.topology])
 
     def step(self, hid: str, event: str, at: int, actor: str, **attrs: Any) -> int:
         self.state[hid] = next_state(self.state[hid], event).value  # raises if the plan is illegal
-        self.steps.append(Step(hid, event, at, actor, MappingProxyType(attrs)))
+        attrs.update(self._topology_keywords(hid, event, actor))
+        self.steps.append(
+            Step(hid, event, at, actor, MappingProxyType(attrs), replay=hid in self.replayed)
+        )
         return at
+
+    def _topology_keywords(self, hid: str, event: str, actor: str) -> dict[str, Any]:
+        """The topology keywords of a transition: the consumer's compatibility window on
+        accept / reject, its queue position on a shared-queue accept, the result items on
+        an agent-as-tool result."""
+        env = self.envelopes[hid]
+        kw: dict[str, Any] = {}
+        if event in ("accept", "reject"):
+            kw.update(consumer_window(actor, env["schema_version"], env.get("extra", {})))
+        if event == "accept" and self.topology == "shared_queue":
+            lagging = "consumer_lag" in self.traits[hid]
+            queue = f"{self.tenant}.{env['to_agent']}.inbox"
+            created = self.created_at(hid)
+            kw["queue"] = queue_position(self.rng, queue, created, lagging=lagging)
+        if event in _RESULT_EVENTS and self.topology == "agent_as_tool":
+            if hid not in self.items:
+                partial = bool(self.traits[hid] & {"partial_result", "partial_result_committed"})
+                self.items[hid] = result_items(self.rng, partial=partial)
+            kw["result_items"] = self.items[hid]
+        return kw
 
     def evidence(self, hid: str, valid: bool, at: int) -> dict[str, Any]:
         """Evidence keyword attributes of a result at `at`: refs with their claim and the

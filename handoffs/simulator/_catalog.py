@@ -14,9 +14,14 @@ __all__ = [
     "ACCEPT_MS",
     "AGENTS",
     "DEADLINE_MS",
+    "LEFT_BEHIND",
     "MEAN_INTENTS",
+    "RISKY_V2_FIELDS",
+    "SCHEMA_V2_FIELDS",
     "SPECIALISTS",
+    "SUPPORTED_VERSIONS",
     "TOPOLOGIES",
+    "TOPOLOGY_FAULTS",
     "TOPOLOGY_WEIGHTS",
     "WORKFLOWS",
     "WORKFLOW_WEIGHTS",
@@ -55,6 +60,28 @@ AGENTS: Final = MappingProxyType(
 )
 SPECIALISTS: Final = ("researcher", "coder", "reviewer", "support", "billing")
 
+#: Each topology's own injected faults (FAULTS labels): the failures that define it. They
+#: are drawn only on intents of that topology, at their rate per intent of the topology
+#: (fan_out_all: per task). Everything else is drawn the same way everywhere.
+TOPOLOGY_FAULTS: Final = MappingProxyType(
+    {
+        "in_process": ("bounce", "unfiltered_sensitive_history"),
+        "agent_as_tool": ("partial_result", "partial_result_committed", "fan_out_all"),
+        "shared_queue": ("duplicate_delivery", "consumer_lag", "command_replayed"),
+        "federated_a2a": ("after_terminal", "stale_agent_card"),
+    }
+)
+#: The schema-version rollout: a sender already on version 2 adds these envelope fields;
+#: every consumer reads versions 1 and 2 except LEFT_BEHIND, still on 1, which accepts a
+#: version-2 envelope anyway and ignores the fields it does not know. `amount_limit` is a
+#: risky field (it bounds a refund); it travels on half the version-2 envelopes.
+SCHEMA_V2_FIELDS: Final = ("priority", "amount_limit")
+RISKY_V2_FIELDS: Final = frozenset({"amount_limit"})
+LEFT_BEHIND: Final = "billing"
+SUPPORTED_VERSIONS: Final = MappingProxyType(
+    {agent: (1,) if agent == LEFT_BEHIND else (1, 2) for agent in AGENTS}
+)
+
 
 @dataclass(frozen=True, slots=True)
 class Hop:
@@ -63,6 +90,7 @@ class Hop:
     mode: str
     capabilities: tuple[str, ...]
     objective: str
+    kind: str = "command"  # handoff.message.kind: command | event | receipt
 
 
 #: Task templates: (name, weight, hops). Together they use every mode.
@@ -79,8 +107,14 @@ WORKFLOWS: Final = (
                 "summarize the API docs for feature {n}",
             ),
             Hop("planner", "coder", "delegate", ("code.write",), "implement feature {n}"),
+            # the patch is posted for review: an event the reviewer picks up
             Hop(
-                "coder", "reviewer", "consult", ("code.review",), "review the patch for feature {n}"
+                "coder",
+                "reviewer",
+                "consult",
+                ("code.review",),
+                "review the patch for feature {n}",
+                "event",
             ),
         ),
     ),
@@ -110,7 +144,14 @@ WORKFLOWS: Final = (
         "incident",
         0.15,
         (
-            Hop("support", "oncall", "escalate", ("incident.page",), "customer outage report {n}"),
+            Hop(
+                "support",
+                "oncall",
+                "escalate",
+                ("incident.page",),
+                "customer outage report {n}",
+                "event",
+            ),
             Hop("oncall", "coder", "delegate", ("code.write",), "hotfix for incident {n}"),
         ),
     ),

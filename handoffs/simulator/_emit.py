@@ -17,14 +17,15 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from contextlib import nullcontext
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-from collector import Envelope, HandoffTracer
+from collector import Envelope, HandoffTracer, replaying
 from collector.contract import RETRY_NEEDS_RESOLUTION
 from handoffs.simulator._model import PlannedHandoff, Step, TaskPlan
 
@@ -84,7 +85,8 @@ def otlp_exporter_factory(
 @dataclass(frozen=True, slots=True)
 class EmitStats:
     """What an emitter did: spans created by the shim, exported OK, failed to export
-    (after the exporter's own retries), and the ground truth of what was planned."""
+    (after the exporter's own retries), and the ground truth of what was planned: fault
+    labels counted per handoff, overall and per topology."""
 
     spans: int
     exported: int
@@ -96,6 +98,8 @@ class EmitStats:
     topologies: Mapping[str, int]
     modes: Mapping[str, int]
     tenants: Mapping[str, int]
+    #: per topology: its tasks, intents and handoffs, and its handoffs per fault label
+    by_topology: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -136,6 +140,7 @@ class Emitter:
         self._truth: dict[str, Counter[str]] = {
             k: Counter() for k in ("faults", "topologies", "modes", "tenants")
         }
+        self._by_topology: dict[str, Counter[str]] = {}
         self._n_handoffs = 0
         self._closed = False
 
@@ -177,7 +182,10 @@ class Emitter:
         self._tasks += 1
         self._intents += plan.intents
         self._truth["topologies"][plan.topology] += 1
+        topo = self._by_topology.setdefault(plan.topology, Counter())
+        topo.update(tasks=1, intents=plan.intents, handoffs=len(plan.handoffs))
         for h in plan.handoffs:
+            topo.update(h.faults)
             self._handoffs[h.handoff_id] = h
             self._n_handoffs += 1
             self._truth["modes"][str(h.envelope["mode"])] += 1
@@ -192,8 +200,19 @@ class Emitter:
             self.emit_step(step)
 
     def emit_step(self, step: Step) -> None:
-        """Emit one planned step through the shim (spans go to the tenant's exporter)."""
+        """Emit one planned step through the shim (spans go to the tenant's exporter); a
+        replayed copy's steps inside collector.replaying()."""
         planned = self._handoffs[step.handoff_id]
+        tenant = planned.tenant
+        with replaying() if step.replay else nullcontext():
+            self._emit(planned, step)
+        self._spans += 1
+        self._pending[tenant] += 1
+        if self._pending[tenant] >= _FLUSH_EVERY:
+            self._providers[tenant].force_flush()
+            self._pending[tenant] = 0
+
+    def _emit(self, planned: PlannedHandoff, step: Step) -> None:
         tenant = planned.tenant
         if step.event == "create":
             prev = self._live.get(str(planned.envelope.get("retry_of")))
@@ -205,7 +224,7 @@ class Emitter:
                 h = tracer.retry(earlier, step.handoff_id, at=step.at_ns)
             else:
                 h = self._tracer(tenant, step.actor).create(
-                    Envelope(**planned.envelope), at=step.at_ns
+                    Envelope(**planned.envelope), at=step.at_ns, **step.attrs
                 )
             self._live[step.handoff_id] = _Live(h.to_wire(), h.state, {step.actor: h})
         else:
@@ -226,11 +245,6 @@ class Emitter:
                     )
                     live.handles[step.actor] = known
                 live.state = known.transition(step.event, at=step.at_ns, **step.attrs)
-        self._spans += 1
-        self._pending[tenant] += 1
-        if self._pending[tenant] >= _FLUSH_EVERY:
-            self._providers[tenant].force_flush()
-            self._pending[tenant] = 0
 
     def forget(self, handoff_ids: Sequence[str]) -> None:
         """Drop per-handoff state of finished tasks (keeps long runs at constant memory)."""
@@ -267,4 +281,5 @@ class Emitter:
             topologies=dict(self._truth["topologies"]),
             modes=dict(self._truth["modes"]),
             tenants=dict(self._truth["tenants"]),
+            by_topology={t: dict(c) for t, c in self._by_topology.items()},
         )

@@ -44,6 +44,16 @@ FAULTS: Final = (
     "cancel",  # the sender canceled
     "reject",  # the receiver refused (busy, policy)
     "fail",  # the receiver ran and failed
+    # each topology's own failures (collector semconv's topology attributes show them)
+    "unfiltered_sensitive_history",  # in-process transfer: the filter left sensitive items
+    "partial_result_committed",  # agent-as-tool: fewer items than asked, evidence valid
+    "fan_out_all",  # agent-as-tool: the orchestrator asked every expert in one task
+    "consumer_lag",  # shared queue: the consumer is minutes and thousands of offsets behind
+    "command_replayed",  # shared queue: a replayed command ran again (a side effect twice)
+    "replay",  # shared queue: a replayed event ran again (harmless: no anomaly)
+    "stale_agent_card",  # federated A2A: a days-old Agent Card; the skill is gone: rejected
+    "incompatible_accepted",  # schema rollout: the consumer left behind accepted version 2
+    "risky_field_ignored",  # ... and ignored a risky field it did not know (amount_limit)
     # the protocol audit: one label per flagged handoff (see AUDIT_KINDS)
     "blind_retry",  # attempt B sent while attempt A was unknown (after a timeout)
     "duplicate_execution",  # B retried A under the same key after A committed; both commit
@@ -87,6 +97,14 @@ class FailureRates:
     after_terminal) are drawn independently on top; the stale ones force a commit so the
     rate stays a rate per intent. A timeout resolves (resolve_committed or resolve_failed)
     with probability `timeout_resolve`, escalates with `timeout_escalate`, else stays unknown.
+
+    Each topology's own faults (`TOPOLOGY_FAULTS`) are drawn on that topology's intents only,
+    at their rate per intent OF THE TOPOLOGY: bounce and unfiltered_sensitive_history
+    (in_process), partial_result and partial_result_committed (agent_as_tool; fan_out_all
+    per agent_as_tool task), duplicate_delivery, consumer_lag and replay (shared_queue; a
+    replayed command is labelled command_replayed), after_terminal and stale_agent_card
+    (federated_a2a). `schema_rollout` is the share of intents (any topology) whose sender
+    already writes envelope schema version 2 (LEFT_BEHIND reads only version 1).
     """
 
     reject: float = 0.03
@@ -94,14 +112,21 @@ class FailureRates:
     cancel: float = 0.02
     fail: float = 0.03
     timeout: float = 0.04
-    partial_result: float = 0.05
+    partial_result: float = 0.15
     commit_fail: float = 0.02
-    bounce: float = 0.05
-    duplicate_delivery: float = 0.03
+    bounce: float = 0.15
+    duplicate_delivery: float = 0.12
     stale_state_version: float = 0.01
     stale_fence: float = 0.01
     idempotency_conflict: float = 0.01
-    after_terminal: float = 0.01
+    after_terminal: float = 0.06
+    unfiltered_sensitive_history: float = 0.06
+    partial_result_committed: float = 0.06
+    fan_out_all: float = 0.05
+    consumer_lag: float = 0.08
+    replay: float = 0.04
+    stale_agent_card: float = 0.08
+    schema_rollout: float = 0.3
     timeout_resolve: float = 0.6
     timeout_escalate: float = 0.2
     blind_retry: float = 0.0
@@ -267,7 +292,8 @@ class Step:
 
     `event` is a contract event (`accept`, `commit`, ...) or `redeliver` (duplicate delivery
     of the previous transition). `illegal` marks a step a lenient tracer emits on purpose.
-    `attrs` are the keyword attributes of Handoff.transition (evidence_count, fence_token...).
+    `attrs` are the keyword attributes of Handoff.transition (evidence_count, fence_token,
+    queue, result_items...); of a `create`, HandoffTracer.create's (history, agent_card).
     """
 
     handoff_id: str
@@ -276,6 +302,7 @@ class Step:
     actor: str
     attrs: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     illegal: bool = False
+    replay: bool = False  # emitted while replaying a stream (collector.replaying())
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,6 +44,10 @@ def merge_stats(parts: list[EmitStats]) -> EmitStats:
         topologies=add("topologies"),
         modes=add("modes"),
         tenants=add("tenants"),
+        by_topology={
+            t: dict(sum((Counter(p.by_topology.get(t, {})) for p in parts), Counter()))
+            for t in sorted({t for p in parts for t in p.by_topology})
+        },
     )
 
 

@@ -31,6 +31,9 @@ from handoffs.simulator._builder import (
 )
 from handoffs.simulator._catalog import (
     ACCEPT_MS,
+    AGENTS,
+    RISKY_V2_FIELDS,
+    SUPPORTED_VERSIONS,
     TOPOLOGIES,
     TOPOLOGY_WEIGHTS,
     WORKFLOW_WEIGHTS,
@@ -64,6 +67,8 @@ def plan_task(config: ScenarioConfig, seq: int, start_ns: int) -> TaskPlan:
     b = Builder(config, rng, task_id, tenant, topology)
     n = len(hops)
     audit = [draw_audit(config, rng, j, n) for j in range(n)]
+    # agent-as-tool: the first orchestrator asks every expert at once (per task)
+    fan_out = topology == "agent_as_tool" and rng.random() < config.rates.fan_out_all
     t = start_ns
     producer: Result | None = None  # the previous hop's committed attempt
     for j, hop in enumerate(hops):
@@ -74,6 +79,7 @@ def plan_task(config: ScenarioConfig, seq: int, start_ns: int) -> TaskPlan:
             # an audit intent, or the producer an audit consumer needs: a clean success
             outcome, overlays = "success", frozenset()
         verify_p = VERIFY_P_NEXT if j + 1 < n else VERIFY_P_LAST
+        t0_hop = t
         # the attempt the next hop consumes: read back late, or with a short-lived receipt
         feeds: dict[str, Any] = {}
         if after == "consumed_before_verified":
@@ -195,8 +201,83 @@ def plan_task(config: ScenarioConfig, seq: int, start_ns: int) -> TaskPlan:
                 )
         if "idempotency_conflict" in overlays:
             b.add_label(res.hid, "idempotency_conflict")
-        t = res.end_ns + b.ms(2000)  # think time before the next hop
+        end = res.end_ns
+        if fan_out and j == 0:
+            end = max(end, _fan_out(b, hop, t0_hop))
+        if (
+            topology == "shared_queue"
+            and kind is None
+            and res.commit_ns is not None
+            and rng.random() < config.rates.replay
+        ):
+            end = max(end, _replay(b, hop, res, receiver=hop.to_agent))
+        t = end + b.ms(2000)  # think time before the next hop
         producer = res if res.commit_ns is not None else None
         b.fence += 1
+    if fan_out:
+        for h in b.handoffs:
+            if h.envelope["from_agent"] == hops[0].from_agent:
+                b.add_label(h.handoff_id, "fan_out_all")
+    _label_left_behind(b)
     steps = tuple(sorted(b.steps, key=lambda s: s.at_ns))
     return TaskPlan(task_id, tenant, topology, tuple(b.handoffs), steps, len(hops))
+
+
+def _fan_out(b: Builder, hop: Hop, t: int) -> int:
+    """The orchestrator of `hop` also consults every other agent of the fleet at once (each
+    a clean agent-as-tool call); returns when the last one ended."""
+    end = t
+    for expert in AGENTS:
+        if expert in (hop.from_agent, hop.to_agent):
+            continue
+        ask = Hop(
+            hop.from_agent,
+            expert,
+            "consult",
+            AGENTS[expert][0][:1],
+            f"what the {expert} knows about task {{n}}",
+        )
+        res = attempt(
+            b,
+            ask,
+            t + b.ms(50),
+            outcome="success",
+            overlays=frozenset(),
+            shape=Shape(verify="never"),
+        )
+        end = max(end, res.end_ns)
+    return end
+
+
+def _replay(b: Builder, hop: Hop, res: Result, *, receiver: str) -> int:
+    """Minutes later a consumer replays the queue from an older offset and processes the
+    committed message again: a command runs a second time, an event is re-applied."""
+    at = res.end_ns + b.ms(600_000)
+    rh = b.replay(res.hid, at)
+    t = b.step(rh, "accept", b.accept_at(rh, at), receiver)
+    t = b.step(rh, "start", t + b.ms(30), receiver)
+    at = t + b.ms(AGENTS[hop.to_agent][1] * 500)
+    t = b.step(
+        rh,
+        "commit",
+        at,
+        receiver,
+        **b.result(rh, at, True, stale_version=False, stale_fence=False),
+    )
+    b.relabel(rh, {"command_replayed" if hop.kind == "command" else "replay"})
+    return t
+
+
+def _label_left_behind(b: Builder) -> None:
+    """Label each version-2 handoff a consumer that reads only version 1 accepted anyway
+    (and the risky field it then ignored)."""
+    for h in list(b.handoffs):
+        hid = h.handoff_id
+        if h.envelope["schema_version"] != 2:
+            continue
+        for s in b.steps:
+            left_behind = 2 not in SUPPORTED_VERSIONS.get(s.actor, (1, 2))
+            if s.handoff_id == hid and s.event == "accept" and left_behind:
+                b.add_label(hid, "incompatible_accepted")
+                if any(f in RISKY_V2_FIELDS for f in h.envelope.get("extra", {})):
+                    b.add_label(hid, "risky_field_ignored")

@@ -16,6 +16,7 @@ from handoffs.simulator import (
     AUDIT_KINDS,
     FAULTS,
     TOPOLOGIES,
+    TOPOLOGY_FAULTS,
     Emitter,
     FailureRates,
     ScenarioConfig,
@@ -138,6 +139,9 @@ def test_traffic_covers_topologies_modes_tenants_and_every_failure_mode():
 def test_injected_rates_are_rates_per_intent(fault):
     rate = 0.2
     plans = _plans(2000, ScenarioConfig(rates=FailureRates.parse(f"{fault}={rate}")))
+    # a topology's own fault is a rate per intent of that topology
+    own = {f: t for t, faults in TOPOLOGY_FAULTS.items() for f in faults}
+    plans = [p for p in plans if own.get(fault, p.topology) == p.topology]
     intents = sum(p.intents for p in plans)
     labels = {"timeout": ("timeout_resolved", "timeout_escalated", "timeout_unresolved")}.get(
         fault, (fault,)
@@ -160,7 +164,8 @@ def test_no_failures_means_every_handoff_commits():
 
 def test_bounce_is_a_transfer_handed_straight_back():
     cfg = ScenarioConfig(rates=FailureRates.parse("bounce=1"))
-    plan = plan_task(cfg, 1, T0)
+    # a wrong specialist is an in-process transfer's own failure
+    plan = next(p for p in _plans(20, cfg) if p.topology == "in_process")
     hs = plan.handoffs
     first, back = hs[0], hs[1]
     assert "bounce" in first.faults
@@ -194,7 +199,8 @@ def test_idempotency_conflict_reuses_the_key_with_a_new_payload():
 def test_skill_outage_rejects_that_capability_inside_its_slice_only():
     outage = SkillOutage("coder", "code.test", T0 + 1000 * S, T0 + 2000 * S, reject_rate=1.0)
     # an audit intent succeeds whatever the outage says: none here
-    cfg = ScenarioConfig(outage=outage, rates=FailureRates.parse(NO_AUDIT))
+    # (nor a stale Agent Card: its rejections carry the same code)
+    cfg = ScenarioConfig(outage=outage, rates=FailureRates.parse(NO_AUDIT + ",stale_agent_card=0"))
     inside = rejected = outside = 0
     for plan in _plans(400, cfg):
         for h in plan.handoffs:
@@ -287,20 +293,28 @@ def test_emitter_duplicates_and_illegal_messages_are_what_the_plan_says():
     em, exporters, _ = _emitter()
     cfg = ScenarioConfig(
         tenants={"acme": 1},
-        rates=FailureRates.parse("duplicate_delivery=1,after_terminal=1,bounce=0," + NO_AUDIT),
+        rates=FailureRates.parse(
+            "duplicate_delivery=1,after_terminal=1,bounce=0,replay=0,fan_out_all=0," + NO_AUDIT
+        ),
     )
-    plan = plan_task(cfg, 9, T0)
-    em.emit_task(plan)
+    # duplicates are the shared queue's own failure, late messages federated A2A's
+    plans = _plans(40, cfg)
+    queue = next(p for p in plans if p.topology == "shared_queue")
+    a2a = next(p for p in plans if p.topology == "federated_a2a")
+    em.emit_task(queue)
+    em.emit_task(a2a)
     em.close()
     spans = exporters["acme"].get_finished_spans()
-    for h in plan.handoffs:
-        hs = [s for s in spans if s.attributes["handoff.handoff_id"] == h.handoff_id]
-        keys = Counter(
-            (s.attributes["handoff.event"], s.attributes["handoff.from_state"]) for s in hs
-        )
-        assert max(keys.values()) == 2, "one transition delivered twice"
-        bad = [s for s in hs if s.attributes.get("handoff.valid") is False]
-        assert len(bad) == 1 and bad[0].attributes["handoff.event"] == "start"
+    for plan, dup, bad_n in ((queue, 2, 0), (a2a, 1, 1)):
+        for h in plan.handoffs:
+            hs = [s for s in spans if s.attributes["handoff.handoff_id"] == h.handoff_id]
+            keys = Counter(
+                (s.attributes["handoff.event"], s.attributes["handoff.from_state"]) for s in hs
+            )
+            assert max(keys.values()) == dup, "one transition delivered twice"
+            bad = [s for s in hs if s.attributes.get("handoff.valid") is False]
+            assert len(bad) == bad_n
+            assert all(b.attributes["handoff.event"] == "start" for b in bad)
 
 
 def test_run_backfill_emits_in_the_window_with_progress_off():
