@@ -22,12 +22,13 @@ BLOCKS = re.findall(r"```py\n(.*?)```", DOC.read_text(encoding="utf-8"), re.S)
 
 
 def test_the_protocol_examples_run_and_emit_what_they_describe():
-    assert len(BLOCKS) == 4
+    assert len(BLOCKS) == 5
     rec = InMemoryRecorder()
     names = {
         "Envelope": Envelope,
         "EnvelopeError": EnvelopeError,
         "Grant": Grant,
+        "HandoffTracer": HandoffTracer,
         "RetryRefused": RetryRefused,
         "provider": rec.provider,
         "planner": HandoffTracer("planner", tracer_provider=rec.provider),
@@ -47,4 +48,16 @@ def test_the_protocol_examples_run_and_emit_what_they_describe():
     assert by[("task-45/coder/1", "verify")][semconv.RECEIPT_READ_BACK] is True
     reject = by[("task-46/coder/1", "reject")]
     assert (reject[semconv.ACTOR], reject[semconv.ERROR_CODE]) == ("coder", "incompatible_protocol")
+    order, accept = by[("task-47/coder/1", "create")], by[("task-47/coder/1", "accept")]
+    assert (order[semconv.MESSAGE_KIND], order[semconv.SCHEMA_VERSION]) == ("command", 2)
+    assert order[semconv.AGENT_CARD_SKILLS] == ("code.write",)
+    assert (accept[semconv.QUEUE_NAME], accept[semconv.QUEUE_OFFSET]) == ("jobs", 41)
+    assert accept[semconv.CONSUMER_SUPPORTED_VERSIONS] == (1, 2)
+    assert by[("task-47/coder/1", "commit")][semconv.RESULT_ITEMS_RETURNED] == 2
+    transfer = by[("task-48/support/1", "create")]
+    assert (transfer[semconv.HISTORY_SENSITIVE_ITEMS], transfer[semconv.INPUT_FILTER]) == (
+        1,
+        "redact",
+    )
+    assert by[("task-47/coder/1r", "create")][semconv.REPLAY] is True
     rec.shutdown()
