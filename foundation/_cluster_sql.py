@@ -29,6 +29,7 @@ SHARDING_KEYS: Final = {
     "handoff_transitions": "cityHash64(handoff_id)",
     "handoff_summary": "cityHash64(handoff_id)",
     "handoff_tasks": "cityHash64(handoff_id)",
+    "handoff_anomaly_state": "cityHash64(handoff_id)",
     "transition_ledger": "cityHash64(handoff_id)",
     "ingest_batches": "cityHash64(ingest_batch)",
     "ingest_rejects": "rand()",
@@ -43,6 +44,7 @@ _TABLE = re.compile(r"CREATE TABLE IF NOT EXISTS \{db\}\.(\w+)\s*\n")
 _MV = re.compile(r"CREATE MATERIALIZED VIEW IF NOT EXISTS \{db\}\.(\w+) TO \{db\}\.(\w+) AS")
 _ENGINE = re.compile(r"ENGINE = (\w*)MergeTree\b(\(\))?")
 _ALTER = re.compile(r"ALTER TABLE \{db\}\.(\w+) ")
+_INSERT = re.compile(r"INSERT INTO \{db\}\.(\w+) ")
 
 
 def _table(stmt: str) -> str:
@@ -91,6 +93,18 @@ def _alter(stmt: str) -> str:
     )
 
 
+def _backfill(stmt: str) -> str:
+    """A backfill INSERT ... SELECT is not run by the cluster schema (an INSERT has no ON
+    CLUSTER): it is kept as a comment, to run once on one node through the Distributed
+    tables after the views exist on every node (idempotent tables: a row counted twice
+    changes no value)."""
+    lines = "\n".join(f"--   {ln}" for ln in stmt.splitlines())
+    return (
+        "-- Backfill of a store that already holds rows: run once on one node, after the\n"
+        f"-- views exist on every node:\n{lines};\n"
+    )
+
+
 def cluster_sql(text: str, name: str) -> str:
     """The cluster variant of one single-node DDL file's text."""
     parts = [_HEADER.format(name=name)]
@@ -101,6 +115,8 @@ def cluster_sql(text: str, name: str) -> str:
             parts.append(_view(stmt))
         elif _ALTER.search(stmt):
             parts.append(_alter(stmt))
+        elif _INSERT.search(stmt):
+            parts.append(_backfill(stmt))
         else:
             raise ValueError(f"{name}: statement kind not handled by the cluster generator")
     return "\n".join(parts)

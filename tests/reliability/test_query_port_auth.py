@@ -34,12 +34,14 @@ TENANT_TABLES = {
     "handoff_transitions": "tenant",
     "handoff_summary": "tenant",
     "handoff_tasks": "tenant",
+    "handoff_anomaly_state": "tenant",
     "transition_ledger": "tenant",
     "ingest_batches": "tenant",
     "ingest_rejects": "tenant",
     "handoff_transitions_mv": "tenant",
     "handoff_summary_mv": "tenant",
     "handoff_tasks_mv": "tenant",
+    "handoff_anomaly_state_mv": "tenant",
 }
 
 
