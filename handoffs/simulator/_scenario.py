@@ -79,7 +79,8 @@ def plan_task(config: ScenarioConfig, seq: int, start_ns: int) -> TaskPlan:
             # an audit intent, or the producer an audit consumer needs: a clean success
             outcome, overlays = "success", frozenset()
         verify_p = VERIFY_P_NEXT if j + 1 < n else VERIFY_P_LAST
-        t0_hop = t
+        # the fan-out goes out beside the hop's own call
+        fan_end = _fan_out(b, hop, t) if fan_out and j == 0 else t
         # the attempt the next hop consumes: read back late, or with a short-lived receipt
         feeds: dict[str, Any] = {}
         if after == "consumed_before_verified":
@@ -201,9 +202,7 @@ def plan_task(config: ScenarioConfig, seq: int, start_ns: int) -> TaskPlan:
                 )
         if "idempotency_conflict" in overlays:
             b.add_label(res.hid, "idempotency_conflict")
-        end = res.end_ns
-        if fan_out and j == 0:
-            end = max(end, _fan_out(b, hop, t0_hop))
+        end = max(res.end_ns, fan_end)
         if (
             topology == "shared_queue"
             and kind is None
@@ -225,8 +224,9 @@ def plan_task(config: ScenarioConfig, seq: int, start_ns: int) -> TaskPlan:
 
 def _fan_out(b: Builder, hop: Hop, t: int) -> int:
     """The orchestrator of `hop` also consults every other agent of the fleet at once (each
-    a clean agent-as-tool call); returns when the last one ended."""
-    end = t
+    a clean agent-as-tool call, at the task's current state version); returns when the
+    last one ended."""
+    end, version = t, b.version
     for expert in AGENTS:
         if expert in (hop.from_agent, hop.to_agent):
             continue
@@ -246,6 +246,7 @@ def _fan_out(b: Builder, hop: Hop, t: int) -> int:
             shape=Shape(verify="never"),
         )
         end = max(end, res.end_ns)
+        b.version = version  # a consult reads the task's state, it does not write it
     return end
 
 
