@@ -171,12 +171,11 @@ _SETTERS: Final[dict[str, _Setter]] = {
     "result_items": _result_items,
     "supported_versions": _versions,
     "unknown_fields": _strs(sc.ENVELOPE_UNKNOWN_FIELDS),
-    "extra": _extra,  # last: it may add keys, never override the identity ones
+    "extra": _extra,
 }
 #: every keyword `Handoff.transition` takes besides event and at
 TRANSITION_KEYWORDS: Final = frozenset(TransitionAttrs.__annotations__)
 assert frozenset(_SETTERS) == TRANSITION_KEYWORDS, "TransitionAttrs and _SETTERS differ"
-_ORDER: Final = tuple(_SETTERS)
 
 
 def transition_attributes(a: dict[str, Any], attrs: Mapping[str, Any], at_ns: int) -> None:
@@ -185,10 +184,16 @@ def transition_attributes(a: dict[str, Any], attrs: Mapping[str, Any], at_ns: in
     bool, receipt_expires_at an ISO-8601 UTC time, queue a QueuePosition, result_items a
     ResultItems). `at_ns` is the transition's time (the queue lag ends there). `extra` may
     not override the contract's identity keys (RESERVED)."""
-    unknown = attrs.keys() - TRANSITION_KEYWORDS
-    if unknown:
-        raise TypeError(f"transition() got an unexpected keyword argument {min(unknown)!r}")
-    for kw in _ORDER if len(attrs) > 1 else attrs:
-        v = attrs.get(kw)
-        if v is not None:
-            _SETTERS[kw](a, kw, v, at_ns)
+    extra = None
+    for kw, v in attrs.items():
+        put = _SETTERS.get(kw)
+        if put is None:
+            raise TypeError(f"transition() got an unexpected keyword argument {kw!r}")
+        if v is None:
+            continue
+        if put is _extra:  # last: it may add keys, never override the identity ones
+            extra = v
+            continue
+        put(a, kw, v, at_ns)
+    if extra is not None:
+        _extra(a, "extra", extra, at_ns)
