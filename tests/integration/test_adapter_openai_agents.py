@@ -14,7 +14,8 @@ import pytest
 
 pytest.importorskip("agents")
 
-from agents import Agent, Runner, set_trace_processors
+from agents import Agent, Runner, handoff, set_trace_processors
+from agents.extensions import handoff_filters
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -56,6 +57,7 @@ def run_observed(serve):
         assert proc.errors == 0
         return analytics.Window(start=start, end=datetime.now(UTC) + timedelta(seconds=1))
 
+    run.processor = proc  # type: ignore[attr-defined]  (for observe_input_filter)
     yield run
     set_trace_processors([])
     provider.shutdown()
@@ -144,3 +146,31 @@ def test_a_chained_run_stores_each_handoffs_cause(serve, run_observed):
     by_src = {src: (hid, cause) for src, hid, cause in rows}
     assert by_src["planner"][1] == ""  # the first of the run consumes nothing
     assert by_src["coder"][1] == by_src["planner"][0]
+
+
+def test_as_tool_and_an_observed_input_filter_arrive_in_serve(serve, run_observed):
+    expert = Agent(name="expert", model=ScriptedModel([["the flaky test is test_login"]]))
+    coder = Agent(name="coder", model=ScriptedModel([["patched"]]))
+    strip = run_observed.processor.observe_input_filter(handoff_filters.remove_all_tools)
+    planner = Agent(
+        name="planner",
+        model=ScriptedModel([['tool:ask_expert:{"input": "which test?"}'], ["handoff:coder"]]),
+        tools=[expert.as_tool("ask_expert", "finds the flaky test")],
+        handoffs=[handoff(coder, input_filter=strip)],
+    )
+    window = run_observed(planner)
+    with serve.client() as c:
+        rows = c.query(
+            "SELECT to_agent, topology, mode, attributes['handoff.input_filter'], "
+            "attributes['handoff.history.items'], attributes['handoff.history.removed_items'] "
+            f"FROM {serve.database}.handoff_transitions "
+            "WHERE event = 'create' AND time >= {t:DateTime64(9)} ORDER BY time",
+            parameters={"t": window.start},
+        ).result_rows
+    # history: the input, the ask_expert call and output, the handoff call and output
+    assert rows == [
+        ("expert", "agent_as_tool", "delegate", "", "", ""),
+        ("coder", "in_process", "transfer", "remove_all_tools", "5", "4"),
+    ]
+    funnel = _funnel(serve, window)
+    assert (funnel.iloc[0]["volume"], funnel.iloc[0]["committed"]) == (2, 2)
