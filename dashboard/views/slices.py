@@ -1,11 +1,13 @@
-"""Slices: the agent-pair matrix of P_e2e and tables by mode, topology, protocol, capability.
+"""Slices: the agent-pair matrix of P_e2e; each topology's own failure rates as cards, with
+the shared queue's consumer lag and agent-as-tool fan-out; tables by mode, topology,
+protocol, capability.
 
 Tables are worst first (lowest P_e2e; undefined last) and every slice can list its handoffs.
 """
 
 import streamlit as st
 
-from dashboard import _charts, _data, _ui
+from dashboard import _charts, _data, _topology_data, _ui
 
 _RATE_COLS = (
     "p_e2e",
@@ -40,6 +42,22 @@ def _table(df, dim: str) -> None:
     )
 
 
+def _topology_cards(cards) -> None:
+    """One column per topology: a metric per kind of its own (rate, flagged of handoffs)."""
+    topologies = list(dict.fromkeys(cards["topology"]))
+    for col, topology in zip(st.columns(max(1, len(topologies))), topologies, strict=False):
+        rows = cards[cards["topology"] == topology]
+        n = int(rows["handoffs"].iloc[0]) if len(rows) else 0
+        col.markdown(f"**{topology}** · {n:,} handoffs")
+        for r in rows.itertuples(index=False):
+            col.metric(
+                str(r.kind).replace("_", " "),
+                _ui.fmt_rate(r.rate if n else None),
+                help=f"{int(r.flagged):,} of {n:,} {topology} handoffs flagged {r.kind}",
+                border=True,
+            )
+
+
 with _ui.guard():
     total = _data.funnel(src.store, src.database, *p.args, tenant=p.tenant)
 if not len(total) or not total["volume"].sum():
@@ -61,6 +79,30 @@ st.caption(
 
 with st.expander("Agent pairs as a table (worst first)"):
     _table(pairs.assign(pair=pairs["from_agent"] + " → " + pairs["to_agent"]), "pair")
+
+st.subheader("Each topology's own failures")
+with _ui.guard():
+    cards = _topology_data.topology_cards(src.store, src.database, *p.args, tenant=p.tenant)
+_topology_cards(cards)
+st.caption(
+    "Share of each topology's handoffs created in the window that the anomaly kind flags "
+    "(kinds: `handoffs anomalies`); the shared queue's lag and the agent-as-tool fan-out below."
+)
+with st.expander("Shared queue: consumer lag, and agent-as-tool fan-out per task"):
+    with _ui.guard():
+        lag = _topology_data.queue_lag(src.store, src.database, *p.args, tenant=p.tenant)
+        fan = _topology_data.task_fan_out(src.store, src.database, *p.args, tenant=p.tenant)
+    st.markdown("**Consumer lag** (enqueue → accept, ms; the slowest consumers first)")
+    ms = {c: st.column_config.NumberColumn(c, format="%.0f") for c in lag if c.endswith("_ms")}
+    st.dataframe(
+        lag.sort_values("p95_ms", ascending=False, na_position="last", kind="stable"),
+        hide_index=True,
+        placeholder=_ui.DASH,
+        key="sl_queue_lag",
+        column_config=ms,
+    )
+    st.markdown("**Fan-out** (distinct experts and handoffs per task, per orchestrator)")
+    st.dataframe(fan, hide_index=True, placeholder=_ui.DASH, key="sl_fan_out")
 
 tabs = st.tabs([label for _, label in _TABLES] + ["Latency by pair"])
 frames = {}

@@ -120,6 +120,46 @@ def test_slices_tables_worst_first(store_env, chdb_client):
     assert rates == sorted(rates)  # worst first
 
 
+def test_slices_topology_cards_lag_and_fan_out_equal_analytics(store_env, chdb_client):
+    """Two queue consumptions (one 2 min late, 3,000 offsets behind) and an in-process
+    transfer that kept a sensitive history item: the cards, the lag table and the fan-out
+    table say what analytics.topology says."""
+    from _dashboard_seed import DAY
+
+    from tests.analytics_seed import T, create
+    from tests.analytics_seed import seed as seed_rows
+
+    at0 = DAY + timedelta(hours=17)
+    rows = []
+    for i, (lag, offset, head) in enumerate([(120_000, 10, 3_010), (800, 11, 12)]):
+        hid, t = f"q-{i}", at0 + timedelta(minutes=i)
+        rows.append(create(hid, t, task_id=f"task-q{i}", to_agent="worker", tenant="acme",
+                           topology="shared_queue"))  # fmt: skip
+        rows.append(T(hid, "accept", "created", "accepted", t + timedelta(seconds=2),
+                      task_id=f"task-q{i}", actor="worker", tenant="acme",
+                      attrs={"handoff.queue.name": "acme.worker.inbox",
+                             "handoff.queue.lag_ms": lag, "handoff.queue.offset": offset,
+                             "handoff.queue.head_offset": head}))  # fmt: skip
+    rows.append(create("tr-1", at0, task_id="task-tr", mode="transfer", tenant="acme",
+                       **{"handoff.history.items": 9, "handoff.history.sensitive_items": 2,
+                          "handoff.history.removed_items": 1,
+                          "handoff.input_filter": "redact_secrets"}))  # fmt: skip
+    seed_rows(chdb_client, store_env, rows)
+    at = _app(WINDOW, page="views/slices.py")
+    assert "Each topology's own failures" in _texts(at.subheader)
+    got = _metrics(at)
+    cards = analytics.topology_cards(chdb_client, _window(), database=store_env)
+    for r in cards.itertuples():
+        label = str(r.kind).replace("_", " ")
+        assert got[label] == ui.fmt_rate(r.rate if r.handoffs else None), r
+    assert got["consumer lag"] != ui.DASH and got["unfiltered sensitive history"] != ui.DASH
+    tables = {d.value.columns[0]: d.value for d in at.dataframe}
+    lag = analytics.queue_lag(chdb_client, _window(), database=store_env)
+    assert list(tables["consumer"]["max_ms"]) == list(lag["max_ms"]) == [120_000]
+    fan = analytics.task_fan_out(chdb_client, _window(), database=store_env)
+    assert list(tables["orchestrator"]["orchestrator"]) == list(fan["orchestrator"])
+
+
 def test_anomalies_counts_equal_analytics(store_env, chdb_client):
     at = _app(WINDOW, page="views/anomalies.py")
     expected = analytics.anomalies(chdb_client, database=store_env, window=_window())
