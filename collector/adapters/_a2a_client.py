@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Final
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Final
 
 from a2a.client.client import ClientCallContext
 from a2a.client.interceptors import AfterArgs, BeforeArgs, ClientCallInterceptor
 
+from collector._topology import AgentCardRef
 from collector.a2a import a2a_error_code
 from collector.envelope import MODES, Envelope
 from collector.tracer import HandoffTracer
@@ -35,6 +38,11 @@ class HandoffClientInterceptor(ClientCallInterceptor):
     `ClientCallContext(state={"aa-handoff.task_id": "..."})` to name it. Follow-up messages
     (with a task id) carry the known handoff's traceparent and create nothing.
     `handoffs`: A2A task id -> Handoff, for tasks this client started (bounded like the server).
+    Each `create` records the Agent Card the call goes to (`handoff.agent_card.*`: its first
+    interface URL, its skill ids, when it was fetched) when the card has an interface URL.
+    `card_fetched_at` (ISO-8601 UTC) is when you fetched it; without it, the first time this
+    interceptor saw a card at that URL stands in (a client holds the card it was built with, so
+    the first call comes soon after the fetch; a card fetched long before is seen fresher).
     """
 
     def __init__(
@@ -49,6 +57,7 @@ class HandoffClientInterceptor(ClientCallInterceptor):
         input_filter: InputFilter | None = None,
         clock: Callable[[], int] | None = None,
         max_tracked: int = 10_000,
+        card_fetched_at: str | None = None,
     ) -> None:
         if tracer_provider is None:
             raise ValueError("tracer_provider: required (an OTel TracerProvider)")
@@ -66,6 +75,11 @@ class HandoffClientInterceptor(ClientCallInterceptor):
         self._mode = mode
         self._deadline_ms = deadline_ms
         self._capabilities = tuple(capabilities)
+        if card_fetched_at is not None:
+            AgentCardRef("-", card_fetched_at)  # ValueError naming fetched_at if not UTC
+        self._card_fetched_at = card_fetched_at
+        self._cards_seen: dict[str, str] = {}  # card URL -> first seen, ISO-8601 UTC
+        self._clock = clock if clock is not None else time.time_ns
         self._max = max_tracked
         self._pending: dict[str, Handoff] = {}  # by message id, until the task id is known
         self.handoffs: dict[str, Handoff] = {}
@@ -94,13 +108,29 @@ class HandoffClientInterceptor(ClientCallInterceptor):
             deadline_ms=self._deadline_ms,
             capabilities=self._capabilities,
         )
-        h = self._tracer.create(env)
+        h = self._tracer.create(env, agent_card=self._card_ref(args.agent_card))
         msg.metadata[METADATA_KEY] = json.dumps(h.to_wire(), separators=(",", ":"))
         params["traceparent"] = h.traceparent
         ctx.service_parameters = params
         self._pending[msg.message_id] = h
         while len(self._pending) > self._max:
             self._pending.pop(next(iter(self._pending)))
+
+    def _card_ref(self, card: Any) -> AgentCardRef | None:
+        interfaces = getattr(card, "supported_interfaces", None) or ()
+        url = next((i.url for i in interfaces if i.url), "")
+        if not url:
+            return None
+        fetched = self._card_fetched_at
+        if fetched is None:
+            fetched = self._cards_seen.get(url)
+            if fetched is None:
+                now = datetime.fromtimestamp(self._clock() // 10**9, UTC).isoformat()
+                fetched = self._cards_seen[url] = now.replace("+00:00", "Z")
+                while len(self._cards_seen) > self._max:
+                    self._cards_seen.pop(next(iter(self._cards_seen)))
+        skills = tuple(sk.id for sk in getattr(card, "skills", ()) if sk.id)
+        return AgentCardRef(url, fetched, skills)
 
     def record_refusal(self, message_id: str, error: BaseException) -> str | None:
         """Record that the server refused the message `message_id` started a handoff with
