@@ -14,8 +14,9 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-## Google ADK's own virtualenv for its derivation test (tests/adk/requirements.txt; kept
-## until that file changes: google-adk pins opentelemetry <= 1.44, the project >= 1.45)
+## Google ADK's own virtualenv for its derivation test, in the user's cache
+## (tests/adk/requirements.txt; rebuilt when that file changes: google-adk pins
+## opentelemetry <= 1.44, the project >= 1.45)
 adk-venv:
 	PY=$(PY) bash scripts/adk-venv >/dev/null
 
