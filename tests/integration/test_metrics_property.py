@@ -8,8 +8,11 @@ rows flagged valid=false, illegal rows, extra legal rows (forks, messages after 
 random evidence and deadlines; and the protocol audit's attributes: attempts sharing a task,
 target and idempotency key, retry_of and causation_id links to the other handoffs,
 capability grants (capabilities, tenant, expiry), receipts with an expiry, receiver events
-by an actor other than the to_agent, claimed tenants. Each example seeds its own tenant in
-one database.
+by an actor other than the to_agent, claimed tenants; and each topology's attributes: queue
+lag and offsets, result items, transfer history counts, Agent Cards, message kinds and
+replays, schema versions against consumers' supported versions and unknown fields, plus
+agent-as-tool fan-outs around the 3-expert and every-expert boundaries. Each example seeds
+its own tenant in one database.
 Derandomized, so a failure replays.
 """
 
@@ -35,8 +38,10 @@ from analytics import (
 )
 from analytics import reference as ref
 from analytics import reference_audit as ref_audit
+from analytics import reference_topology as ref_topo
+from analytics._topology_sql import thresholds
 from collector.contract import EVENTS, STATES, TRANSITIONS
-from collector.semconv import MODES
+from collector.semconv import MODES, TOPOLOGIES
 
 T0 = datetime(2026, 11, 23, 10, 0, tzinfo=UTC)
 WINDOW_END = T0 + timedelta(hours=1)
@@ -81,7 +86,66 @@ def _envelope(draw, hid: str, tenant: str, others: list[str], at: datetime) -> d
         kw["handoff.grant.tenant"] = draw(st.sampled_from([tenant, "elsewhere", ""]))
         offset = draw(st.sampled_from([-30, 0.25, 2, 45, 3600]))
         kw["handoff.grant.expires_at"] = _iso(at + timedelta(seconds=offset))
+    kw.update(draw(_topology_envelope(at)))
     return kw
+
+
+#: presence of a topology attribute: drawn True more often than st.booleans() (whose
+#: derandomized draws lean to False)
+_often = st.sampled_from([True, True, False])
+
+
+@st.composite
+def _topology_envelope(draw, at: datetime) -> dict:
+    """create() keywords of the topologies: transfer history, Agent Card, message kind,
+    schema version (each often absent)."""
+    kw: dict = {"topology": draw(st.sampled_from(TOPOLOGIES)),
+                "from_agent": draw(st.sampled_from(["planner", "orch"]))}  # fmt: skip
+    if draw(_often):
+        sens, removed = draw(st.sampled_from([(2, 1), (1, None), (0, 0), (2, 2), (3, 4)]))
+        kw["handoff.history.items"] = 5
+        kw["handoff.history.sensitive_items"] = sens
+        if removed is not None:
+            kw["handoff.history.removed_items"] = removed
+    if draw(_often):
+        age = draw(st.sampled_from([86_401, 60, 86_399, 200_000]))
+        kw["handoff.agent_card.fetched_at"] = _iso(at - timedelta(seconds=age))
+        if draw(_often):
+            kw["handoff.agent_card.skills"] = draw(
+                st.sampled_from([[], ["search"], ["search", "write"]])
+            )
+    if draw(_often):
+        kw["handoff.message.kind"] = draw(st.sampled_from(["command", "event", "receipt"]))
+    if draw(_often):
+        kw["handoff.schema_version"] = draw(st.sampled_from([3, 2, 1]))
+    return kw
+
+
+@st.composite
+def _topology_attrs(draw, event: str) -> dict:
+    """A transition's topology attributes: on accept the queue position, supported versions
+    and unknown fields; on reject a card-related code or not; on results the item counts;
+    anywhere a replay mark."""
+    a: dict = {}
+    if event == "accept":
+        if draw(_often):
+            a["handoff.queue.name"] = draw(st.sampled_from(["jobs", "mail"]))
+            a["handoff.queue.lag_ms"] = draw(st.sampled_from([0, 60_000, 60_001]))
+            off, head = draw(st.sampled_from([(5, 1005), (5, 1006), (9, 9)]))
+            a["handoff.queue.offset"], a["handoff.queue.head_offset"] = off, head
+        if draw(_often):
+            a["handoff.consumer.supported_versions"] = draw(st.sampled_from([[], [1, 2], [2]]))
+        if draw(_often):
+            a["handoff.envelope.unknown_fields"] = draw(st.sampled_from(
+                [["color"], ["handoff.grant.scope"], ["amount_usd", "x"], ["tenantx"], ["tenant"]]))  # fmt: skip
+    if event == "reject" and draw(_often):
+        a["handoff.error_code"] = draw(st.sampled_from(["unknown_capability", "busy"]))
+    if event in ("prepare", "commit", "resolve_committed") and draw(_often):
+        exp, got = draw(st.sampled_from([(3, 2), (3, 3), (0, 1)]))
+        a["handoff.result.items_expected"], a["handoff.result.items_returned"] = exp, got
+    if draw(st.sampled_from([True, False])):
+        a["handoff.replay"] = True
+    return a
 
 
 @st.composite
@@ -132,6 +196,7 @@ def history(
             attrs["handoff.valid"] = False
         if draw(st.integers(0, 14)) == 0:  # a tenant claim, most often someone else's
             attrs["handoff.tenant"] = draw(st.sampled_from([tenant, "evil"]))
+        attrs.update(draw(_topology_attrs(e)))
         if e == "create" and not f:
             tr = create(hid, at, mode=mode, deadline_ms=deadline, tenant=tenant, **env, **attrs)
         else:
@@ -170,6 +235,9 @@ def _ref_row(t: T) -> dict:
         "idempotency_key": a.get("handoff.idempotency_key", ""),
         "capabilities": list(a.get("handoff.capabilities", [])),
         "claimed_tenant": a.get("handoff.tenant", ""),
+        "topology": a.get("handoff.topology", ""),
+        "from_agent": a.get("handoff.from_agent", ""),
+        "error_code": a.get("handoff.error_code", ""),
         "handoff_id": t.handoff_id,
         "event": t.event,
         "from_state": t.from_state,
@@ -236,7 +304,60 @@ def linked(draw, tenant: str, as_of: datetime, k: int) -> list[T]:
 
 
 @st.composite
-def scenario(draw, linked_max: int = 2):
+def fanned(draw, tenant: str, as_of: datetime, k: int) -> list[T]:
+    """One orchestrator's agent-as-tool handoffs: a task to 2..4 experts, maybe another
+    task to some of them or to one more, maybe one call created before the window."""
+    orch, experts = f"o{k}", [f"x{i}" for i in range(draw(st.sampled_from([3, 2, 4])))]
+    t0 = as_of - timedelta(seconds=draw(st.sampled_from([60, 600])))
+    calls = [(f"task-f{k}", e, t0) for e in experts]
+    calls += [(f"task-f{k}", experts[0], t0)] * draw(st.integers(0, 1))  # a second attempt
+    other = draw(st.sampled_from(["none", "subset", "extra", "early"]))
+    if other == "subset":
+        calls.append((f"task-g{k}", experts[-1], t0))
+    elif other == "extra":
+        calls.append((f"task-g{k}", "x9", t0))
+    elif other == "early":  # before the window: not an expert called in it
+        calls.append((f"task-g{k}", "x9", T0 - timedelta(minutes=5)))
+    topo = draw(st.sampled_from(["agent_as_tool", "agent_as_tool", "in_process"]))
+    return [create(f"fo{k}-{i}", at, task_id=task, from_agent=orch, to_agent=e, topology=topo,
+                   tenant=tenant) for i, (task, e, at) in enumerate(calls)]  # fmt: skip
+
+
+@st.composite
+def executed(draw, tenant: str, as_of: datetime, k: int) -> list[T]:
+    """A handoff run to its end (committed, prepared then committed, resolved committed
+    after a timeout, or failed after a prepare), a command, an event or unmarked, with the
+    topology attributes drawn on its create and rows; each row marked replayed or not, each
+    result with item counts and evidence drawn."""
+    h, t0 = f"e{k}", as_of - timedelta(seconds=draw(st.sampled_from([60, 600])))
+    env = draw(_topology_envelope(t0))
+    kind = draw(st.sampled_from(["command", "event", None]))
+    env.update({"handoff.message.kind": kind} if kind else {})
+    mode = draw(st.sampled_from(["transfer", "delegate"]))
+    out = [create(h, t0, task_id=f"task-e{k}", mode=mode, tenant=tenant, **env)]
+    steps = [("created", "accept", "accepted"), ("accepted", "start", "running")]
+    steps += draw(st.sampled_from([
+        [("running", "commit", "committed")],
+        [("running", "prepare", "prepared"), ("prepared", "commit", "committed")],
+        [("running", "timeout", "unknown"), ("unknown", "resolve_committed", "committed")],
+        [("running", "prepare", "prepared"), ("prepared", "fail", "failed")],
+    ]))  # fmt: skip
+    for i, (f, e, t) in enumerate(steps, start=1):
+        attrs: dict = draw(_topology_attrs(e))
+        attrs["handoff.replay"] = draw(st.booleans())
+        if e in ("prepare", "commit", "resolve_committed"):
+            attrs.update(draw(st.sampled_from(EVIDENCE)))
+            exp, got = draw(st.sampled_from([(3, 2), (3, 3), (2, 5)]))
+            attrs["handoff.result.items_expected"], attrs["handoff.result.items_returned"] = (
+                exp,
+                got,
+            )
+        out.append(T(h, e, f, t, t0 + timedelta(seconds=i), tenant=tenant, attrs=attrs))
+    return out
+
+
+@st.composite
+def scenario(draw, linked_max: int = 2, topology_groups: bool = True):
     tenant = f"p{next(_tenants)}"
     as_of = T0 + timedelta(minutes=draw(st.integers(5, 75)))
     n = draw(st.integers(1, 12))
@@ -248,6 +369,11 @@ def scenario(draw, linked_max: int = 2):
     ]
     for k in range(draw(st.integers(0, linked_max))):
         rows += draw(linked(tenant, as_of, k))
+    if topology_groups:
+        for k in range(draw(st.sampled_from([1, 2, 0]))):
+            rows += draw(fanned(tenant, as_of, k))
+        for k in range(draw(st.integers(0, 3))):
+            rows += draw(executed(tenant, as_of, k))
     return tenant, rows, as_of
 
 
@@ -302,13 +428,21 @@ def test_sql_funnel_and_anomalies_equal_reference(chdb_client, fresh_db, sc):
         )
         ref_ids = sorted(h for (_t, h), kinds in audit.items() if h in cohort and kind in kinds)
         assert sql_ids == ref_ids, kind
+    # each topology's own kinds: two passes for all of them
+    topo = ref_topo.topology_anomalies(refrows, start_ns=int(lo), end_ns=int(hi), th=thresholds())
+    df = anomalies(chdb_client, database=fresh_db, window=w, tenant=tenant, examples=1000,
+                   kinds=ref_topo.TOPOLOGY_KINDS)  # fmt: skip
+    for r in df.itertuples():
+        ref_ids = sorted(h for (_t, h), kinds in topo.items() if r.kind in kinds)
+        assert (r.count, list(r.examples)) == (len(ref_ids), ref_ids), r.kind
 
 
 @st.composite
 def resent_scenario(draw):
     # without the protocol-audit triples: their attempts share one slot across handoffs,
-    # which the twin built below does not reproduce row for row
-    tenant, rows, as_of = draw(scenario(linked_max=0))
+    # which the twin built below does not reproduce row for row; without the fan-out and
+    # run-to-the-end groups (time: their kinds fold copies by max/count as the others do)
+    tenant, rows, as_of = draw(scenario(linked_max=0, topology_groups=False))
     picks = st.lists(st.integers(0, len(rows) - 1), min_size=1, max_size=6) if rows else st.just([])
     return tenant, rows, draw(picks), as_of
 
