@@ -1,6 +1,7 @@
 """Anomalies: each kind with its count and delta against the previous period; on request a
 trend (counts over six equal slices of the window); examples link into the explorer.
-The kinds of the protocol audit (retries, receipts, grants, tenants) have their own group.
+The kinds of the protocol audit (retries, receipts, grants, tenants) have their own group, and
+so do each topology's own failures with the schema-version window.
 
 The trend is off by default: each slice is one more anomalies() query, and on a large store
 one query over a day takes tens of seconds (bench/dashboard_render.py's data, 10M rows).
@@ -23,6 +24,18 @@ PROTOCOL_AUDIT = (
     "capability_outside_grant",
     "grant_tenant_mismatch",
     "tenant_claim_mismatch",
+)
+#: kinds shown under "Topologies and compatibility": each topology's own failures, the
+#: replayed commands and the schema-version window
+TOPOLOGY = (
+    "unfiltered_sensitive_history",
+    "partial_result_committed",
+    "fan_out_all",
+    "consumer_lag",
+    "command_replayed",
+    "stale_agent_card",
+    "incompatible_accepted",
+    "risky_field_ignored",
 )
 
 src = _ui.start_page("Anomalies")
@@ -65,8 +78,12 @@ st.caption(f"{total:,} anomalies in {p.describe()}" + (f" · tenant {p.tenant}" 
 
 all_rows = list(cur.itertuples(index=False))
 groups = (
-    ("Transitions and outcomes", [r for r in all_rows if r.kind not in PROTOCOL_AUDIT]),
+    (
+        "Transitions and outcomes",
+        [r for r in all_rows if r.kind not in PROTOCOL_AUDIT and r.kind not in TOPOLOGY],
+    ),
     ("Protocol audit", [r for r in all_rows if r.kind in PROTOCOL_AUDIT]),
+    ("Topologies and compatibility", [r for r in all_rows if r.kind in TOPOLOGY]),
 )
 for title, rows in groups:
     if not rows:

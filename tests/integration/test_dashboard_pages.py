@@ -166,6 +166,7 @@ def test_anomalies_counts_equal_analytics(store_env, chdb_client):
     got = _metrics(at)
     for kind, count in zip(expected["kind"], expected["count"], strict=True):
         assert got[str(kind).replace("_", " ")] == f"{int(count):,}", kind
+    assert "Topologies and compatibility" in _texts(at.markdown)  # each topology's own kinds
     assert _charts(at) == 1
     at.toggle(key="an_trend").set_value(True).run()  # six more queries, same counts
     assert not at.exception and _metrics(at) == got
