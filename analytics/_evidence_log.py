@@ -10,6 +10,11 @@ a signed head, their check, and the consistency of that head with a newer one.
 - `store_matched_head`: whether the store's leaves reproduced the head's root at export;
 - `note` (only when the proofs came from a full read of the log): why the stored pieces of
   the log (sql/008) could not be used.
+With several serve instances on one store (sql/010) each has its own log, and a head names
+its `instance` (absent for the log ''). When a package's rows are in the logs of several
+instances, each entry also names the `instance` whose log proves it (absent when none
+does), `heads` maps each of those instances to its newest signed head and `head` is the
+first entry's.
 
 `log_section` builds it from every leaf of the log (O(n)); `log_section_from` from the
 pieces a few proofs need (foundation.ledger_log.read_pieces, O(log n)); both give the same
@@ -33,7 +38,15 @@ from foundation.merkle import (
     verify_inclusion,
 )
 
-__all__ = ["check_consistency", "check_log_section", "log_section", "log_section_from"]
+__all__ = [
+    "check_consistency",
+    "check_log_section",
+    "consistency_problems",
+    "log_section",
+    "log_section_from",
+    "merge_sections",
+    "section_heads",
+]
 
 
 def log_section(
@@ -103,9 +116,63 @@ def log_section_from(
     }
 
 
+def merge_sections(
+    sections: Sequence[tuple[str, Mapping[str, Any]]], transitions: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """One `integrity.log` from the sections of several instances' logs (each as
+    log_section gives it, for the same transitions): each entry from the first log that
+    proves it, naming its instance. One section is itself (its head names its instance)."""
+    if len(sections) == 1:
+        return dict(sections[0][1])
+    entries: list[dict[str, Any]] = []
+    pending: list[str] = []
+    for i, t in enumerate(transitions):
+        found = next(((inst, s["entries"][i]) for inst, s in sections
+                      if s["entries"][i]["index"] is not None), None)  # fmt: skip
+        if found is None:
+            pending.append(t["span_id"])
+            entries.append({"row_hash": t["row_hash"], "index": None, "path": []})
+        else:
+            entries.append({**found[1], "instance": found[0]})
+    by = dict(sections)
+    first = next((e["instance"] for e in entries if "instance" in e), sections[0][0])
+    out: dict[str, Any] = {
+        "head": by[first]["head"],
+        "heads": {inst: s["head"] for inst, s in sections},
+        "entries": entries,
+        "pending": pending,
+        "store_matched_head": all(s["store_matched_head"] for _i, s in sections),
+    }
+    notes = [f"instance {inst or '(none)'}: {s['note']}" for inst, s in sections if s.get("note")]
+    if notes:
+        out["note"] = "; ".join(notes)
+    return out
+
+
 def _head(section: Mapping[str, Any]) -> SignedHead | None:
     raw = section.get("head")
     return None if raw is None else SignedHead.from_dict(raw)
+
+
+def section_heads(section: Mapping[str, Any]) -> dict[str, SignedHead]:
+    """The signed heads of `integrity.log` by instance ({} when none); ValueError naming
+    the field for a malformed head, or one filed under another instance than its own."""
+    raw = section.get("heads")
+    if raw is None:
+        head = _head(section)
+        return {} if head is None else {head.instance: head}
+    if not isinstance(raw, Mapping):
+        raise ValueError("heads: must be an object of instance -> signed head")
+    out = {}
+    for inst, h in raw.items():
+        try:
+            head = SignedHead.from_dict(h)
+        except (ValueError, AttributeError) as exc:
+            raise ValueError(f"heads[{inst!r}]: {exc}") from None
+        if head.instance != inst:
+            raise ValueError(f"heads[{inst!r}]: a head of instance {head.instance!r}")
+        out[str(inst)] = head
+    return out
 
 
 def check_log_section(
@@ -124,11 +191,23 @@ def check_log_section(
     if head is None:
         return ["integrity.log.head: none (serve signed no head): nothing proves these rows "
                 "without the store"]  # fmt: skip
+    try:
+        heads = section_heads(section)
+    except ValueError as exc:
+        return [f"integrity.log.{exc}"]
     problems = []
-    if keys is not None and (err := keys.check(head)):
-        problems.append(f"integrity.log.head: {err}")
-    if head.signed_at > generated_at_ns:
-        problems.append("integrity.log.head: signed after the package's generated_at")
+    checked = [("integrity.log.head", head)] + [
+        (f"integrity.log.heads[{inst!r}]", h)
+        for inst, h in sorted(heads.items())
+        if "heads" in section and h != head
+    ]
+    for where, h in checked:
+        if keys is not None and (err := keys.check(h)):
+            problems.append(f"{where}: {err}")
+        if h.signed_at > generated_at_ns:
+            problems.append(f"{where}: signed after the package's generated_at")
+    if "heads" in section and heads.get(head.instance) != head:
+        problems.append("integrity.log.head: not the head of its instance in integrity.log.heads")
     if section.get("store_matched_head") is not True:
         problems.append("integrity.log.store_matched_head: at export the store's log did not "
                         "reproduce the signed head (the ledger was rewritten)")  # fmt: skip
@@ -136,7 +215,6 @@ def check_log_section(
     transitions = package["transitions"]
     if not isinstance(entries, list) or len(entries) != len(transitions):
         return [*problems, "integrity.log.entries: not one entry per transition"]
-    root_b = bytes.fromhex(head.root)
     for i, (t, e) in enumerate(zip(transitions, entries, strict=True)):
         where = f"transitions[{i}] (span_id={t.get('span_id')})"
         if not isinstance(e, Mapping) or e.get("row_hash") != t.get("row_hash"):
@@ -145,10 +223,16 @@ def check_log_section(
         if e.get("index") is None:
             problems.append(f"{where}: not covered by the signed head (no inclusion proof)")
             continue
+        of = heads.get(str(e.get("instance", ""))) if "heads" in section else head
+        if of is None:
+            problems.append(f"{where}: no signed head of its instance {e.get('instance')!r} "
+                            "in the package")  # fmt: skip
+            continue
+        root_b = bytes.fromhex(of.root)
         try:
             path = [bytes.fromhex(p) for p in e["path"]]
             ok = verify_inclusion(
-                int(e["index"]), head.tree_size, leaf_hash(log_entry(t["row_hash"])), path, root_b
+                int(e["index"]), of.tree_size, leaf_hash(log_entry(t["row_hash"])), path, root_b
             )
         except (KeyError, TypeError, ValueError):
             ok = False
@@ -164,6 +248,20 @@ def check_consistency(
     """Problems between the package's head and the store's newest head: the store must hold
     a head at least as large whose tree the package's is a prefix of (RFC 9162 consistency
     proof over the store's leaves), and the store's leaves must reproduce its head."""
+    early = _sizes(package_head, store_head)
+    if early is not None or store_head is None:
+        return early or []
+    n = store_head.tree_size
+    if len(store_leaves) < n:
+        return [f"log: the store holds {len(store_leaves)} leaves, its newest head signed {n} "
+                "(the log was truncated)"]  # fmt: skip
+    leaves = store_leaves[:n]
+    return consistency_problems(
+        package_head, store_head, root(leaves), consistency_proof(package_head.tree_size, leaves)
+    )
+
+
+def _sizes(package_head: SignedHead, store_head: SignedHead | None) -> list[str] | None:
     m = package_head.tree_size
     if store_head is None:
         return [f"log: the store has no signed head, the package one of size {m} (heads deleted)"]
@@ -171,15 +269,22 @@ def check_consistency(
     if n < m:
         return [f"log: the store's newest signed head has {n} leaves, the package's {m} "
                 "(the log was truncated or its heads deleted)"]  # fmt: skip
-    if len(store_leaves) < n:
-        return [f"log: the store holds {len(store_leaves)} leaves, its newest head signed {n} "
-                "(the log was truncated)"]  # fmt: skip
-    leaves = store_leaves[:n]
+    return None
+
+
+def consistency_problems(
+    package_head: SignedHead, store_head: SignedHead | None, store_root: bytes, proof: list[bytes]
+) -> list[str]:
+    """check_consistency given the root the store's leaves (or its stored pieces) give for
+    the store head's size and the consistency proof from the package head's size (pure)."""
+    early = _sizes(package_head, store_head)
+    if early is not None or store_head is None:
+        return early or []
+    m, n = package_head.tree_size, store_head.tree_size
     problems = []
-    if root(leaves).hex() != store_head.root:
+    if store_root.hex() != store_head.root:
         problems.append(f"log: the store's leaves do not reproduce its newest signed head "
                         f"(size {n}): the ledger was rewritten")  # fmt: skip
-    proof = consistency_proof(m, leaves)
     if not verify_consistency(
         m, n, bytes.fromhex(package_head.root), bytes.fromhex(store_head.root), proof
     ):

@@ -16,7 +16,9 @@ differs. Its integrity section holds:
   RFC 9162 inclusion proof per transition, so the package verifies offline with the
   public key. The proofs are assembled from the pieces of the log the signer stores
   (sql/008: O(log n) rows read); when those do not reach the newest head, or do not match
-  the ledger rows they cover, from a full read of the log, and `log.note` says why;
+  the ledger rows they cover, from a full read of the log, and `log.note` says why. With
+  several serve instances on one store each has its own log, and each entry names the
+  instance whose log proves it (analytics._evidence_logs);
 - `package_sha256`: a checksum of the rest (anyone can recompute it; it proves nothing).
 """
 
@@ -27,13 +29,12 @@ from typing import TYPE_CHECKING, Any, Final
 
 from analytics import reference as ref
 from analytics._common import check_db, ns
-from analytics._evidence_log import log_section, log_section_from
+from analytics._evidence_logs import StoreLogs
 from analytics._evidence_store import cross_anomalies, fetch_task_rows, ledger_batches, related
 from analytics._package import FORMAT, build_package, iso_ns, typed_mismatches
 from analytics._rows import fetch_handoff, fetch_ledger
 from analytics.verify import VerifyResult, package_sha256, verify_offline, verify_package
-from foundation.keys import PublicKeys, SignedHead
-from foundation.ledger_log import covers, newest_head, read_leaves, read_pieces
+from foundation.keys import PublicKeys
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
@@ -55,52 +56,6 @@ _RELATED_LIMIT: Final = 200
 
 
 TASK_FORMAT: Final = "handoff-task-evidence/v1"
-
-
-class _StoreLog:
-    """The store's newest signed head, whether its stored pieces reach it, and its leaves
-    read once, only when a package needs the full read."""
-
-    def __init__(self, client: Client, db: str) -> None:
-        self.head: SignedHead | None = newest_head(client, db)
-        self.pieces = self.head is not None and covers(client, db, self.head)
-        self._client, self._db = client, db
-        self._leaves: list[bytes] | None = None
-
-    def leaves(self) -> list[bytes]:
-        if self._leaves is None:
-            self._leaves = read_leaves(self._client, self._db)
-        return self._leaves
-
-
-_FULL_READ: Final = "proofs from a full read of the log: "
-_NOT_STORED: Final = (
-    "the signer's stored pieces of the log (sql/008) do not reach the newest head (signed by "
-    "an older serve; a signing serve stores them when it starts)"
-)
-
-
-def _log_section(
-    client: Client, db: str, log: _StoreLog, tenant: str, handoff_id: str, transitions
-) -> dict[str, Any]:
-    head = log.head
-    if head is None:
-        return log_section([], None, transitions)
-    why = _NOT_STORED
-    if log.pieces:
-        pieces = read_pieces(
-            client, db, head.tree_size, ledger_batches(client, db, tenant, handoff_id)
-        )
-        if not isinstance(pieces, str):
-            section = log_section_from(pieces, head, transitions)
-            if section["store_matched_head"]:
-                return section
-            why = "the stored pieces of the log do not reproduce the signed head"
-        else:
-            why = pieces
-    section = log_section(log.leaves(), head, transitions)
-    section["note"] = _FULL_READ + why
-    return section
 
 
 def evidence_package(
@@ -126,13 +81,13 @@ def evidence_package(
     tenants = sorted({r["tenant"] for r in rows})
     if len(tenants) > 1:
         raise ValueError(f"handoff_id {handoff_id!r} exists in tenants {tenants}; pass tenant=")
-    return _package(client, db, rows, ns(as_of or datetime.now(UTC)), _StoreLog(client, db))
+    return _package(client, db, rows, ns(as_of or datetime.now(UTC)), StoreLogs(client, db))
 
 
-def _package(client: Client, db: str, rows, now_ns: int, log: _StoreLog) -> dict[str, Any]:
+def _package(client: Client, db: str, rows, now_ns: int, logs: StoreLogs) -> dict[str, Any]:
     ten, hid = rows[0]["tenant"], rows[0]["handoff_id"]
-    if log.head is not None:  # never before its head was signed (serve's clock may run ahead)
-        now_ns = max(now_ns, log.head.signed_at)
+    if logs.heads:  # never before its heads were signed (serve's clock may run ahead)
+        now_ns = max(now_ns, *(h.signed_at for h in logs.heads.values()))
     task_rows = fetch_task_rows(client, db, ten, rows[0]["task_id"])
     extra = cross_anomalies(client, db, ten, rows, task_rows, hid)
     pkg = build_package(
@@ -144,7 +99,7 @@ def _package(client: Client, db: str, rows, now_ns: int, log: _StoreLog) -> dict
         typed_mismatched=typed_mismatches(rows),
     )
     # the proofs, in the package's transition order (one per distinct row)
-    pkg["integrity"]["log"] = _log_section(client, db, log, ten, hid, pkg["transitions"])
+    pkg["integrity"]["log"] = logs.section(pkg["transitions"], ledger_batches(client, db, ten, hid))
     pkg["integrity"]["package_sha256"] = package_sha256(pkg)
     return pkg
 
@@ -183,9 +138,9 @@ def task_bundle(
     if len(tenants) > 1:
         raise ValueError(f"task_id {task_id!r} exists in tenants {tenants}; pass tenant=")
     now_ns = ns(as_of or datetime.now(UTC))
-    log = _StoreLog(client, db)
+    logs = StoreLogs(client, db)
     packages = [
-        _package(client, db, fetch_handoff(client, db, str(h), tenants[0]), now_ns, log)
+        _package(client, db, fetch_handoff(client, db, str(h), tenants[0]), now_ns, logs)
         for h in sorted({str(h) for _t, h in found})
     ]
     packages.sort(key=_created_ns)

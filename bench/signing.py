@@ -22,8 +22,12 @@ size, one signing serve on a fresh store holding that many leaves; for `--packag
 handoffs spread over the log, the package as built now (proofs from the signer's stored
 pieces, sql/008) and its `integrity.log` both ways in the same run: from the stored pieces
 and from the full read of the log (read_leaves + log_section, the path a store without
-pieces takes), checked equal. Prints ms per package (medians) and the ratio, and a last
-line `RESULT sizes=<> pieces_log_ms=<> full_log_ms=<> package_ms=<>` (comma lists).
+pieces takes), checked equal; and verify against the store, its log check both ways (a
+consistency proof and the rows' positions from the stored pieces, as verify does now,
+against read_leaves + check_consistency) and the whole verify. Prints ms per package
+(medians) and the ratios, and a last line `RESULT sizes=<> pieces_log_ms=<> full_log_ms=<>
+package_ms=<> verify_pieces_log_ms=<> verify_full_log_ms=<> verify_store_ms=<>` (comma
+lists).
 """
 
 from __future__ import annotations
@@ -40,12 +44,15 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from analytics._evidence_log import log_section, log_section_from
+from analytics._evidence_log import check_consistency, log_section, log_section_from
+from analytics._evidence_logs import StoreLogs
 from analytics._evidence_store import ledger_batches
 from analytics.evidence import evidence_package
 from analytics.verify import verify_offline, verify_package
+from foundation.integrity import log_entry
 from foundation.keys import PublicKeys, generate_keypair, load_public_key
 from foundation.ledger_log import covers, newest_head, read_leaves, read_pieces
+from foundation.merkle import leaf_hash
 from ingest._verify import verify_ledger
 from ingest.testing import request_protobuf, span_json, transition
 from serve.testing import ServeHandle, start_serve, wait_until
@@ -238,19 +245,27 @@ def _by_size(sizes: list[int], per_request: int, sign_every: float, n: int) -> i
             print(f"log of {size:,} leaves (stored and signed in {setup:.0f} s): "
                   f"integrity.log from the stored pieces {rows[-1][2]:.1f} ms, from the full "
                   f"read {rows[-1][3]:.1f} ms (full / pieces = {rows[-1][3] / rows[-1][2]:.1f}); whole package "
-                  f"{rows[-1][4]:.1f} ms (median of {n})", flush=True)  # fmt: skip
+                  f"{rows[-1][4]:.1f} ms; verify against the store: log check from the stored "
+                  f"pieces {rows[-1][5]:.1f} ms, from the full read {rows[-1][6]:.1f} ms "
+                  f"(full / pieces = {rows[-1][6] / rows[-1][5]:.1f}), whole verify "
+                  f"{rows[-1][7]:.1f} ms (medians of {n})", flush=True)  # fmt: skip
     print("RESULT " + " ".join(
         f"{k}={','.join(f'{r[i]:.1f}' if i else str(r[0]) for r in rows)}"
-        for i, k in ((0, "sizes"), (2, "pieces_log_ms"), (3, "full_log_ms"), (4, "package_ms"))))  # fmt: skip
+        for i, k in ((0, "sizes"), (2, "pieces_log_ms"), (3, "full_log_ms"), (4, "package_ms"),
+                     (5, "verify_pieces_log_ms"), (6, "verify_full_log_ms"),
+                     (7, "verify_store_ms"))))  # fmt: skip
     return 0
 
 
-def _log_times(serve: ServeHandle, n: int) -> tuple[float, float, float]:
+def _log_times(serve: ServeHandle, n: int) -> tuple[float, ...]:
     """Medians over `n` handoffs, ms: integrity.log from the stored pieces (what a package
-    reads now), from the full read, and the whole package as built now."""
+    reads now), from the full read, the whole package as built now; then verify against the
+    store: its log part from the stored pieces (what verify reads now: a consistency proof
+    and the rows' positions, O(log n)), from the full read of the log (read_leaves +
+    check_consistency, the path a store without pieces takes), and the whole verify."""
     client = serve.client()
     db = serve.database
-    fast, full, whole = [], [], []
+    fast, full, whole, v_fast, v_full, v_whole = [], [], [], [], [], []
     try:
         ids = [r[0] for r in client.query(
             f"SELECT DISTINCT handoff_id FROM handoff_transitions ORDER BY cityHash64(handoff_id) LIMIT {n}"
@@ -265,18 +280,36 @@ def _log_times(serve: ServeHandle, n: int) -> tuple[float, float, float]:
             t = time.perf_counter()
             head = newest_head(client, db)
             assert head is not None and covers(client, db, head)
-            pieces = read_pieces(client, db, head.tree_size, ledger_batches(client, db, ten, hid))
+            pieces = read_pieces(
+                client, db, head.tree_size, ledger_batches(client, db, ten, hid), head.instance
+            )
             assert not isinstance(pieces, str), pieces
             a = log_section_from(pieces, head, trs)
             fast.append((time.perf_counter() - t) * 1000)
             t = time.perf_counter()
-            b = log_section(read_leaves(client, db), newest_head(client, db), trs)
+            b = log_section(read_leaves(client, db, head.instance), head, trs)
             full.append((time.perf_counter() - t) * 1000)
             assert a == b == pkg["integrity"]["log"], hid
+            stored = [(t["span_id"], t["row_hash"]) for t in trs]
+            batches = ledger_batches(client, db, ten, hid)
+            t = time.perf_counter()
+            logs = StoreLogs(client, db)
+            assert logs.problems({head.instance: head}, stored, batches, None) == []
+            assert logs.full_reads == 0
+            v_fast.append((time.perf_counter() - t) * 1000)
+            t = time.perf_counter()
+            leaves = read_leaves(client, db, head.instance)
+            assert check_consistency(head, leaves, newest_head(client, db)) == []
+            signed = set(leaves[: head.tree_size])
+            assert all(leaf_hash(log_entry(h)) in signed for _s, h in stored)
+            v_full.append((time.perf_counter() - t) * 1000)
+            t = time.perf_counter()
+            assert verify_package(client, pkg, database=db).ok
+            v_whole.append((time.perf_counter() - t) * 1000)
     finally:
         client.close()
     med = statistics.median
-    return med(fast), med(full), med(whole)
+    return med(fast), med(full), med(whole), med(v_fast), med(v_full), med(v_whole)
 
 
 if __name__ == "__main__":

@@ -84,13 +84,21 @@ def _view(stmt: str) -> str:
 
 
 def _alter(stmt: str) -> str:
-    """ALTER TABLE X ... -> ALTER TABLE X_local ON CLUSTER ... (the data lives in X_local)."""
-    return (
+    """ALTER TABLE X ... -> ALTER TABLE X_local ON CLUSTER ... (the data lives in X_local);
+    a column added is added to the Distributed table X too (it reads and writes it)."""
+    out = (
         _ALTER.sub(
             lambda m: f"ALTER TABLE {{db}}.{m.group(1)}_local ON CLUSTER '{{cluster}}' ", stmt
         )
         + ";\n"
     )
+    if " ADD COLUMN " in stmt:  # a Distributed table has no sorting key to modify
+        dist = re.sub(r",\s*MODIFY ORDER BY \([^)]*\)", "", stmt)
+        out += (
+            _ALTER.sub(lambda m: f"ALTER TABLE {{db}}.{m.group(1)} ON CLUSTER '{{cluster}}' ", dist)
+            + ";\n"
+        )
+    return out
 
 
 def _backfill(stmt: str) -> str:

@@ -4,7 +4,9 @@ A tree head states: the log had `tree_size` leaves with root `root` when `signed
 (ns since the epoch), after `batches` ingest batches ending at chain link `chain_hash`.
 The signature covers the canonical JSON of those fields, the format name and `key_id`
 (the first 16 hex of SHA-256 over the raw 32-byte public key), so a head signed by one
-key never verifies under another and rotated keys stay apart. Key files: PEM, the private
+key never verifies under another and rotated keys stay apart. A head of a named serve
+instance's log (several serves on one store, sql/010) also covers its `instance`; a head of
+the log '' (one serve, or a store written before instances) is signed as before. Key files: PEM, the private
 key PKCS#8 unencrypted (mode 0600), the public key SubjectPublicKeyInfo.
 """
 
@@ -59,14 +61,20 @@ class SignedHead:
     chain_hash: str
     key_id: str
     signature: str
+    instance: str = ""  # the serve instance whose log this is ("" : the one log)
 
     def message(self) -> bytes:
-        """The bytes the signature covers."""
+        """The bytes the signature covers (`instance` only when named)."""
         body = {k: v for k, v in asdict(self).items() if k != "signature"}
+        if not self.instance:
+            body.pop("instance")
         return canonical_json({"format": HEAD_FORMAT, **body}).encode()
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if not self.instance:
+            out.pop("instance")
+        return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> SignedHead:
@@ -80,6 +88,7 @@ class SignedHead:
                 chain_hash=str(d["chain_hash"]),
                 key_id=str(d["key_id"]),
                 signature=str(d["signature"]),
+                instance=str(d.get("instance", "")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"signed head: bad or missing field {exc}") from None
@@ -96,10 +105,18 @@ def sign_head(
     signed_at: int,
     batches: int,
     chain_hash: str,
+    instance: str = "",
 ) -> SignedHead:
-    """A head over (tree_size, root) signed with `private`."""
+    """A head over (tree_size, root) of `instance`'s log signed with `private`."""
     unsigned = SignedHead(
-        tree_size, root.hex(), signed_at, batches, chain_hash, key_id(private.public_key()), ""
+        tree_size,
+        root.hex(),
+        signed_at,
+        batches,
+        chain_hash,
+        key_id(private.public_key()),
+        "",
+        instance,
     )
     sig = private.sign(unsigned.message())
     return SignedHead(**{**asdict(unsigned), "signature": sig.hex()})

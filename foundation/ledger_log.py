@@ -9,6 +9,10 @@ The signer also stores the log in pieces (sql/008_ledger_nodes.sql): each batch'
 and the hashes of its complete aligned subtrees of 2^CHUNK_LEVEL leaves and more.
 `read_pieces` reads what proofs of a few leaves need from them (a handful of queries, O(log
 n) nodes and a few chunks of leaves), so a package does not read the whole log.
+
+Each serve instance has its own log (foundation.ledger_instances, sql/010): every reader
+takes an `instance` ("" by default: the one log of a single serve) and reads only its
+batches, heads and pieces.
 """
 
 from __future__ import annotations
@@ -18,10 +22,19 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
-from foundation.integrity import chain_order, log_entry
+from foundation.integrity import log_entry
 from foundation.keys import PublicKeys, SignedHead
+from foundation.ledger_heads import covers, newest_head, newest_heads, read_heads
+from foundation.ledger_instances import (
+    INSTANCE_SQL,
+    has_instance_columns,
+    instance_filter,
+    one_instance,
+    split_chains,
+)
 from foundation.merkle import (
     Frontier,
+    consistency_proof_from,
     inclusion_proof_from,
     leaf_hash,
     pieces_needed,
@@ -41,9 +54,11 @@ __all__ = [
     "check_log",
     "covers",
     "newest_head",
+    "newest_heads",
     "read_heads",
     "read_leaves",
     "read_log",
+    "read_logs",
     "read_pieces",
 ]
 
@@ -101,15 +116,25 @@ def _s(v: object) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
-def read_log(client: Client, database: str) -> LedgerLog:
-    """Every batch of `database` with its ledger row hashes (two queries: the batches, then
-    the ledger grouped by batch)."""
-    db = database
+def _links(client: Client, db: str) -> tuple[dict[str, list[str]], dict[str, list[str]], dict]:
+    """Every batch's chain link and instance: split_chains's (ordered, unreachable) and
+    id -> (chain_hash, transitions)."""
     rows = client.query(
         f"""SELECT ingest_batch, prev_chain_hash, chain_hash,
-                   toUnixTimestamp64Nano(toDateTime64(received_at, 9)), transitions
+                   toUnixTimestamp64Nano(toDateTime64(received_at, 9)), transitions,
+                   {INSTANCE_SQL}
             FROM {db}.ingest_batches"""
     ).result_rows
+    links = [(_s(b), _s(p), _s(c), int(t), _s(i)) for b, p, c, t, _n, i in rows]
+    info = {_s(b): (_s(c), int(n)) for b, _p, c, _t, n, _i in rows}
+    return *split_chains(links), info
+
+
+def read_logs(client: Client, database: str) -> dict[str, LedgerLog]:
+    """Every instance's log: its batches with their ledger row hashes (two queries: the
+    batches, then the ledger grouped by batch)."""
+    db = database
+    ordered, unreachable, info = _links(client, db)
     hashes: dict[str, list[str]] = {
         _s(b): [_s(h) for h in hs]
         for b, hs in client.query(
@@ -117,25 +142,32 @@ def read_log(client: Client, database: str) -> LedgerLog:
                 FROM {db}.transition_ledger GROUP BY ingest_batch"""
         ).result_rows
     }
-    info = {_s(b): (_s(p), _s(c), int(t), int(n)) for b, p, c, t, n in rows}
-    ordered, unreachable = chain_order([(b, p, c, t) for b, (p, c, t, _n) in info.items()])
-    return LedgerLog(
-        tuple(LogBatch(b, info[b][1], info[b][3], tuple(hashes.get(b, ()))) for b in ordered),
-        tuple(unreachable),
-    )
+    return {
+        inst: LedgerLog(
+            tuple(
+                LogBatch(b, info[b][0], info[b][1], tuple(hashes.get(b, ())))
+                for b in ordered.get(inst, [])
+            ),
+            tuple(unreachable.get(inst, [])),
+        )
+        for inst in sorted(set(ordered) | set(unreachable))
+    }
 
 
-def read_leaves(client: Client, database: str) -> list[bytes]:
-    """The log's Merkle leaf hashes in log order, hashed by the store (SHA-256 of 0x00 and
-    the raw row hash): what a package's proofs need, half the bytes of read_log and no
-    hashing here."""
+def read_log(client: Client, database: str, instance: str | None = None) -> LedgerLog:
+    """`instance`'s log (read_logs; None: the store's one log, foundation.ledger_instances.
+    one_instance)."""
+    instance = one_instance(client, database, instance)
+    return read_logs(client, database).get(instance, LedgerLog(()))
+
+
+def read_leaves(client: Client, database: str, instance: str | None = None) -> list[bytes]:
+    """`instance`'s log's Merkle leaf hashes in log order (None: the store's one log),
+    hashed by the store (SHA-256 of 0x00 and the raw row hash): what a package's proofs
+    need, half the bytes of read_log and no hashing here."""
     db = database
-    rows = client.query(
-        f"""SELECT ingest_batch, prev_chain_hash, chain_hash,
-                   toUnixTimestamp64Nano(toDateTime64(received_at, 9))
-            FROM {db}.ingest_batches"""
-    ).result_rows
-    ordered, _unreachable = chain_order([(_s(b), _s(p), _s(c), int(t)) for b, p, c, t in rows])
+    instance = one_instance(client, db, instance)
+    ordered, _unreachable, _info = _links(client, db)
     leaves = {
         _s(b): hs
         for b, hs in client.query(
@@ -146,20 +178,7 @@ def read_leaves(client: Client, database: str) -> list[bytes]:
         ).result_rows
     }
     return [bytes(h) if not isinstance(h, str) else h.encode("latin-1")
-            for b in ordered for h in leaves.get(b, ())]  # fmt: skip
-
-
-def read_heads(client: Client, database: str) -> list[SignedHead]:
-    """Every signed head of `database`, by tree size then signing time."""
-    rows = client.query(
-        f"""SELECT tree_size, toString(root), toUnixTimestamp64Nano(signed_at), batches,
-                   toString(chain_hash), key_id, signature
-            FROM {database}.ledger_heads ORDER BY tree_size, signed_at"""
-    ).result_rows
-    return [
-        SignedHead(int(n), _s(r), int(t), int(b), _s(c), _s(k), _s(sig))
-        for n, r, t, b, c, k, sig in rows
-    ]
+            for b in ordered.get(instance, []) for h in leaves.get(b, ())]  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,32 +267,6 @@ def check_log(log: LedgerLog, heads: Sequence[SignedHead], keys: PublicKeys | No
     )
 
 
-def newest_head(client: Client, database: str) -> SignedHead | None:
-    """The newest signed head of `database` (largest tree, then latest), None when none."""
-    rows = client.query(
-        f"""SELECT tree_size, toString(root), toUnixTimestamp64Nano(signed_at), batches,
-                   toString(chain_hash), key_id, signature
-            FROM {database}.ledger_heads ORDER BY tree_size DESC, signed_at DESC LIMIT 1"""
-    ).result_rows
-    if not rows:
-        return None
-    n, r, t, b, c, k, sig = rows[0]
-    return SignedHead(int(n), _s(r), int(t), int(b), _s(c), _s(k), _s(sig))
-
-
-def covers(client: Client, database: str, head: SignedHead) -> bool:
-    """Whether the stored pieces (sql/008) reach `head`: a batch position ending at its size
-    with its chain link (a store signed by an older serve has none)."""
-    return bool(
-        client.query(
-            f"""SELECT count() FROM {database}.ledger_positions
-                WHERE first_leaf <= {{n:UInt64}} AND first_leaf + leaves = {{n:UInt64}}
-                  AND chain_hash = {{c:String}}""",
-            parameters={"n": head.tree_size, "c": head.chain_hash},
-        ).result_rows[0][0]
-    )
-
-
 @dataclass(frozen=True, slots=True)
 class LogPieces:
     """The stored pieces of the tree of `size` leaves a few proofs need (read_pieces):
@@ -298,6 +291,12 @@ class LogPieces:
             self.size, index, self._node, self._chunk, chunk_level=CHUNK_LEVEL
         )
 
+    def consistency(self, old_size: int) -> list[bytes]:
+        """PROOF(old_size) to this tree (read_pieces with `old_size` among its old_sizes)."""
+        return consistency_proof_from(
+            old_size, self.size, self._node, self._chunk, chunk_level=CHUNK_LEVEL
+        )
+
 
 def _positions(
     client: Client, db: str, where: str, params: dict
@@ -312,36 +311,49 @@ def _positions(
 
 
 def read_pieces(
-    client: Client, database: str, size: int, batches_of: Mapping[str, Iterable[str]]
+    client: Client,
+    database: str,
+    size: int,
+    batches_of: Mapping[str, Iterable[str]],
+    instance: str | None = None,
+    old_sizes: Iterable[int] = (),
 ) -> LogPieces | str:
     """The pieces (sql/008) proofs in the tree of `size` leaves need for the row hashes of
     `batches_of` (row hash -> the batches its ledger rows are in), or why they cannot be
     used (a string: a batch's ledger rows differ from its stored position, a chunk of leaves
     from its stored subtree, a stored node is missing). Reads: the batches' positions, the
     ledger rows of the batches of the chunks they may fall in (one query), the nodes. Row
-    hashes not in the tree's first `size` leaves are absent from `index`."""
+    hashes not in the tree's first `size` leaves (of `instance`'s log) are absent from
+    `index` (None: the store's one log). `old_sizes`: also what consistency proofs from
+    trees of those sizes need (LogPieces.consistency); each must be within 0..size."""
     db, k = database, CHUNK_LEVEL
+    instance = one_instance(client, db, instance)
+    cols = has_instance_columns(client, db)
+    mine = instance_filter(cols, instance)
     wanted = sorted({b for bs in batches_of.values() for b in bs})
-    pos = {
-        b: (f, n, t)
-        for b, f, n, t in (
-            _positions(client, db, "ingest_batch IN {b:Array(String)}", {"b": wanted})
-            if wanted
-            else []
-        )
-    }
+    by_id = f"ingest_batch IN {{b:Array(String)}} AND {mine}"
+    listed = _positions(client, db, by_id, {"b": wanted, "instance": instance}) if wanted else []
+    pos = {b: (f, n, t) for b, f, n, t in listed}
     if size == 0:
         return LogPieces(0, {}, {}, {})
     # the chunks the rows' leaves may fall in, and the last: read their batches' ledger rows
     # together with the rows' own batches, in one query
-    maybe = {(size - 1) >> k} | {
+    olds = sorted(set(old_sizes))
+    if any(not 0 <= m <= size for m in olds):
+        raise ValueError(f"old sizes {olds} are not all within 0..{size}")
+    maybe = {(size - 1) >> k} | {(m - 1) >> k for m in olds if 0 < m < size} | {
         c for f, n, _t in pos.values() if n and f < size
         for c in range(f >> k, (min(f + n, size) - 1 >> k) + 1)
     }  # fmt: skip
     ranges = {c: (c << k, min((c + 1) << k, size)) for c in maybe}
     where = " OR ".join(f"(first_leaf < {hi} AND first_leaf + leaves > {lo})"
                         for lo, hi in ranges.values())  # fmt: skip
-    more = {b: (f, n, t) for b, f, n, t in _positions(client, db, f"leaves > 0 AND ({where})", {})}
+    more = {
+        b: (f, n, t)
+        for b, f, n, t in _positions(
+            client, db, f"leaves > 0 AND {mine} AND ({where})", {"instance": instance}
+        )
+    }
     hashes = _batch_hashes(client, db, {**pos, **more})
     if isinstance(hashes, str):
         return hashes
@@ -350,12 +362,12 @@ def read_pieces(
         found = [pos[b][0] + bisect_left(hashes[b], h) for b in bs if b in pos and h in hashes[b]]
         if found and min(found) < size:
             index[h] = min(found)
-    nodes_needed, chunks = pieces_needed(size, index.values(), chunk_level=k)
+    nodes_needed, chunks = pieces_needed(size, index.values(), chunk_level=k, old_sizes=olds)
     ranges = {c: ranges[c] for c in chunks}
     # a complete chunk is checked against its stored subtree, so rewritten ledger rows show
     full = {c for c, (lo, hi) in ranges.items() if hi - lo == 1 << k}
     keys = sorted(nodes_needed | {(k, c) for c in full})
-    nodes = _nodes(client, db, keys)
+    nodes = _nodes(client, db, keys, instance)
     if len(nodes) != len(keys):
         return f"{len(keys) - len(nodes)} stored subtree(s) of the log are missing"
     out: dict[int, tuple[bytes, ...]] = {}
@@ -405,14 +417,16 @@ def _batch_hashes(
 
 
 def _nodes(
-    client: Client, db: str, keys: Sequence[tuple[int, int]]
+    client: Client, db: str, keys: Sequence[tuple[int, int]], instance: str = ""
 ) -> dict[tuple[int, int], bytes]:
     if not keys:
         return {}
     pairs = ", ".join(f"({int(lv)}, {int(i)})" for lv, i in keys)
+    mine = instance_filter(has_instance_columns(client, db), instance)
     rows = client.query(
         f"""SELECT level, index, any(hash) FROM {db}.ledger_nodes
-            WHERE (level, index) IN ({pairs}) GROUP BY level, index"""
+            WHERE (level, index) IN ({pairs}) AND {mine} GROUP BY level, index""",
+        parameters={"instance": instance},
     ).result_rows
     return {(int(lv), int(i)): h if isinstance(h, bytes) else h.encode("latin-1")
             for lv, i, h in rows}  # fmt: skip

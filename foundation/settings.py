@@ -174,6 +174,12 @@ SIGNING_KEY: Final = Setting(
 SIGN_EVERY_S: Final = Setting(
     "HANDOFFS_SIGN_EVERY_S", "5", "seconds between two signed ledger heads at most"
 )
+INSTANCE_ID: Final = Setting(
+    "HANDOFFS_INSTANCE_ID",
+    "",
+    "this serve's instance id: its own ledger log and signed heads when several serves share "
+    "a store (letters, digits, . _ : -); empty = derived from the host name and spool directory",
+)
 SLO_RULES: Final = Setting(
     "HANDOFFS_SLO_RULES", "deploy/slos.yaml", "SLO rules file (YAML) the Alerts page reads"
 )
@@ -234,6 +240,7 @@ ENV: Final = (
     DERIVE_EVERY_S,
     SIGNING_KEY,
     SIGN_EVERY_S,
+    INSTANCE_ID,
     SLO_RULES,
     CONSUMER_LAG_MS,
     CONSUMER_LAG_OFFSETS,

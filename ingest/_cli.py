@@ -82,7 +82,13 @@ def _verify_chain(args: argparse.Namespace) -> int:
               f"log of {log.leaves} leaves, {log.heads} signed head(s), {log.verified_size} "
               f"leaves verified; {report.rows.rows} stored transitions checked against the "
               f"ledger: {state}")  # fmt: skip
-        if log.first_bad is not None:
+        if len(report.instances) > 1 or any(i for i, _r in report.instances):
+            for inst, r in report.instances:
+                print(f"  instance {inst or '(none)'}: log of {r.leaves} leaves, {r.heads} signed "
+                      f"head(s), {r.verified_size} leaves verified"
+                      + ("" if r.first_bad is None else f", first bad position: leaf {r.first_bad}")
+                      + f": {'intact' if r.ok else 'NOT intact'}")  # fmt: skip
+        elif log.first_bad is not None:
             print(f"  first bad position: leaf {log.first_bad}")
         for p in report.problems:
             print(f"  {p}")

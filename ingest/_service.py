@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from foundation.ledger_instances import source_with
 from foundation.store import StoreUnavailable  # the store failing: answer 503
 from ingest._decode import PROTOBUF, DecodedBatch, decode_request
 from ingest._planner import Shape, keep_lingering, next_take, plan_round, shape, split_in_two
@@ -84,8 +85,12 @@ class Ingestor:
         store_writer: StoreWriter | None = None,
         purger: Purger | None = None,
         rss: Callable[[], int] = anon_rss_bytes,
+        instance: str = "",
     ) -> None:
         self.client = client
+        #: the serve instance whose ledger log this writes (foundation.ledger_instances): its
+        #: batches carry it in `source` and chain from GENESIS on their own
+        self.instance = instance
         #: embedded store: RSS (bytes) from which requests acknowledged during a write are
         #: no longer written at once with it (serve passes OVERLAP_MAX_RSS; 0: no limit)
         self.overlap_max_rss = overlap_max_rss
@@ -136,7 +141,8 @@ class Ingestor:
         self._arrivals = Arrivals()
         self._writes = Writes(
             client, database, spool,
-            writer=store_writer or StoreWriters(), stager=stager, source=source,
+            writer=store_writer or StoreWriters(), stager=stager,
+            source=source_with(source, instance),
             max_refusals=max_refusals, stop_retrying=self._draining,
             stats=self.stats, timings=self.timings, lock=self._lock,
         )  # fmt: skip
@@ -212,7 +218,7 @@ class Ingestor:
         return drained
 
     def _load_chain(self) -> None:
-        self._writes.chain = last_chain_hash(self.client, self.database)
+        self._writes.chain = last_chain_hash(self.client, self.database, self.instance)
         rows = self.client.query(
             f"SELECT ingest_batch, chain_hash FROM {self.database}.ingest_batches "
             f"ORDER BY received_at DESC, ingest_batch DESC LIMIT {KNOWN_BATCHES}"

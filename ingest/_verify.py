@@ -6,8 +6,9 @@ For each ingest_batches row the store recomputes, in SQL (so it scales with the 
 - chain_hash = integrity.chain(prev_chain_hash, batch_hash) (a batch row rewritten);
 - prev_chain_hash is GENESIS or another batch's chain_hash (a batch row deleted);
 - the ledger row count equals the batch's `transitions`.
-One serve writes one chain; `heads` lists the chain ends (more than one: several writers, or
-a cut). `verify_ledger` adds the signed log (sql/007): every signed head against the
+Each serve instance writes one chain (foundation.ledger_instances); `heads` lists the chain
+ends (one per instance; more: several writers of one instance, or a cut). `verify_ledger`
+adds the signed logs (sql/007), each instance's on its own: every signed head against the
 leaves as stored now (foundation.ledger_log.check_log), so a ledger rewritten with its
 batch hashes and chain recomputed, a batch inserted or removed, or a truncated log is
 found and its first bad position named; and every stored handoff_transitions row against
@@ -19,12 +20,12 @@ deleted is named by handoff and span. One pass over both tables, streamed in key
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from foundation.integrity import GENESIS, derived_mismatches, row_hash
-from foundation.ledger_log import LogReport, check_log, read_heads, read_log
+from foundation.ledger_log import LedgerLog, LogReport, check_log, read_heads, read_logs
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
@@ -35,6 +36,7 @@ __all__ = [
     "ChainReport",
     "LedgerReport",
     "RowsReport",
+    "combine_logs",
     "verify_chain",
     "verify_ledger",
     "verify_rows",
@@ -118,12 +120,19 @@ class LedgerReport:
     log: LogReport
     rows: RowsReport
     require_signed: bool = False
+    #: each serve instance's log and its report (several serves on one store, sql/010);
+    #: `log` is them together, each problem and note prefixed with its instance
+    instances: tuple[tuple[str, LogReport], ...] = ()
 
     @property
     def problems(self) -> tuple[str, ...]:
         extra: tuple[str, ...] = ()
-        if self.require_signed and self.log.heads == 0 and self.log.leaves:
-            extra = ("log: no signed heads, though a public key was given",)
+        if self.require_signed:
+            extra = tuple(
+                f"log{_of(i)}: no signed heads, though a public key was given"
+                for i, r in self.instances or (("", self.log),)
+                if r.heads == 0 and r.leaves
+            )
         return (*self.chain.problems, *self.log.problems, *self.rows.problems, *extra)
 
     @property
@@ -135,25 +144,70 @@ class LedgerReport:
             **self.chain.as_dict(),
             "ok": self.ok,
             "problems": list(self.problems),
-            "log": {
-                "leaves": self.log.leaves,
-                "signed_heads": self.log.heads,
-                "verified_leaves": self.log.verified_size,
-                "unsigned_leaves": self.log.unsigned,
-                "first_bad_position": self.log.first_bad,
-                "notes": list(self.log.notes),
+            "log": _log_dict(self.log),
+            "instances": {
+                i: {**_log_dict(r), "ok": r.ok, "problems": list(r.problems)}
+                for i, r in self.instances
             },
             "rows": {"checked": self.rows.rows, "problems": list(self.rows.problems)},
         }
+
+
+def _log_dict(r: LogReport) -> dict:
+    return {
+        "leaves": r.leaves,
+        "signed_heads": r.heads,
+        "verified_leaves": r.verified_size,
+        "unsigned_leaves": r.unsigned,
+        "first_bad_position": r.first_bad,
+        "notes": list(r.notes),
+    }
+
+
+def _of(instance: str) -> str:
+    return f" of instance {instance}" if instance else ""
+
+
+def combine_logs(reports: Sequence[tuple[str, LogReport]]) -> LogReport:
+    """The reports of several instances' logs as one (pure): counts summed, each problem
+    and note prefixed with its instance, the first bad position of the first instance with
+    one. One log is itself (`instances` names it)."""
+    if not reports:
+        return LogReport(0, 0, 0, 0, None)
+    if len(reports) == 1:
+        return reports[0][1]
+    bad = [r.first_bad for _i, r in reports if r.first_bad is not None]
+    return LogReport(
+        leaves=sum(r.leaves for _i, r in reports),
+        heads=sum(r.heads for _i, r in reports),
+        verified_size=sum(r.verified_size for _i, r in reports),
+        unsigned=sum(r.unsigned for _i, r in reports),
+        first_bad=bad[0] if bad else None,
+        problems=tuple(f"instance {i or '(none)'}: {p}" for i, r in reports for p in r.problems),
+        notes=tuple(f"instance {i or '(none)'}: {n}" for i, r in reports for n in r.notes),
+    )
 
 
 def verify_ledger(client: Client, database: str, keys: PublicKeys | None = None) -> LedgerReport:
     """verify_chain plus the whole log against its signed heads (signatures checked when
     `keys` are given); never raises on tampering."""
     chain_report = verify_chain(client, database)
-    log_report = check_log(read_log(client, database), read_heads(client, database), keys)
+    logs = read_logs(client, database)
+    heads: dict[str, list] = {}
+    for h in read_heads(client, database, None):
+        heads.setdefault(h.instance, []).append(h)
+    reports = tuple(
+        (i, check_log(logs.get(i, LedgerLog(())), heads.get(i, []), keys))
+        for i in sorted(set(logs) | set(heads))
+    )
     rows_report = verify_rows(client, database)
-    return LedgerReport(chain_report, log_report, rows_report, require_signed=keys is not None)
+    return LedgerReport(
+        chain_report,
+        combine_logs(reports),
+        rows_report,
+        require_signed=keys is not None,
+        instances=reports,
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from foundation.integrity import GENESIS, batch_hash, chain
+from foundation.ledger_instances import INSTANCE_SQL
 from ingest._decode import OTEL_COLUMNS, DecodedBatch
 
 if TYPE_CHECKING:
@@ -83,15 +84,18 @@ def make_token(*parts: str) -> str:
     return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:32]
 
 
-def last_chain_hash(client: Client, database: str) -> str:
-    """The head of the batch hash chain (the chain_hash no batch points back to), else GENESIS.
+def last_chain_hash(client: Client, database: str, instance: str = "") -> str:
+    """The head of `instance`'s batch hash chain (the chain_hash no batch of it points back
+    to), else GENESIS. Each serve instance chains its own batches (foundation.ledger_instances).
 
     Follows the links rather than received_at, which concurrent requests may tie or invert.
     """
+    mine = f"{INSTANCE_SQL} = {{i:String}}"
     rows = client.query(
-        f"SELECT chain_hash FROM {database}.ingest_batches "
-        f"WHERE chain_hash NOT IN (SELECT prev_chain_hash FROM {database}.ingest_batches) "
-        "ORDER BY received_at DESC, ingest_batch DESC LIMIT 1"
+        f"SELECT chain_hash FROM {database}.ingest_batches WHERE {mine} AND chain_hash "
+        f"NOT IN (SELECT prev_chain_hash FROM {database}.ingest_batches WHERE {mine}) "
+        "ORDER BY received_at DESC, ingest_batch DESC LIMIT 1",
+        parameters={"i": instance},
     ).result_rows
     if not rows:
         return GENESIS

@@ -100,6 +100,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "unsigned (env HANDOFFS_SIGNING_KEY)",
     )
     p.add_argument(
+        "--instance-id",
+        metavar="ID",
+        help="this serve's instance id: its own ledger log and signed heads when several serves "
+        "share a store (env HANDOFFS_INSTANCE_ID; default: derived from the host name and the "
+        "spool directory, kept there)",
+    )
+    p.add_argument(
         "--sign-every",
         type=float,
         metavar="S",
@@ -182,7 +189,16 @@ def _signing(args: argparse.Namespace) -> dict:
         raise ValueError(f"--sign-every must be more than 0 seconds, got {every:g}")
     if path:
         load_private_key(path)  # refuse an unreadable key before anything starts
-    return {"signing_key": Path(path).resolve() if path else None, "sign_every_s": every}
+    instance = settings.resolve(settings.INSTANCE_ID, args.instance_id) or None
+    if instance is not None:
+        from foundation.ledger_instances import check_instance
+
+        check_instance(instance)
+    return {
+        "signing_key": Path(path).resolve() if path else None,
+        "sign_every_s": every,
+        "instance_id": instance,
+    }
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+from foundation.ledger_instances import resolve_instance
 from foundation.store import StoreSpec, apply_schema, connect
 from ingest import (
     SQL_MIN_BYTES,
@@ -71,6 +72,9 @@ class ServeConfig:
     #: Ed25519 key the ledger heads are signed with (serve._signer); None = heads unsigned
     signing_key: Path | None = None
     sign_every_s: float = 5.0
+    #: this serve's instance id: its own ledger log on a shared store (None: derived and kept
+    #: in the spool directory, foundation.ledger_instances.resolve_instance)
+    instance_id: str | None = None
     #: derive handoffs from framework spans (derive/): a pass every HANDOFFS_DERIVE_EVERY_S s
     derive: bool = True
 
@@ -96,7 +100,7 @@ def _query_health(cfg: ServeConfig) -> dict[str, str]:
     return {"query_auth": "on" if cfg.query_tokens else "off"}
 
 
-def _start_signer(cfg: ServeConfig):
+def _start_signer(cfg: ServeConfig, instance: str = ""):
     """The ledger signer thread (serve._signer), or None with a warning when there is no key."""
     if cfg.signing_key is None:
         print("serve: warning: no signing key (--signing-key / HANDOFFS_SIGNING_KEY): ledger "
@@ -107,7 +111,13 @@ def _start_signer(cfg: ServeConfig):
     from serve._signer import Signer
 
     key = load_private_key(cfg.signing_key)
-    signer = Signer(lambda: connect(cfg.store), cfg.store.database, key, every_s=cfg.sign_every_s)
+    signer = Signer(
+        lambda: connect(cfg.store),
+        cfg.store.database,
+        key,
+        every_s=cfg.sign_every_s,
+        instance=instance,
+    )
     signer.start()
     print(f"serve: ledger heads signed with key {key_id(key.public_key())} at most every "
           f"{cfg.sign_every_s:g} s", file=sys.stderr, flush=True)  # fmt: skip
@@ -133,6 +143,7 @@ def run_serve(
     )
     client = connect(spec, settings_=guard)
     spool = Spool(_spool_dir(cfg), max_bytes=cfg.spool_max_bytes, fsync=cfg.fsync)
+    instance = resolve_instance(spool.dir, cfg.instance_id)
     stager = None
     if cfg.decoder != "python" and spec.embedded:
         from ingest import Stager
@@ -147,6 +158,7 @@ def run_serve(
         purge_memory=tuned.purge_memory,
         purge_under_load=tuned.purge_under_load,
         overlap_max_rss=tuned.overlap_max_rss,
+        instance=instance,
     )
     replayed = ingestor.start()
     if replayed:
@@ -171,6 +183,7 @@ def run_serve(
             health_info={
                 **_query_health(cfg),
                 "heads": "signed" if cfg.signing_key else "unsigned",
+                "instance": instance,
             },
         ),
         telemetry=telemetry,
@@ -229,7 +242,7 @@ def run_serve(
             file=sys.stderr,
             flush=True,
         )
-    signer = _start_signer(cfg)
+    signer = _start_signer(cfg, instance)
     deriver = None
     if cfg.derive:  # a pass over recently stored traces, through the normal ingest path
         from derive import DERIVE_EVERY_S, DerivePass

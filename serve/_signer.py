@@ -22,6 +22,11 @@ of 2^CHUNK_LEVEL leaves or more the new leaves completed, so a package's proofs 
 O(log n) rows (foundation.ledger_log.read_pieces). At start it stores the pieces of the
 signed log that are missing (a store signed by an older serve), from the read it makes
 anyway. Writing a piece twice is harmless (ReplacingMergeTree); it checks before writing.
+
+Each serve instance signs its own log (foundation.ledger_instances, sql/010): the signer of
+instance `instance` reads only the batches that instance wrote (their chain from GENESIS),
+its own heads and pieces, and signs heads naming the instance, so serves sharing a store
+never sign, or assign positions in, each other's logs.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from typing import TYPE_CHECKING, Final
 from foundation import settings
 from foundation.integrity import GENESIS, chain_order, log_entry
 from foundation.keys import sign_head
+from foundation.ledger_instances import INSTANCE_SQL
 from foundation.ledger_log import CHUNK_LEVEL, read_heads
 from foundation.merkle import Frontier, leaf_hash
 
@@ -74,7 +80,9 @@ class Signer:
         *,
         every_s: float = 5.0,
         clock: Callable[[], int] = time.time_ns,
+        instance: str = "",
     ) -> None:
+        self.instance = instance
         self._connect = connect
         self._db = database
         self._key = key
@@ -128,15 +136,19 @@ class Signer:
         where = (
             ""
             if since_ns is None
-            else f"WHERE received_at >= fromUnixTimestamp64Milli({since_ns // 10**6 - _WINDOW_MS})"
+            else f"AND received_at >= fromUnixTimestamp64Milli({since_ns // 10**6 - _WINDOW_MS})"
         )
         rows = client.query(
             f"""SELECT ingest_batch, prev_chain_hash, chain_hash,
-                       toUnixTimestamp64Nano(toDateTime64(received_at, 9)), transitions
-                FROM {self._db}.ingest_batches {where}"""
+                       toUnixTimestamp64Nano(toDateTime64(received_at, 9)), transitions,
+                       {INSTANCE_SQL} = {{i:String}}
+                FROM {self._db}.ingest_batches WHERE 1 {where}""",
+            parameters={"i": self.instance},
         ).result_rows
-        info = {_s(b): (_s(c), int(n), int(t)) for b, _p, c, t, n in rows}
-        links = [(_s(b), _s(p), _s(c), int(t)) for b, p, c, t, _n in rows]
+        info = {_s(b): (_s(c), int(n), int(t)) for b, _p, c, t, n, _m in rows}
+        # this instance's log: the chains whose first batch (after GENESIS) it wrote
+        links = [(_s(b), _s(p), _s(c), int(t)) for b, p, c, t, _n, m in rows
+                 if m or _s(p) != GENESIS]  # fmt: skip
         ordered, _unreachable = chain_order(links, start=self._chain_hash)
         return ordered, info
 
@@ -174,7 +186,7 @@ class Signer:
     def _load(self, client: Client) -> None:
         """Rebuild the tree up to the newest stored head and check it still matches."""
         self._loaded = True
-        heads = read_heads(client, self._db)
+        heads = read_heads(client, self._db, self.instance)
         if not heads:
             return
         head = max(heads, key=lambda h: (h.tree_size, h.signed_at))
@@ -211,7 +223,7 @@ class Signer:
         out: list[list[object]] = []
         for b in batches:
             n = len(hashes.get(b, []))
-            out.append([b, start, n, info[b][0], info[b][2] // 10**6])
+            out.append([b, start, n, info[b][0], info[b][2] // 10**6, self.instance])
             start += n
         return out
 
@@ -221,22 +233,27 @@ class Signer:
         if nodes:
             client.insert(
                 f"{self._db}.ledger_nodes",
-                [[lv, i, h] for lv, i, h in nodes],
-                column_names=["level", "index", "hash"],
+                [[lv, i, h, self.instance] for lv, i, h in nodes],
+                column_names=["level", "index", "hash", "instance"],
             )
         if positions:
             client.insert(
                 f"{self._db}.ledger_positions",
                 positions,
-                column_names=["ingest_batch", "first_leaf", "leaves", "chain_hash", "received_at"],
-            )
+                column_names=["ingest_batch", "first_leaf", "leaves", "chain_hash", "received_at",
+                              "instance"],
+            )  # fmt: skip
 
     def _backfill(self, client: Client, batches: list[str], info, hashes, nodes) -> None:
         """Store the pieces of the signed log not stored yet (a store signed before them)."""
+        p = {"instance": self.instance}
         have_b = {_s(b) for (b,) in client.query(
-            f"SELECT DISTINCT ingest_batch FROM {self._db}.ledger_positions").result_rows}  # fmt: skip
+            f"SELECT DISTINCT ingest_batch FROM {self._db}.ledger_positions "
+            "WHERE instance = {instance:String}", parameters=p).result_rows}  # fmt: skip
         have_n = {(int(lv), int(i)) for lv, i in client.query(
-            f"SELECT DISTINCT level, index FROM {self._db}.ledger_nodes").result_rows}  # fmt: skip
+            f"SELECT DISTINCT level, index FROM {self._db}.ledger_nodes "
+            "WHERE instance = {instance:String}",
+            parameters=p).result_rows}  # fmt: skip
         positions = [p for p in self._positions(0, batches, info, hashes) if p[0] not in have_b]
         missing = [nd for nd in nodes if (nd[0], nd[1]) not in have_n]
         if positions or missing:
@@ -299,13 +316,14 @@ class Signer:
             signed_at=self._clock(),
             batches=self._batches_signed + len(take),
             chain_hash=info[take[-1]][0],
+            instance=self.instance,
         )
         client.insert(
             f"{self._db}.ledger_heads",
             [[head.tree_size, head.root, head.signed_at, head.batches, head.chain_hash,
-              head.key_id, head.signature]],
+              head.key_id, head.signature, head.instance]],
             column_names=["tree_size", "root", "signed_at", "batches", "chain_hash", "key_id",
-                          "signature"],
+                          "signature", "instance"],
         )  # fmt: skip
         self._frontier, self._batches_signed = frontier, head.batches
         self._chain_hash = head.chain_hash

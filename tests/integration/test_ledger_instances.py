@@ -1,0 +1,204 @@
+"""Several serve instances on one store, each keeping its own ledger log (sql/010).
+
+Two serves on one ClickHouse server, each with its own spool, is the deployment. No
+ClickHouse server runs here (HANDOFFS_TEST_CLICKHOUSE_URL unset) and two processes cannot
+share an embedded chDB store, so two writers (two Ingestors, each with its own spool and
+instance id) and their two signers run in this process against one embedded store, through
+the public APIs serve uses: a handoff whose transitions arrive at both, interleaved.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+
+from analytics import evidence_package
+from analytics.verify import verify_offline, verify_package
+from foundation.integrity import GENESIS
+from foundation.keys import PublicKeys, generate_keypair, load_private_key, load_public_key
+from foundation.ledger_instances import check_instance, resolve_instance
+from foundation.ledger_log import read_heads, read_logs
+from foundation.store import apply_schema, schema_statements
+from ingest import Ingestor, Spool
+from ingest._verify import verify_ledger
+from ingest.testing import request_json, span_json, transition
+from serve._signer import Signer
+
+A, B = "serve-a", "serve-b"
+_STEPS = [("create", "", "created"), ("accept", "created", "accepted"),
+          ("start", "accepted", "running"), ("commit", "running", "committed")]  # fmt: skip
+T0 = 1_767_000_000_000_000_000
+
+
+def _body(handoff: str, steps: range, trace: int) -> bytes:
+    spans = [
+        span_json(trace_id=f"{trace:032x}", span_id=f"{trace:06x}{i + 1:010x}",
+                  start_ns=T0 + trace * 10_000 + i * 1000,
+                  attributes=transition(handoff, *_STEPS[i], task_id=f"task-{handoff}"))
+        for i in steps
+    ]  # fmt: skip
+    return json.dumps(request_json(spans)).encode()
+
+
+@pytest.fixture(scope="module")
+def two(chdb_client, tmp_path_factory):
+    """Two writers and two signers on one store; handoff h-split's first two transitions
+    went to serve-a, its last two to serve-b; h-a and h-b to one each. Signed twice."""
+    tmp = tmp_path_factory.mktemp("instances")
+    db = f"t_inst_{uuid.uuid4().hex[:8]}"
+    apply_schema(chdb_client, db)
+    _key, pub, _kid = generate_keypair(tmp / "k")
+    key = load_private_key(tmp / "k.key")
+    ings = {i: Ingestor(chdb_client, db, Spool(tmp / i, max_bytes=1 << 30), instance=i)
+            for i in (A, B)}  # fmt: skip
+    signers = {i: Signer(lambda: chdb_client, db, key, instance=i) for i in (A, B)}
+    for ing in ings.values():
+        ing.start()
+    rounds = [
+        [(A, _body("h-split", range(0, 2), 1)), (B, _body("h-b", range(0, 4), 2))],
+        [(B, _body("h-split", range(2, 4), 3)), (A, _body("h-a", range(0, 4), 4))],
+    ]
+    for batch in rounds:
+        for inst, body in batch:
+            ings[inst].submit(body, "json", tenant="default")
+        for ing in ings.values():
+            assert ing.wait_idle(60)
+        assert all(s.tick() for s in signers.values())
+    for ing in ings.values():
+        assert ing.stop()
+    yield {"db": db, "keys": PublicKeys.of([load_public_key(pub)]), "tmp": tmp}
+    chdb_client.command(f"DROP DATABASE IF EXISTS {db} SYNC")
+
+
+def test_each_instance_keeps_its_own_chain_positions_and_heads(two, chdb_client):
+    db = two["db"]
+    logs = read_logs(chdb_client, db)
+    assert sorted(logs) == [A, B]
+    for inst, log in logs.items():  # each its own chain from GENESIS, every batch on it
+        assert not log.unreachable and len(log.batches) == 2, inst
+    rows = chdb_client.query(
+        f"SELECT instance, first_leaf, leaves FROM {db}.ledger_positions FINAL "
+        "ORDER BY instance, first_leaf"
+    ).result_rows
+    for inst in (A, B):  # positions never interleave: each log tiles 0..n-1 on its own
+        mine = [(int(f), int(n)) for i, f, n in rows if i == inst]
+        assert [f for f, _n in mine] == [0, mine[0][1]], (inst, mine)
+    heads = read_heads(chdb_client, db, None)
+    assert sorted({h.instance for h in heads}) == [A, B] and len(heads) == 4
+    assert {h.instance: h.tree_size for h in heads if h.batches == 1} == {A: 2, B: 4}
+    first = chdb_client.query(
+        f"SELECT count() FROM {db}.ingest_batches WHERE prev_chain_hash = {{g:String}}",
+        parameters={"g": GENESIS},
+    ).result_rows[0][0]
+    assert first == 2  # one chain start per instance
+
+
+def test_ledger_verify_covers_every_instance(two, chdb_client):
+    report = verify_ledger(chdb_client, two["db"], two["keys"])
+    assert report.ok, report.problems
+    assert [i for i, _r in report.instances] == [A, B]
+    doc = report.as_dict()
+    assert {i: d["verified_leaves"] for i, d in doc["instances"].items()} == {A: 6, B: 6}
+    assert doc["log"]["verified_leaves"] == 12 and len(report.chain.heads) == 2
+
+
+def test_a_package_names_the_instance_of_each_proof_and_verifies(two, chdb_client):
+    pkg = evidence_package(chdb_client, database=two["db"], handoff_id="h-split")
+    log = pkg["integrity"]["log"]
+    assert [e["instance"] for e in log["entries"]] == [A, A, B, B]
+    assert sorted(log["heads"]) == [A, B] and log["head"]["instance"] == A
+    assert "note" not in log  # from the stored pieces of both logs
+    assert verify_offline(pkg, keys=two["keys"], require_log=True) == []
+    res = verify_package(chdb_client, pkg, database=two["db"], keys=two["keys"])
+    assert res.ok, res.problems
+    one = evidence_package(chdb_client, database=two["db"], handoff_id="h-b")
+    assert one["integrity"]["log"]["head"]["instance"] == B  # one log: its head names it
+    assert verify_offline(one, keys=two["keys"], require_log=True) == []
+
+
+def test_a_proof_moved_to_the_other_instance_fails(two, chdb_client):
+    pkg = evidence_package(chdb_client, database=two["db"], handoff_id="h-split")
+    moved = copy.deepcopy(pkg)
+    moved["integrity"]["log"]["entries"][0]["instance"] = B
+    problems = verify_offline(moved, keys=two["keys"], require_log=True)
+    assert any("transitions[0]" in p and "inclusion proof does not verify" in p
+               for p in problems), problems  # fmt: skip
+    renamed = copy.deepcopy(pkg)
+    renamed["integrity"]["log"]["heads"][B]["instance"] = A  # a head filed under another
+    problems = verify_offline(renamed, keys=two["keys"], require_log=True)
+    assert any("heads['serve-b']: a head of instance 'serve-a'" in p for p in problems), problems
+
+
+def test_a_store_without_instance_columns_still_verifies(chdb_client, tmp_path):
+    """A store written and signed before sql/010 (its tables as sql/001..008 made them):
+    one log, the instance '', read, exported and verified as before."""
+    from foundation.keys import sign_head
+    from foundation.ledger_log import read_leaves
+    from foundation.merkle import root
+    from ingest import ingest_requests
+
+    db = f"t_old_{uuid.uuid4().hex[:8]}"
+    chdb_client.command(f"CREATE DATABASE {db}")
+    for name, stmt in schema_statements(db):
+        if name < "010":
+            chdb_client.command(stmt)
+    try:
+        ingest_requests(chdb_client, db, [("json", _body("h-old", range(4), 9), "old")])
+        leaves = read_leaves(chdb_client, db)
+        _k, pub, _kid = generate_keypair(tmp_path / "old")
+        head = sign_head(load_private_key(tmp_path / "old.key"), tree_size=len(leaves),
+                         root=root(leaves), signed_at=T0 + 10**12, batches=1,
+                         chain_hash=read_logs(chdb_client, db)[""].batches[0].chain_hash)  # fmt: skip
+        chdb_client.insert(f"{db}.ledger_heads", [[head.tree_size, head.root, head.signed_at,
+                           head.batches, head.chain_hash, head.key_id, head.signature]],
+                           column_names=["tree_size", "root", "signed_at", "batches",
+                                         "chain_hash", "key_id", "signature"])  # fmt: skip
+        keys = PublicKeys.of([load_public_key(pub)])
+        report = verify_ledger(chdb_client, db, keys)
+        assert report.ok and report.log.verified_size == 4, report.problems
+        pkg = evidence_package(chdb_client, database=db, handoff_id="h-old")
+        assert "heads" not in pkg["integrity"]["log"]
+        assert "instance" not in pkg["integrity"]["log"]["entries"][0]
+        assert verify_offline(pkg, keys=keys, require_log=True) == []
+        assert verify_package(chdb_client, pkg, database=db, keys=keys).ok
+    finally:
+        chdb_client.command(f"DROP DATABASE IF EXISTS {db} SYNC")
+
+
+def test_the_instance_id_is_kept_in_the_spool_and_checked(tmp_path: Path):
+    a = resolve_instance(tmp_path / "a", None)
+    assert resolve_instance(tmp_path / "a", None) == a  # stable across restarts
+    assert resolve_instance(tmp_path / "b", None) != a  # another spool, another log
+    assert resolve_instance(tmp_path / "a", "edge-1") == "edge-1"
+    for bad in ("", "a b", "x@y", "é", "z" * 65):
+        with pytest.raises(ValueError, match="instance id"):
+            check_instance(bad)
+
+
+def test_serve_names_its_instance_in_health_and_its_batches(tmp_path, capsys):
+    import urllib.request
+
+    from handoffs.cli import main
+    from serve.testing import start_serve
+
+    assert main(["serve", "--instance-id", "x@y"]) == 2
+    assert "instance id 'x@y'" in capsys.readouterr().err
+    serve = start_serve(tmp_path, extra_args=("--instance-id", "edge-7"))
+    try:
+        assert serve.health()["instance"] == "edge-7"
+        req = urllib.request.Request(f"{serve.otlp_url}/v1/traces", data=_body("h-e", range(2), 5),
+                                     headers={"Content-Type": "application/json"})  # fmt: skip
+        urllib.request.urlopen(req, timeout=30).close()
+        serve.wait_stored()
+        c = serve.client()
+        try:
+            (source,) = c.query("SELECT DISTINCT toString(source) FROM ingest_batches").result_rows
+        finally:
+            c.close()
+        assert source[0].endswith("@edge-7")
+    finally:
+        serve.stop()
