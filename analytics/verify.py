@@ -235,9 +235,27 @@ def verify_package(
             ledger_batches(client, db, tenant, hid),
             keys,
         )
+        notes += _instance_notes(section, pkg_heads, logs.heads)
     else:
         notes.append("no signed head in the package or the store: checked against the store only")
     return VerifyResult(ok=not problems, problems=list(dict.fromkeys(problems)), notes=notes)
+
+
+def _instance_notes(section: Any, package_heads: Mapping[str, SignedHead], store_heads) -> list:
+    """One line per serve instance whose log proves the package (several serves on one
+    store): its transitions, its head and the store's newest head of that log."""
+    if set(package_heads) <= {""} or not isinstance(section, Mapping):
+        return []
+    entries = section.get("entries") or []
+    out = []
+    for inst, head in sorted(package_heads.items()):
+        n = sum(1 for e in entries if isinstance(e, Mapping) and e.get("index") is not None
+                and e.get("instance", head.instance if len(package_heads) == 1 else None) == inst)  # fmt: skip
+        now = store_heads.get(inst)
+        out.append(f"log of instance {inst or '(none)'}: {n} transition(s) proven against its "
+                   f"head of size {head.tree_size}; the store's newest head of it has size "
+                   f"{now.tree_size if now is not None else 'none'}")  # fmt: skip
+    return out
 
 
 _ROW_FIELDS = frozenset({*HASHED_COLUMNS, "time", "row_hash", "arrivals"})

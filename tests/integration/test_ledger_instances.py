@@ -115,6 +115,11 @@ def test_a_package_names_the_instance_of_each_proof_and_verifies(two, chdb_clien
     assert verify_offline(pkg, keys=two["keys"], require_log=True) == []
     res = verify_package(chdb_client, pkg, database=two["db"], keys=two["keys"])
     assert res.ok, res.problems
+    assert [n for n in res.notes if n.startswith("log of instance")] == [
+        f"log of instance {i}: 2 transition(s) proven against its head of size 6; the store's "
+        "newest head of it has size 6"
+        for i in (A, B)
+    ]  # a line per instance
     one = evidence_package(chdb_client, database=two["db"], handoff_id="h-b")
     assert one["integrity"]["log"]["head"]["instance"] == B  # one log: its head names it
     assert verify_offline(one, keys=two["keys"], require_log=True) == []
