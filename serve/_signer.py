@@ -24,8 +24,8 @@ signed log that are missing (a store signed by an older serve), from the read it
 anyway. Writing a piece twice is harmless (ReplacingMergeTree); it checks before writing.
 
 Each serve instance signs its own log (foundation.ledger_instances, sql/010): the signer of
-instance `instance` reads only the batches that instance wrote (their chain from GENESIS),
-its own heads and pieces, and signs heads naming the instance, so serves sharing a store
+instance `instance` walks only the chains whose first batch that instance wrote (from
+GENESIS; foundation.ledger_instances.split_chains), its own heads and pieces, and signs heads naming the instance, so serves sharing a store
 never sign, or assign positions in, each other's logs.
 """
 
