@@ -120,7 +120,7 @@ class FailureRates:
     stale_fence: float = 0.01
     idempotency_conflict: float = 0.01
     after_terminal: float = 0.06
-    unfiltered_sensitive_history: float = 0.06
+    unfiltered_sensitive_history: float = 0.15
     partial_result_committed: float = 0.06
     fan_out_all: float = 0.05
     consumer_lag: float = 0.08
