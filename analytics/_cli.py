@@ -135,16 +135,32 @@ def _cmd_metrics(args) -> int:
     except ValueError as exc:
         raise _Usage(str(exc)) from None
     recs = _records(df)
+    unsliced = not by and not args.bucket
+    if unsliced:  # the task level and the topology tables beside the funnel
+        from analytics import _topology_cli as topo
+
+        tasks = topo.tasks(client, db, w, args.tenant)
+        tables = topo.tables(client, db, w, args.tenant)
     if args.json:
-        print(json.dumps(recs if (by or args.bucket) else recs[0], indent=2))
+        if not unsliced:
+            print(json.dumps(recs, indent=2))
+            return EXIT_OK
+        doc = {**recs[0], "tasks": tasks, **{k: _records(t) for k, t in tables.items()}}
+        print(json.dumps(doc, indent=2))
         return EXIT_OK
     print(f"handoffs created {w.start:%Y-%m-%dT%H:%M:%SZ} .. {w.end:%Y-%m-%dT%H:%M:%SZ} "
           f"(as of {w.clock():%Y-%m-%dT%H:%M:%SZ}); rates over settled handoffs, — = undefined")  # fmt: skip
-    if not by and not args.bucket:
+    if unsliced:
         r = recs[0]
         rows = [[c, f"{r[c]:,}", "handoffs"] for c in COUNT_COLUMNS]
         rows += [[c, _pct(df.iloc[0][c]), "%"] for c in RATE_COLUMNS]
         _print_table(["metric", "value", "unit"], rows)
+        _say("\n" + topo.tasks_line(tasks))
+        for name, table in tables.items():
+            if len(table):
+                title, header, cells = topo.rows(name, table)
+                print(f"\n{title}")
+                _print_table(header, cells)
         return EXIT_OK
     keys = [*by, *(["bucket"] if args.bucket else [])]
     cols = ["volume", "settled", "in_flight"]
