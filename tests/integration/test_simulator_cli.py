@@ -37,6 +37,10 @@ def test_backfill_then_live_all_stored_per_tenant(serve):
     back = json.loads(r.stdout)
     assert back["exported"] == back["spans"] > 0 and back["export_failed"] == 0
     assert set(back["tenants"]) == {"acme", "globex"}
+    # the ground truth per topology: its tasks, intents, handoffs and its own faults
+    by_topology = back["by_topology"]
+    assert set(by_topology) == {"in_process", "agent_as_tool", "shared_queue", "federated_a2a"}
+    assert sum(t["intents"] for t in by_topology.values()) == back["intents"]
     r = _simulate("--otlp", serve.otlp_url, "--tokens", TOKENS, "--mode", "live", "--rate", "30",
                   "--duration", "3", "--latency-scale", "0.01", "--json")  # fmt: skip
     assert r.returncode == 0, r.stderr
