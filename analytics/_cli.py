@@ -180,18 +180,35 @@ def _cmd_metrics(args) -> int:
 
 
 def _cmd_anomalies(args) -> int:
-    from analytics import anomalies
+    from analytics import anomalies, rejection_spikes
 
     w = _window(args)
     client, db = _client(args)
     df = anomalies(client, database=db, window=w, tenant=args.tenant, examples=args.examples)
+    spiked = int(df.loc[df["kind"] == "rejection_spike", "count"].sum())
+    when = rejection_spikes(client, database=db, window=w, tenant=args.tenant) if spiked else None
     if args.json:
-        print(json.dumps(_records(df), indent=2))
+        records = _records(df)
+        for r in records:  # when each spike happened, under its kind
+            if r["kind"] == "rejection_spike":
+                r["when"] = [] if when is None else _records(when)
+        print(json.dumps(records, indent=2))
         return EXIT_OK
     _print_table(
         ["kind", "handoffs", "examples"],
         [[r.kind, r.count, ", ".join(r.examples) or "—"] for r in df.itertuples()],
     )
+    if when is not None and len(when):
+        print("\nrejection_spike, when (hour starting, UTC):")
+        _print_table(
+            ["hour", "to_agent", "capability", "rejected", "rate %", "baseline %", "handoffs"],
+            [
+                [f"{r.bucket_start:%Y-%m-%d %H:%M}", r.to_agent, r.capability or "—",
+                 f"{r.rejected}/{r.settled}", _pct(r.rejection_rate), _pct(r.baseline_rate),
+                 r.handoffs]
+                for r in when.itertuples()
+            ],
+        )  # fmt: skip
     return EXIT_OK
 
 
