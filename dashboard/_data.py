@@ -36,6 +36,7 @@ __all__ = [
     "handoffs_behind",
     "latencies",
     "origins",
+    "rejection_spikes",
     "rejections",
     "source",
     "task_handoffs",
@@ -191,6 +192,20 @@ def anomalies(
         window=_window(start, end, as_of),
         tenant=tenant,
         examples=examples,
+    )
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False, max_entries=64)
+def rejection_spikes(
+    store: str, database: str, start: str, end: str, as_of: str | None, tenant: str | None = None
+) -> pd.DataFrame:
+    """analytics.rejection_spikes: the hours and groups whose rejection rate spiked."""
+    return _call(
+        analytics.rejection_spikes,
+        store,
+        database,
+        window=_window(start, end, as_of),
+        tenant=tenant,
     )
 
 
