@@ -19,7 +19,14 @@ from typing import Any, Final
 
 from collector import contract, semconv
 
-__all__ = ["EXPECTED_TAG", "TENANT_MISMATCH", "CheckResult", "check_handoff_span", "type_problem"]
+__all__ = [
+    "EXPECTED_TAG",
+    "ITEM_TAG",
+    "TENANT_MISMATCH",
+    "CheckResult",
+    "check_handoff_span",
+    "type_problem",
+]
 
 #: Span attribute ingest adds when a span's `handoff.tenant` claim differs from the
 #: credential's tenant (the stored tenant is always the credential's).
@@ -37,6 +44,14 @@ EXPECTED_TAG: Final = {
     }[t]
     for name, t in _WIRE_TYPE.items()
 }
+#: array wire attribute -> the OTLP AnyValue field every one of its items must use.
+ITEM_TAG: Final = {
+    name: {"string[]": "string_value", "int[]": "int_value"}[t]
+    for name, t in _WIRE_TYPE.items()
+    if t.endswith("[]")
+}
+#: an item's AnyValue field -> the type of its plain value (bool is not an int here)
+_ITEM_TYPE: Final = {"string_value": str, "int_value": int}
 _TAG_NAMES: Final = {
     "string_value": "string",
     "int_value": "int",
@@ -73,11 +88,12 @@ def type_problem(name: str, tag: str | None, items: list[Any] | None = None) -> 
         return f"attribute {name} must be {_WIRE_TYPE[name]}, got {_TAG_NAMES.get(tag, tag)}"
     if items is None:
         return None
-    if _WIRE_TYPE[name] == "int[]":
-        if not all(type(v) is int for v in items):
-            return f"attribute {name} must be int[], got an array with non-int items"
-    elif not all(isinstance(v, str) for v in items):
-        return f"attribute {name} must be string[], got an array with non-string items"
+    item = ITEM_TAG[name]
+    if not all(type(v) is _ITEM_TYPE[item] for v in items):
+        return (
+            f"attribute {name} must be {_WIRE_TYPE[name]}, "
+            f"got an array with non-{_TAG_NAMES[item]} items"
+        )
     return None
 
 

@@ -33,7 +33,8 @@ PROTO: Final = Path(__file__).resolve().with_name("otlp_ingest.proto")
 _TAGS: Final = "Int8"
 _VALUE: Final = (
     f"Tuple(value {_TAGS}, string_value String, bool_value Bool, int_value Int64, "
-    f"array_value Tuple(values Array(Tuple(value {_TAGS}, string_value String))))"
+    f"array_value Tuple(values Array(Tuple(value {_TAGS}, string_value String, "
+    "int_value Int64))))"
 )
 _ATTRS: Final = f"Array(Tuple(key String, value {_VALUE}))"
 #: the columns ClickHouse reads from each record (names match the .proto fields)

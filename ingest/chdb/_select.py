@@ -16,7 +16,7 @@ from typing import Final
 
 from collector import contract, semconv
 from foundation.integrity import HASHED_COLUMNS
-from ingest._validate import EXPECTED_TAG
+from ingest._validate import EXPECTED_TAG, ITEM_TAG
 from ingest._wire_rules import (
     BOOL_TEXT,
     KINDS,
@@ -44,9 +44,11 @@ __all__ = ["stage_select", "stream_select"]
 #: One character class (ClickHouse's match() is re2 in UTF-8 mode): one scan of the text.
 _JSON_DIFFERS: Final = "[\\\\x0b\\\\x0e\\\\x0f\\\\x1a-\\\\x1f\\\\x{2028}\\\\x{2029}]"
 _T: Final = TAG_IDS
-#: the value types the fast path encodes (ingest._wire_rules' string, int, bool, string[])
+#: the value types the fast path encodes (ingest._wire_rules' string, int, bool, and
+#: arrays of strings and ints: the wire's string[] and int[])
 _SCALARS: Final = (_T["string_value"], _T["bool_value"], _T["int_value"])
 _ARRAY: Final = _T["array_value"]
+_ITEMS: Final = (_T["string_value"], _T["int_value"])
 
 
 def _ids(tags: Iterable[int]) -> str:
@@ -55,13 +57,29 @@ def _ids(tags: Iterable[int]) -> str:
 
 #: tags a span attribute, an array item, a resource attribute may not have on this path
 _NOT_SPAN: Final = _ids({0, *_T.values()} - {*_SCALARS, _ARRAY})
-_NOT_ITEM: Final = _ids({0, *_T.values()} - {_T["string_value"]})
+_NOT_ITEM: Final = _ids({0, *_T.values()} - {*_ITEMS})
 _NOT_RESOURCE: Final = _ids({0, *_T.values()} - {*_SCALARS})
+
+
+def _array_json(av: str) -> str:
+    """SQL: the stored JSON text of array value `av` (its items strings or ints): compact,
+    as ingest._wire_rules.dumps writes it. toJSONString for all-string arrays (and empty
+    ones); an array holding an int is written item by item, ints in decimal (not left to
+    toJSONString, whose quoting of Int64 is a format setting)."""
+    s, i = _T["string_value"], _T["int_value"]
+    items = (
+        f"arrayMap((jt, js, ji) -> if(jt = {s}, toJSONString(js), toString(ji)), "
+        f"{av}.value, {av}.string_value, {av}.int_value)"
+    )
+    return (
+        f"if(has({av}.value, {i}), concat('[', arrayStringConcat({items}, ','), ']'), "
+        f"toJSONString({av}.string_value))"
+    )
 
 
 def _encode(tags: str, strs: str, ints: str, bools: str, arrays: str) -> str:
     """SQL: parallel arrays of an attribute list's parts -> the stored strings, by the rules
-    of ingest._wire_rules (string as is, int decimal, bool true/false, string[] as JSON).
+    of ingest._wire_rules (string as is, int decimal, bool true/false, arrays as JSON).
     `tags` are the oneof field numbers (TAG_IDS). The array branch is evaluated only for
     spans that have an array value."""
     s, b, i = _T["string_value"], _T["bool_value"], _T["int_value"]
@@ -70,7 +88,7 @@ def _encode(tags: str, strs: str, ints: str, bools: str, arrays: str) -> str:
     return (
         f"if(has({tags}, {_ARRAY}), "
         f"arrayMap((t, s, i, b, av) -> multiIf({scalar}, "
-        f"t = {_ARRAY}, toJSONString(av.string_value), ''), "
+        f"t = {_ARRAY}, {_array_json('av')}, ''), "
         f"{tags}, {strs}, {ints}, {bools}, {arrays}), "
         f"arrayMap((t, s, i, b) -> multiIf({scalar}, ''), {tags}, {strs}, {ints}, {bools}))"
     )
@@ -134,6 +152,8 @@ def stage_select(path: str) -> str:
     on_create = _arr(semconv.REQUIRED_ON_CREATE)
     wire_keys = _arr(EXPECTED_TAG)
     wire_ids = "[" + ", ".join(str(TAG_IDS[t]) for t in EXPECTED_TAG.values()) + "]"
+    item_keys = _arr(ITEM_TAG)
+    item_ids = "[" + ", ".join(str(TAG_IDS[t]) for t in ITEM_TAG.values()) + "]"
     lookups = {
         **{f"a_{f}": name for f, name in ROW_HASH_ATTRIBUTE.items()},
         "a_tenant": semconv.TENANT,
@@ -158,11 +178,14 @@ def stage_select(path: str) -> str:
             "n_events = 0",
             f"length(keys) <= {MAX_ATTRIBUTES}",
             "arrayUniq(keys) = length(keys)",
-            # every value a string, int, bool or array of strings (the wire types)
+            # every value a string, int, bool or array of strings and ints (the wire types)
             f"NOT hasAny(tags, {_NOT_SPAN})",
             f"NOT hasAny(arrayFlatten(item_tags), {_NOT_ITEM})",
             # wire attributes carry their contract type
             f"arrayAll((k, t) -> transform(k, {wire_keys}, {wire_ids}, t) = t, keys, tags)",
+            # and their items too (string[] strings, int[] ints)
+            f"arrayAll((k, it) -> arrayAll(x -> transform(k, {item_keys}, {item_ids}, x) = x, "
+            "it), keys, item_tags)",
             # text: valid UTF-8, escaped the same by both JSON writers, within the value limit
             "isValidUTF8(blob)",
             f"NOT match(blob, '{_JSON_DIFFERS}')",

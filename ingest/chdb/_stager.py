@@ -7,10 +7,12 @@ wire-contract checks and the ledger row hash in SQL, in C++ (ingest.chdb._select
 
 The path is taken only for requests it provably stores exactly as the Python decoder
 (ingest._decode) would: every span well formed, every attribute a string, int, bool or
-array of strings (the wire types), no duplicate keys, no events or links, every handoff
+array of strings and ints (the wire types: string[] and int[] attributes with items of
+their type, ingest._validate.ITEM_TAG), no duplicate keys, no events or links, every handoff
 transition complete, legal and claiming no other tenant. Anything else (a span to reject,
 a transition to flag, a double, a map, bytes, a span event) goes through ingest._decode,
-which gives the exact messages and flags. tests/integration/test_fast_path.py checks both
+which gives the exact messages and flags. tests/integration/test_fast_path.py (and
+test_fast_path_arrays.py, for int[] and mixed arrays) checks both
 paths store identical rows, ledger hashes and batch hashes.
 """
 

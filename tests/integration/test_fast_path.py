@@ -65,21 +65,23 @@ def stager(chdb_path: Path, tmp_path: Path):
     s.close()
 
 
-def _kv(k: str, v: object) -> KeyValue:
+def _any(v: object) -> AnyValue:
+    """A Python value as an OTLP AnyValue (a list: an array, each item by the same rule)."""
     if isinstance(v, bool):
-        return KeyValue(key=k, value=AnyValue(bool_value=v))
+        return AnyValue(bool_value=v)
     if isinstance(v, int):
-        return KeyValue(key=k, value=AnyValue(int_value=v))
+        return AnyValue(int_value=v)
     if isinstance(v, float):
-        return KeyValue(key=k, value=AnyValue(double_value=v))
+        return AnyValue(double_value=v)
     if isinstance(v, list):
-        return KeyValue(
-            key=k,
-            value=AnyValue(array_value=ArrayValue(values=[AnyValue(string_value=x) for x in v])),
-        )
+        return AnyValue(array_value=ArrayValue(values=[_any(x) for x in v]))
     if v is None:
-        return KeyValue(key=k, value=AnyValue())
-    return KeyValue(key=k, value=AnyValue(string_value=str(v)))
+        return AnyValue()
+    return AnyValue(string_value=str(v))
+
+
+def _kv(k: str, v: object) -> KeyValue:
+    return KeyValue(key=k, value=_any(v))
 
 
 _FLOW = [
