@@ -15,7 +15,7 @@ transitions twice (clock skew self-join) or window-sort every task (stale fence)
   envelope*    receiver actor, grant, tenant claim
   retry*       blind retry, duplicate execution (the attempts from handoff_summary)
   causation*   consumed before verified, expired receipt
-  bounce       over the summary's `transfer` create rows only
+  bounce       over the summary's `transfer` create rows only (_anomaly_state_sql.py)
   spike        per-bucket rejection rates against a trailing baseline (_spike_sql.py)
   orphan       candidates from a cheap filter, checked exactly by key
   topology     each topology's own kinds from one scan of the cohort's create, accept,
@@ -89,29 +89,6 @@ def _cohort_pass(db: str, window: Window, tenant: bool, sla_ms: int) -> str:
 FROM ({cohort})"""
 
 
-def _bounce_pass(db: str, window: Window, tenant: bool) -> str:
-    """Only a handoff's create row carries its mode (and created time), so the summary's
-    rows with mode 'transfer' are exactly the transfer handoffs' create rows."""
-    cohort = cohort_sql(db, window, tenant_param=tenant, extra=("task_id",))
-    return f"""SELECT handoff_id, true AS bounce FROM (
-    SELECT tenant, handoff_id, h_from, h_to,
-        lagInFrame(h_from) OVER w AS prev_from, lagInFrame(h_to) OVER w AS prev_to,
-        row_number() OVER w AS rn
-    FROM (
-        SELECT tenant, handoff_id, max(task_id) AS h_task, min(created) AS h_created,
-            max(from_agent) AS h_from, max(to_agent) AS h_to
-        FROM {db}.handoff_summary
-        WHERE mode = 'transfer' AND created IS NOT NULL
-          AND (tenant, task_id) IN (SELECT tenant, task_id FROM ({cohort}) WHERE mode = 'transfer')
-        GROUP BY tenant, handoff_id
-    )
-    WINDOW w AS (PARTITION BY tenant, h_task ORDER BY h_created, handoff_id
-                 ROWS BETWEEN 1 PRECEDING AND CURRENT ROW)
-)
-WHERE rn > 1 AND h_from != '' AND prev_from = h_to AND prev_to = h_from
-  AND {_ids(cohort)}"""
-
-
 def _orphan_pass(db: str, window: Window, tenant: bool) -> str:
     """A handoff whose rows all lack `created` and whose earliest row is in the window: the
     row holding that minimum is itself a created-less row first seen in the window, so such
@@ -132,7 +109,6 @@ def pass_sql(name: str, db: str, window: Window, *, tenant: bool, sla_ms: int) -
         return _cohort_pass(db, window, tenant, sla_ms)
     builders = {
         **STATE_PASSES,
-        "bounce": _bounce_pass,
         "spike": spike_pass,
         "orphan": _orphan_pass,
         "topology": topo.topology_pass,

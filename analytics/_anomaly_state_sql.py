@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Final
 
 from analytics import _contract_sql as cs
-from analytics._common import Window, cohort_sql, ts
+from analytics._common import Window, ts
 from collector import semconv
 
 #: events the receiver (the envelope's to_agent) emits: another actor is a wrong consumer
@@ -384,13 +384,8 @@ def retry_pass(db: str, window: Window, tenant: bool) -> str:
     any handoff with B's key). Attempts come from handoff_summary: created, first entry
     into and first exit out of unknown, first entry into committed (counted rows). Only
     handoffs sharing a non-empty key or named by a `retry_of` can pair, so only their
-    summary rows are read (a same-slot peer shares the key); `retry_of` from the state."""
-    cohort = cohort_sql(
-        db,
-        window,
-        tenant_param=tenant,
-        extra=("task_id", "to_agent", "idempotency_key", "t_committed"),
-    )
+    summary rows are read (a same-slot peer shares the key), for B as for A; `retry_of`
+    from the state."""
     peers = _attempts_sql(
         db,
         "(tenant, idempotency_key) IN (SELECT tenant, idem FROM b WHERE idem != '')"
@@ -403,9 +398,18 @@ def retry_pass(db: str, window: Window, tenant: bool) -> str:
         "b.t_commit IS NOT NULL AND a.t_commit IS NOT NULL"
         " AND (assumeNotNull(a.t_commit), a.handoff_id) < (assumeNotNull(b.t_commit), b.handoff_id)"
     )
-    return f"""WITH b AS (SELECT tenant, handoff_id, task_id, to_agent, idempotency_key AS idem,
-                 created, t_committed AS t_commit FROM ({cohort})),
-    retries AS ({retries}),
+    # only a cohort handoff with a key or a retry_of can pair: merge only their summary rows
+    b = f"""SELECT tenant, handoff_id, max(task_id) AS task_id, max(to_agent) AS to_agent,
+        max(idempotency_key) AS idem, min(created) AS created, min(t_committed) AS t_commit
+    FROM {db}.handoff_summary
+    WHERE (tenant, handoff_id) IN (
+        SELECT tenant, handoff_id FROM {db}.handoff_summary
+        WHERE idempotency_key != '' {_tenant_and(tenant)}
+        UNION ALL SELECT tenant, handoff_id FROM retries)
+    GROUP BY tenant, handoff_id
+    HAVING {_in_window(window)}"""
+    return f"""WITH retries AS ({retries}),
+    b AS ({b}),
     peers AS ({peers})
 SELECT b.handoff_id AS handoff_id, {blind} AS blind_retry, false AS duplicate_execution
 FROM retries AS r
@@ -439,7 +443,37 @@ FROM c JOIN (
 WHERE c.cause != c.handoff_id"""
 
 
-#: pass name -> builder, for the passes that read handoff_anomaly_state
+def bounce_pass(db: str, window: Window, tenant: bool) -> str:
+    """A transfer handed straight back: the task's previous transfer (by created time, then
+    handoff id) went from this one's to_agent to its from_agent. Only a handoff's create row
+    carries its mode (and created time), so handoff_summary's rows with mode 'transfer' are
+    exactly the transfer handoffs' create rows: read only those (no cohort FINAL), of the
+    tasks with two transfers or more, one created in the window."""
+    tw = _tenant_and(tenant)
+    return f"""SELECT handoff_id, true AS bounce FROM (
+    SELECT tenant, handoff_id, h_created, h_from, h_to,
+        lagInFrame(h_from) OVER w AS prev_from, lagInFrame(h_to) OVER w AS prev_to,
+        row_number() OVER w AS rn
+    FROM (
+        SELECT tenant, handoff_id, max(task_id) AS h_task, min(created) AS h_created,
+            max(from_agent) AS h_from, max(to_agent) AS h_to
+        FROM {db}.handoff_summary
+        WHERE mode = 'transfer' AND created IS NOT NULL {tw}
+          AND (tenant, task_id) IN (
+              SELECT tenant, task_id FROM {db}.handoff_summary
+              WHERE mode = 'transfer' AND created IS NOT NULL {tw}
+              GROUP BY tenant, task_id
+              HAVING uniqExact(handoff_id) > 1 AND countIf({_in_window(window)}) > 0)
+        GROUP BY tenant, handoff_id
+    )
+    WINDOW w AS (PARTITION BY tenant, h_task ORDER BY h_created, handoff_id
+                 ROWS BETWEEN 1 PRECEDING AND CURRENT ROW)
+)
+WHERE rn > 1 AND h_from != '' AND prev_from = h_to AND prev_to = h_from
+  AND {_in_window(window, "h_created")}"""
+
+
+#: pass name -> builder of the passes built here (bounce reads handoff_summary only)
 STATE_PASSES: Final = {
     "transitions": transitions_pass,
     "idempotency": idempotency_pass,
@@ -447,6 +481,7 @@ STATE_PASSES: Final = {
     "envelope": envelope_pass,
     "retry": retry_pass,
     "causation": causation_pass,
+    "bounce": bounce_pass,
 }
 
 

@@ -23,7 +23,10 @@ Usage: python bench/analytics_queries.py [--handoffs 2000000] [--sample 100000] 
 Last line: RESULT funnel_ms=<n> slice_ms=<n> evidence_ms=<n> pandas_ratio=<pandas/ours>
 anomalies_ms=<24 h> anomalies_7d_ms=<n> plus
 funnel_merged_ms (after OPTIMIZE FINAL), *_cpu_ms (process CPU: chDB runs in this process, so
-this is the query's own work, unlike wall time on a shared machine) and load_avg.
+this is the query's own work, unlike wall time on a shared machine), gen_s (the insert, every
+materialized view included), backfill_s (schema files applied to a --reuse store, their
+backfills included) and load_avg. Before the RESULT line: each anomaly pass alone over the 7
+days (wall, CPU, rows read).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import pandas as pd
 
 from analytics import Window, anomalies, backfill_task_index, evidence_package, funnel
+from analytics._anomaly_sql import PASSES, pass_sql
 from analytics.anomalies import ANOMALY_KINDS
 from analytics.reference_audit import AUDIT_KINDS
 from foundation.integrity import row_hash
@@ -128,6 +132,20 @@ def timed(fn, repeat: int, label: str = "") -> tuple[float, object]:
     return statistics.median(times), out
 
 
+def pass_costs(client, window: Window) -> dict[str, tuple[float, float, int]]:
+    """Each anomaly pass alone (analytics._anomaly_sql.PASSES), one warm run after one
+    cold: wall ms, process CPU ms and the rows the query read (its summary's read_rows)."""
+    out = {}
+    for name in PASSES:
+        sql = f"SELECT count() FROM ({pass_sql(name, DB, window, tenant=False, sla_ms=900_000)})"
+        client.query(sql)
+        t, c = time.perf_counter(), time.process_time()
+        res = client.query(sql)
+        wall, cpu = (time.perf_counter() - t) * 1000, (time.process_time() - c) * 1000
+        out[name] = (wall, cpu, int(res.summary.get("read_rows", 0)))
+    return out
+
+
 def pandas_funnel(
     df: pd.DataFrame, start: datetime, end: datetime, as_of: datetime
 ) -> dict[str, int]:
@@ -197,8 +215,13 @@ def main(argv: list[str] | None = None) -> int:
     path = args.path or tempfile.mkdtemp(prefix="bench-analytics-")
     client = connect(StoreSpec(kind="chdb", path=path), database="")
     have = 0
+    backfill_s = 0.0
     if args.reuse:
-        apply_schema(client, DB)
+        t = time.perf_counter()
+        applied = apply_schema(client, DB)  # a store from before a file: its backfill runs here
+        backfill_s = time.perf_counter() - t
+        if applied:
+            print(f"schema files applied to the reused store: {applied} in {backfill_s:.1f} s")
         have = client.query(f"SELECT count() FROM {DB}.handoff_transitions").result_rows[0][0]
     if have == args.handoffs * 5:
         print(f"reusing {have:,} transitions in {path} (parts as left by the last run)")
@@ -265,6 +288,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"anomalies without the protocol audit, {len(bdf)} kinds, {label} window: "
               f"{an_ms[label + '_base']:.0f} ms (CPU {CPU['an' + label + '_base']:.0f} ms)")  # fmt: skip
+    print("anomaly passes, 7-day window (wall ms, process CPU ms, rows read):")
+    for name, (wall, cpu, read) in pass_costs(client, full).items():
+        print(f"  {name:12s} {wall:7.0f} {cpu:7.0f} {read:>12,}")
     row = f.iloc[0]
     print(f"funnel (7 days, {int(row['volume']):,} handoffs): {funnel_ms:.0f} ms  "
           f"[settled {int(row['settled']):,}, committed {int(row['committed']):,}, p_e2e {row['p_e2e']:.3f}]")  # fmt: skip
@@ -321,8 +347,10 @@ def main(argv: list[str] | None = None) -> int:
         f"pandas_ratio={ratio:.1f} funnel_merged_ms={merged_ms:.0f} slice_merged_ms={mslice_ms:.0f} "
         f"funnel_cpu_ms={CPU['funnel']:.0f} funnel_merged_cpu_ms={CPU['merged']:.0f} "
         f"evidence_cpu_ms={CPU['evidence']:.1f} anomalies_ms={an_ms['24h']:.0f} "
-        f"anomalies_7d_ms={an_ms['7d']:.0f} anomalies_base_ms={an_ms['24h_base']:.0f} "
-        f"anomalies_7d_base_ms={an_ms['7d_base']:.0f} load_avg={os.getloadavg()[0]:.1f}"
+        f"anomalies_7d_ms={an_ms['7d']:.0f} anomalies_7d_cpu_ms={CPU['an7d']:.0f} "
+        f"anomalies_cpu_ms={CPU['an24h']:.0f} anomalies_base_ms={an_ms['24h_base']:.0f} "
+        f"anomalies_7d_base_ms={an_ms['7d_base']:.0f} gen_s={gen_s:.1f} backfill_s={backfill_s:.1f} "
+        f"load_avg={os.getloadavg()[0]:.1f}"
     )
     return 0 if same else 1
 
