@@ -1,7 +1,8 @@
 """Anomalies: each kind with its count and delta against the previous period; on request a
 trend (counts over six equal slices of the window); examples link into the explorer.
 The kinds of the protocol audit (retries, receipts, grants, tenants) have their own group, and
-so do each topology's own failures with the schema-version window.
+so do each topology's own failures with the schema-version window. When rejections spiked,
+a table says when: the hour, the target and capability, its rate against its baseline.
 
 The trend is off by default: each slice is one more anomalies() query, and on a large store
 one query over a day takes tens of seconds (bench/dashboard_render.py's data, 10M rows).
@@ -109,6 +110,31 @@ for title, rows in groups:
                 chart_type="bar",
                 border=True,
             )
+
+
+def _spikes_when(df) -> None:
+    """When each rejection spike happened: hour, group, rates (percent), flagged handoffs."""
+    st.markdown("##### Rejection spikes: when")
+    view = df.assign(
+        hour=df["bucket_start"].dt.strftime("%Y-%m-%d %H:%M UTC"),
+        rejection_rate=df["rejection_rate"] * 100,
+        baseline_rate=df["baseline_rate"] * 100,
+    )
+    cols = ["hour", "to_agent", "capability", "settled", "rejected", "rejection_rate",
+            "baseline_rate", "handoffs"]  # fmt: skip
+    config = {
+        "rejection_rate": st.column_config.NumberColumn("rate", format="%.1f%%"),
+        "baseline_rate": st.column_config.NumberColumn("baseline (24 h before)", format="%.1f%%"),
+        "handoffs": st.column_config.NumberColumn("handoffs flagged"),
+    }
+    st.dataframe(view[cols], hide_index=True, column_config=config, key="an_spikes_when")
+
+
+if int(cur.loc[cur["kind"] == "rejection_spike", "count"].sum()):
+    with _ui.guard():
+        when = _data.rejection_spikes(src.store, src.database, *p.args, tenant=p.tenant)
+    if len(when):
+        _spikes_when(when)
 
 st.plotly_chart(_charts.anomaly_bars(cur), key="an_bars")
 

@@ -257,3 +257,24 @@ def test_cli_says_when(db, chdb_path, capsys):
     assert main(["anomalies", *store, *quiet, "--json"]) == 0
     spike = next(r for r in json.loads(capsys.readouterr().out) if r["kind"] == "rejection_spike")
     assert spike["count"] == 0 and spike["when"] == []
+
+
+def test_dashboard_anomalies_page_says_when(db, chdb_path, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    from dashboard import APP_PATH
+
+    monkeypatch.setenv("HANDOFFS_STORE", f"chdb://{chdb_path}")
+    monkeypatch.setenv("HANDOFFS_DATABASE", db)
+    at = AppTest.from_file(str(APP_PATH), default_timeout=60)
+    for k, v in {"from": WEEK.start, "to": WEEK.end, "as_of": AS_OF}.items():
+        at.query_params[k] = v.isoformat()
+    at.run()
+    at.switch_page("views/anomalies.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    (table,) = [d.value for d in at.dataframe if "hour" in d.value.columns]
+    assert table[["hour", "to_agent", "settled", "rejected", "handoffs"]].values.tolist() == [
+        ["2026-11-24 00:00 UTC", "search", 10, 3, 3],
+        ["2026-11-24 16:00 UTC", "mailer", 5, 5, 5],
+    ]
+    assert table["rejection_rate"].tolist() == [30.0, 100.0]
