@@ -5,10 +5,10 @@ A serve's instance id names its log. Its ingest_batches rows carry it in `source
 instance form one chain and the instance's log is that chain (sql/007): two serves never
 interleave leaf positions. A batch whose source has no '@' is of the instance '' (one serve
 without an id, or a store written before instances). `INSTANCE_SQL` reads the instance back
-in the store; `instance_of` in Python. A chain belongs to the instance of its first batch
-(the one following GENESIS): a batch chained onto it is in that log whatever its source
-says (`split_chains`), so a batch appended by hand is an unsigned leaf of the log it
-extends.
+in the store; `instance_of` in Python. An instance's log walks from GENESIS through its own
+batches and those naming no instance (`split_chains`), so a batch appended by hand is an
+unsigned leaf of the log it extends, and two instances whose first batches hold the same
+rows (one request sent to both: the same chain link) still keep their logs apart.
 
 The default id is derived from the host name and the absolute spool directory and kept in
 the spool directory (resolve_instance), so it is stable across restarts of one serve and
@@ -35,6 +35,7 @@ __all__ = [
     "instance_filter",
     "instance_of",
     "list_instances",
+    "log_links",
     "one_instance",
     "resolve_instance",
     "source_with",
@@ -83,23 +84,33 @@ def split_chains(
 ) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
     """(ordered, unreachable) per instance of ingest_batches rows (ingest_batch,
     prev_chain_hash, chain_hash, received_at_ns, instance): `ordered[i]` walks from GENESIS
-    the chains whose first batch is of instance i (foundation.integrity.chain_order: the
-    leaf order of i's log); `unreachable[i]`: batches of instance i on no chain from
-    GENESIS. Pure."""
-    from foundation.integrity import GENESIS, chain_order
+    (foundation.integrity.chain_order: the leaf order of i's log) through the batches of
+    instance i and, past its first, those of no instance (`log_links`); `unreachable[i]`:
+    batches of instance i on no chain from GENESIS. Pure."""
+    from foundation.integrity import chain_order
 
-    starts = {inst for _b, prev, _c, _t, inst in batches if prev == GENESIS}
     ordered: dict[str, list[str]] = {}
     seen: set[str] = set()
-    for inst in sorted(starts):
-        links = [(b, p, c, t) for b, p, c, t, i in batches if p != GENESIS or i == inst]
-        ordered[inst], _rest = chain_order(links)
+    for inst in sorted({i for *_r, i in batches if i} | {""}):
+        ordered[inst], _rest = chain_order(log_links(batches, inst))
         seen.update(ordered[inst])
+        if not ordered[inst]:
+            del ordered[inst]
     unreachable: dict[str, list[str]] = {}
     for b, _p, _c, _t, inst in sorted(batches, key=lambda r: (r[3], r[0])):
         if b not in seen:
             unreachable.setdefault(inst, []).append(b)
     return ordered, unreachable
+
+
+def log_links(
+    batches: Sequence[tuple[str, str, str, int, str]], instance: str
+) -> list[tuple[str, str, str, int]]:
+    """The chain links (ingest_batch, prev, chain_hash, received_at_ns) `instance`'s log
+    walks: its own batches and, except as a first batch, those of no instance."""
+    from foundation.integrity import GENESIS
+
+    return [(b, p, c, t) for b, p, c, t, i in batches if i == instance or (not i and p != GENESIS)]
 
 
 def has_instance_columns(client: Client, database: str) -> bool:

@@ -268,7 +268,11 @@ class Ingestor:
             return self._submit(body, fmt, tenant=tenant, t0=t0)
 
     def _submit(self, body: bytes, fmt: str, *, tenant: str, t0: float) -> DecodedBatch:
-        batch_id = make_token(tenant, hashlib.sha256(body).hexdigest())
+        # a named instance's batch ids are its own: the same request sent to two serves of one
+        # store is a batch of each log (stored twice, each copy proven), never one serve's
+        # dedup token swallowing the other's chain row
+        parts = (self.instance,) if self.instance else ()
+        batch_id = make_token(tenant, hashlib.sha256(body).hexdigest(), *parts)
         received = int(self._clock() * 1000)
         item = self._prepare(body, fmt, tenant, batch_id, received)
         decoded = item.decoded

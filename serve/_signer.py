@@ -24,8 +24,8 @@ signed log that are missing (a store signed by an older serve), from the read it
 anyway. Writing a piece twice is harmless (ReplacingMergeTree); it checks before writing.
 
 Each serve instance signs its own log (foundation.ledger_instances, sql/010): the signer of
-instance `instance` walks only the chains whose first batch that instance wrote (from
-GENESIS; foundation.ledger_instances.split_chains), its own heads and pieces, and signs heads naming the instance, so serves sharing a store
+instance `instance` walks only its own log's chain links (from GENESIS, its batches and
+those of no instance: foundation.ledger_instances.log_links), its own heads and pieces, and signs heads naming the instance, so serves sharing a store
 never sign, or assign positions in, each other's logs.
 """
 
@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Final
 from foundation import settings
 from foundation.integrity import GENESIS, chain_order, log_entry
 from foundation.keys import sign_head
-from foundation.ledger_instances import INSTANCE_SQL
+from foundation.ledger_instances import INSTANCE_SQL, log_links
 from foundation.ledger_log import CHUNK_LEVEL, read_heads
 from foundation.merkle import Frontier, leaf_hash
 
@@ -141,14 +141,13 @@ class Signer:
         rows = client.query(
             f"""SELECT ingest_batch, prev_chain_hash, chain_hash,
                        toUnixTimestamp64Nano(toDateTime64(received_at, 9)), transitions,
-                       {INSTANCE_SQL} = {{i:String}}
-                FROM {self._db}.ingest_batches WHERE 1 {where}""",
-            parameters={"i": self.instance},
+                       {INSTANCE_SQL}
+                FROM {self._db}.ingest_batches WHERE 1 {where}"""
         ).result_rows
-        info = {_s(b): (_s(c), int(n), int(t)) for b, _p, c, t, n, _m in rows}
-        # this instance's log: the chains whose first batch (after GENESIS) it wrote
-        links = [(_s(b), _s(p), _s(c), int(t)) for b, p, c, t, _n, m in rows
-                 if m or _s(p) != GENESIS]  # fmt: skip
+        info = {_s(b): (_s(c), int(n), int(t)) for b, _p, c, t, n, _i in rows}
+        links = log_links(
+            [(_s(b), _s(p), _s(c), int(t), _s(i)) for b, p, c, t, _n, i in rows], self.instance
+        )
         ordered, _unreachable = chain_order(links, start=self._chain_hash)
         return ordered, info
 

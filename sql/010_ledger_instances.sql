@@ -6,8 +6,8 @@
 -- form one chain, and the instance's log (sql/007) is that chain's ledger row hashes
 -- (foundation.ledger_log.INSTANCE_SQL reads the instance back from `source`; a batch whose
 -- source has no '@' belongs to the instance '', the one log of a store written before
--- instances). A chain belongs to the instance of its first batch (foundation.ledger_instances.
--- split_chains). So two serves never interleave positions: each assigns leaf positions in its
+-- instances; a batch of no instance past the first extends the log it is chained onto:
+-- foundation.ledger_instances.log_links). So two serves never interleave positions: each assigns leaf positions in its
 -- own log only, and its signer signs only its own log's heads.
 -- ledger_heads.instance, ledger_positions.instance, ledger_nodes.instance: the log a head, a
 -- position or a stored subtree is of ('' on rows written before this file); the subtrees'

@@ -207,3 +207,23 @@ def test_serve_names_its_instance_in_health_and_its_batches(tmp_path, capsys):
         assert source[0].endswith("@edge-7")
     finally:
         serve.stop()
+
+
+def test_one_request_sent_to_two_serves_is_a_batch_of_each_log(chdb_client, fresh_db, tmp_path):
+    """A client retrying at another serve: each stores it in its own log (never one's dedup
+    token swallowing the other's chain row, which would cut that serve's chain)."""
+    body = _body("h-twice", range(2), 7)
+    ings = [Ingestor(chdb_client, fresh_db, Spool(tmp_path / i, max_bytes=1 << 30), instance=i)
+            for i in (A, B)]  # fmt: skip
+    for ing in ings:
+        ing.start()
+        ing.submit(body, "json", tenant="default")
+        ing.submit(_body(f"h-{ing.instance}", range(1), 8), "json", tenant="default")
+        assert ing.wait_idle(60) and ing.stop()
+    logs = read_logs(chdb_client, fresh_db)
+    assert {i: len(log.batches) for i, log in logs.items()} == {A: 2, B: 2}
+    assert all(not log.unreachable for log in logs.values())
+    report = verify_ledger(chdb_client, fresh_db)
+    assert report.ok, report.problems
+    pkg = evidence_package(chdb_client, database=fresh_db, handoff_id="h-twice")
+    assert [t["arrivals"] for t in pkg["transitions"]] == [2, 2]
