@@ -26,8 +26,9 @@ from serve.testing import free_port, wait_until
 
 pytestmark = pytest.mark.slow
 
+# bounce, partial_result, duplicate_delivery, after_terminal: per intent of their own topology
 RATES = (
-    "bounce=0.08,partial_result=0.06,duplicate_delivery=0.05,stale_fence=0.03,stale_state_version=0.03,"
+    "bounce=0.08,partial_result=0.2,duplicate_delivery=0.05,stale_fence=0.03,stale_state_version=0.03,"
     "after_terminal=0.04,idempotency_conflict=0.04,timeout=0.08,expire=0.03,cancel=0.03,reject=0.03"
 )
 
@@ -113,7 +114,7 @@ def test_every_injected_failure_mode_shows_in_anomalies(demo_run):
         "bounce",  # wrong specialist, handed back
         "committed_without_evidence",  # partial results
         "duplicate_delivery",  # retries without dedup key
-        "stale_fence",  # consumer lag + stale fence tokens
+        "stale_fence",  # stale state versions + stale fence tokens
         "invalid_transition",  # messages to terminal handoffs
         "idempotency_conflict",  # same key, changed payload
         "unknown_unresolved",  # timeouts never resolved
