@@ -6,7 +6,8 @@ Python decoder's (compact JSON: negatives, zero, the int64 bounds, empty arrays)
 same rows, row hashes, ledger and batch hashes (test_fast_path's helpers store each request
 both ways and compare every stored column). An array whose items break its wire type is
 declined by the SQL path; the Python decoder rejects the span, as it always has. Through a
-real serve the effect shows on /health (`sql_decoded`, `sql_declined`) and in the stored rows.
+real serve the effect shows on /health (`sql_decoded`, `sql_declined`) and in the stored rows,
+for hand-built requests and for a consumer's window sent through the real OTel SDK.
 """
 
 from __future__ import annotations
@@ -15,17 +16,22 @@ import json
 import random
 import uuid
 
+import pytest
 import requests
 import test_fast_path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from test_fast_path import TENANT, _assert_same, _declines, _kv, _store_both, build
 
-from collector import semconv
+from collector import Envelope, EnvelopeError, HandoffTracer, semconv
 from ingest import SQL_MIN_BYTES
 from ingest._decode import decode_protobuf
 
@@ -47,6 +53,12 @@ EDGES: list[list[int]] = [
     [2**31, -(2**31) - 1, 10**15],
     list(range(-20, 21)),
 ]
+#: the SDK test: a consumer's window (zero and a version past 32 bits included), reps in
+#: one request (enough for serve's SQL-decoding size), span times (long past: outside the
+#: time windows the other tests of the shared serve read)
+SDK_VERSIONS = (0, 1, 2**40)
+SDK_REPS = 40
+SDK_T0 = 1_764_000_000 * 10**9
 #: characters whose JSON escapes differ between ClickHouse and Python (declined: see
 #: test_fast_path)
 _DIFFERS = "\x0b\x0e\x0f\x1a\x1b\x1c\x1d\x1e\x1f\u2028\u2029"
@@ -263,3 +275,80 @@ def test_serve_decodes_int_array_requests_in_sql(derive_serve):
             parameters={"s": first},
         ).result_rows
     assert rejects == [(f"attribute {VERSIONS} must be int[], got an array with non-int items",)]
+
+
+def _sdk_send(serve, prefix: str, reps: int, *, batched: bool) -> None:
+    """Per rep, through the real OTel SDK and OTLP/HTTP exporter: a handoff a consumer
+    with a compatibility window accepts and commits, and an envelope it refuses (a reject);
+    both consumer spans carry supported_versions. `batched`: one export request (over
+    serve's SQL-decoding size), else a request per span (the Python decoder)."""
+    provider = TracerProvider(resource=Resource.create({"service.name": "int-arrays"}))
+    exporter = OTLPSpanExporter(f"{serve.otlp_url}/v1/traces")
+    if batched:
+        provider.add_span_processor(
+            BatchSpanProcessor(
+                exporter,
+                max_queue_size=20_000,
+                max_export_batch_size=20_000,
+                schedule_delay_millis=3_600_000,
+            )
+        )
+    else:
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tick = iter(range(SDK_T0, SDK_T0 + 10**12, 1000))
+    planner = HandoffTracer("planner", tracer_provider=provider, clock=lambda: next(tick))
+    coder = HandoffTracer(
+        "coder", tracer_provider=provider, clock=lambda: next(tick), supported_versions=SDK_VERSIONS
+    )
+    for n in range(reps):
+        p = f"{prefix}-{n}"
+        env = Envelope(
+            task_id=f"{p}-task", handoff_id=f"{p}-h1", from_agent="planner", to_agent="coder",
+            mode="delegate", capabilities=("repo.read",),
+        )  # fmt: skip
+        r = coder.receive(planner.create(env).to_wire())
+        r.accept()
+        r.start()
+        r.commit(receipt_id=f"{p}-rcpt")
+        refused = planner.create(Envelope(**{**env.to_wire(), "handoff_id": f"{p}-h2"})).to_wire()
+        refused["protocol"] = "aa-handoff/v9"
+        with pytest.raises(EnvelopeError):
+            coder.receive(refused)
+    provider.force_flush()
+    provider.shutdown()
+    serve.wait_stored()
+
+
+def _consumer_rows(serve, prefix: str) -> list[tuple[str, str, dict[str, str]]]:
+    """(handoff id without the prefix, event, attributes with it replaced) of rep 0."""
+    with serve.client() as c:
+        rows = c.query(
+            "SELECT handoff_id, event, attributes FROM handoff_transitions "
+            "WHERE startsWith(handoff_id, {p:String}) ORDER BY time, handoff_id, event",
+            parameters={"p": f"{prefix}-0-"},
+        ).result_rows
+    return [
+        (
+            hid.removeprefix(f"{prefix}-0-"),
+            event,
+            {k: v.replace(f"{prefix}-0-", "X-") for k, v in attrs.items()},
+        )
+        for hid, event, attrs in rows
+    ]
+
+
+def test_sdk_compatibility_windows_are_decoded_in_sql(derive_serve):
+    """A consumer's supported_versions, as the OTel SDK encodes them, go the SQL way in one
+    large request and are stored as a request per span (the Python decoder) stores them."""
+    serve, tag = derive_serve, uuid.uuid4().hex[:8]
+    before = serve.health()
+    _sdk_send(serve, f"sdk-sql-{tag}", SDK_REPS, batched=True)
+    mid = serve.health()
+    assert mid["sql_decoded"] == before["sql_decoded"] + 1, "the batch went the Python way"
+    assert mid["sql_declined"] == before["sql_declined"]
+    _sdk_send(serve, f"sdk-py-{tag}", 1, batched=False)
+    assert serve.health()["sql_decoded"] == mid["sql_decoded"]  # small: the Python decoder
+    sql, py = _consumer_rows(serve, f"sdk-sql-{tag}"), _consumer_rows(serve, f"sdk-py-{tag}")
+    assert sql == py
+    windows = [(e, a[VERSIONS]) for _, e, a in sql if VERSIONS in a]
+    assert windows == [("accept", _json(list(SDK_VERSIONS))), ("reject", _json(list(SDK_VERSIONS)))]
