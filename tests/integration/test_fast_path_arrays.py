@@ -35,7 +35,7 @@ from collector import Envelope, EnvelopeError, HandoffTracer, semconv
 from ingest import SQL_MIN_BYTES
 from ingest._decode import decode_protobuf
 
-#: test_fast_path's fixtures: two fresh databases of the session store, a Stager on it
+#: test_fast_path's fixtures: two fresh databases of the shared test store, a Stager on it
 two_dbs = test_fast_path.two_dbs
 stager = test_fast_path.stager
 
