@@ -91,36 +91,32 @@ def transition_key_sql() -> str:
 _COLUMNS: Final = (
     ("created", f"min, Nullable({_T9})", f"min(if({IS_CREATE}, time, NULL))"),
     ("task_id", "max, String", "max(task_id)"),
-    ("to_agent", "max, String", f"max(if({IS_CREATE}, CAST(to_agent, 'String'), ''))"),
+    ("to_agent", "max, LowCardinality(String)", f"max(if({IS_CREATE}, to_agent, ''))"),
     (
         "capabilities",
         "max, Array(String)",
         f"max(if({IS_CREATE}, CAST(capabilities, 'Array(String)'), CAST([], 'Array(String)')))",
     ),
     (
-        "copy_min",
-        "minMap, Tuple(Array(UInt64), Array(UInt64))",
-        f"minMap([cityHash64(event, from_state, to_state)], [cityHash64({COPY_KEY})])",
-    ),
-    (
-        "copy_max",
-        "maxMap, Tuple(Array(UInt64), Array(UInt64))",
-        f"maxMap([cityHash64(event, from_state, to_state)], [cityHash64({COPY_KEY})])",
+        "copies",
+        "groupUniqArrayArray, Array(UInt64)",
+        "groupUniqArrayArray([bitOr(bitShiftLeft(cityHash64(event, from_state, to_state)"
+        f" % 4294967296, 32), cityHash64({COPY_KEY}) % 4294967296)])",
     ),
     (
         "first_times",
-        "minMap, Tuple(Array(UInt64), Array(Int64))",
-        "minMap(if(k > 0, [k], []), if(k > 0, [toUnixTimestamp64Nano(time)], []))",
+        "minMap, Tuple(Array(UInt32), Array(Int64))",
+        "minMap(if(k > 0, [toUInt32(k)], []), if(k > 0, [toUnixTimestamp64Nano(time)], []))",
     ),
     (
         "receiver_min",
-        "min, Nullable(String)",
-        f"min(if(event IN {_tuple(RECEIVER_EVENTS)}, CAST(actor, 'String'), NULL))",
+        "min, LowCardinality(Nullable(String))",
+        f"min(if(event IN {_tuple(RECEIVER_EVENTS)}, actor, NULL))",
     ),
     (
         "receiver_max",
-        "max, Nullable(String)",
-        f"max(if(event IN {_tuple(RECEIVER_EVENTS)}, CAST(actor, 'String'), NULL))",
+        "max, LowCardinality(Nullable(String))",
+        f"max(if(event IN {_tuple(RECEIVER_EVENTS)}, actor, NULL))",
     ),
     (
         "t_grant_use",
@@ -189,9 +185,10 @@ _HEADER: Final = """\
 -- PARTITION BY, read `FINAL` with the created filter after the merge: as handoff_summary.
 -- Every column is idempotent (min, max, minMap, maxMap, groupUniqArrayArray): a span
 -- stored again or a duplicate delivery in another insert block changes no value.
---   copy_min / copy_max   per transition (cityHash64 of event, from, to) the least and
---                         greatest cityHash64(trace_id, span_id, time): they differ when the
---                         transition was stored as two spans (duplicate_delivery)
+--   copies                the distinct (transition, copy) pairs of the rows, each packed in
+--                         one UInt64: the low 32 bits of cityHash64(event, from, to) << 32 |
+--                         the low 32 bits of cityHash64(trace_id, span_id, time); a transition
+--                         in two pairs was stored as two spans (duplicate_delivery)
 --   first_times           per counted transition k (machine order << 24 | event, from, to
 --                         indexes) its earliest time in ns: the clock-skew check
 --   receiver_min / _max   least and greatest actor of the receiver events (wrong_consumer)
@@ -272,8 +269,8 @@ def _candidates(db: str, window: Window, tenant: bool, where: str, aggs: str) ->
 
 def transitions_pass(db: str, window: Window, tenant: bool) -> str:
     """Duplicate delivery: a transition (event, from, to) stored as more than one copy
-    (COPY_KEY), i.e. its least and greatest copy hash differ. A span stored again unchanged
-    is one copy.
+    (COPY_KEY): more distinct (transition, copy) pairs than transitions (32-bit hashes each:
+    a missed or false pair once in ~4e9). A span stored again unchanged is one copy.
 
     Clock skew: counted transitions x -> y (x.to = y.from, y not the way back, x before y in
     machine order) with y's earliest time before x's; first_times is sorted by k (machine
@@ -293,9 +290,10 @@ def transitions_pass(db: str, window: Window, tenant: bool) -> str:
         f"{to_('x.1')} = {from_('y.1')} AND {to_('y.1')} != {from_('x.1')}"
         f" AND {okey('x.1')} < {okey('y.1')} AND y.2 < x.2"
     )
-    cohort = state_cohort(db, window, tenant, "copy_min, copy_max, first_times")
+    cohort = state_cohort(db, window, tenant, "copies, first_times")
     return f"""SELECT handoff_id,
-    copy_min.2 != copy_max.2 AS duplicate_delivery,
+    length(arrayDistinct(arrayMap(x -> bitShiftRight(x, 32), copies))) < length(copies)
+        AS duplicate_delivery,
     NOT arrayAll(d -> d >= 0, arrayDifference(first_times.2))
         AND arrayExists(x -> arrayExists(y -> {follows}, c), c) AS clock_skew
 FROM (SELECT *, arrayZip(first_times.1, first_times.2) AS c FROM ({cohort}))

@@ -8,9 +8,10 @@
 -- PARTITION BY, read `FINAL` with the created filter after the merge: as handoff_summary.
 -- Every column is idempotent (min, max, minMap, maxMap, groupUniqArrayArray): a span
 -- stored again or a duplicate delivery in another insert block changes no value.
---   copy_min / copy_max   per transition (cityHash64 of event, from, to) the least and
---                         greatest cityHash64(trace_id, span_id, time): they differ when the
---                         transition was stored as two spans (duplicate_delivery)
+--   copies                the distinct (transition, copy) pairs of the rows, each packed in
+--                         one UInt64: the low 32 bits of cityHash64(event, from, to) << 32 |
+--                         the low 32 bits of cityHash64(trace_id, span_id, time); a transition
+--                         in two pairs was stored as two spans (duplicate_delivery)
 --   first_times           per counted transition k (machine order << 24 | event, from, to
 --                         indexes) its earliest time in ns: the clock-skew check
 --   receiver_min / _max   least and greatest actor of the receiver events (wrong_consumer)
@@ -27,13 +28,12 @@ CREATE TABLE IF NOT EXISTS {db}.handoff_anomaly_state
     `handoff_id` String,
     `created` SimpleAggregateFunction(min, Nullable(DateTime64(9, 'UTC'))),
     `task_id` SimpleAggregateFunction(max, String),
-    `to_agent` SimpleAggregateFunction(max, String),
+    `to_agent` SimpleAggregateFunction(max, LowCardinality(String)),
     `capabilities` SimpleAggregateFunction(max, Array(String)),
-    `copy_min` SimpleAggregateFunction(minMap, Tuple(Array(UInt64), Array(UInt64))),
-    `copy_max` SimpleAggregateFunction(maxMap, Tuple(Array(UInt64), Array(UInt64))),
-    `first_times` SimpleAggregateFunction(minMap, Tuple(Array(UInt64), Array(Int64))),
-    `receiver_min` SimpleAggregateFunction(min, Nullable(String)),
-    `receiver_max` SimpleAggregateFunction(max, Nullable(String)),
+    `copies` SimpleAggregateFunction(groupUniqArrayArray, Array(UInt64)),
+    `first_times` SimpleAggregateFunction(minMap, Tuple(Array(UInt32), Array(Int64))),
+    `receiver_min` SimpleAggregateFunction(min, LowCardinality(Nullable(String))),
+    `receiver_max` SimpleAggregateFunction(max, LowCardinality(Nullable(String))),
     `t_grant_use` SimpleAggregateFunction(max, Nullable(DateTime64(9, 'UTC'))),
     `grant_expires_at` SimpleAggregateFunction(max, String),
     `grant_capabilities` SimpleAggregateFunction(max, Nullable(String)),
@@ -56,13 +56,12 @@ SELECT
     handoff_id,
     min(if((valid AND event = 'create' AND from_state = '' AND to_state = 'created'), time, NULL)) AS created,
     max(task_id) AS task_id,
-    max(if((valid AND event = 'create' AND from_state = '' AND to_state = 'created'), CAST(to_agent, 'String'), '')) AS to_agent,
+    max(if((valid AND event = 'create' AND from_state = '' AND to_state = 'created'), to_agent, '')) AS to_agent,
     max(if((valid AND event = 'create' AND from_state = '' AND to_state = 'created'), CAST(capabilities, 'Array(String)'), CAST([], 'Array(String)'))) AS capabilities,
-    minMap([cityHash64(event, from_state, to_state)], [cityHash64(trace_id, span_id, time)]) AS copy_min,
-    maxMap([cityHash64(event, from_state, to_state)], [cityHash64(trace_id, span_id, time)]) AS copy_max,
-    minMap(if(k > 0, [k], []), if(k > 0, [toUnixTimestamp64Nano(time)], [])) AS first_times,
-    min(if(event IN ('accept', 'reject', 'start', 'prepare', 'commit', 'fail'), CAST(actor, 'String'), NULL)) AS receiver_min,
-    max(if(event IN ('accept', 'reject', 'start', 'prepare', 'commit', 'fail'), CAST(actor, 'String'), NULL)) AS receiver_max,
+    groupUniqArrayArray([bitOr(bitShiftLeft(cityHash64(event, from_state, to_state) % 4294967296, 32), cityHash64(trace_id, span_id, time) % 4294967296)]) AS copies,
+    minMap(if(k > 0, [toUInt32(k)], []), if(k > 0, [toUnixTimestamp64Nano(time)], [])) AS first_times,
+    min(if(event IN ('accept', 'reject', 'start', 'prepare', 'commit', 'fail'), actor, NULL)) AS receiver_min,
+    max(if(event IN ('accept', 'reject', 'start', 'prepare', 'commit', 'fail'), actor, NULL)) AS receiver_max,
     max(if(event IN ('start', 'prepare', 'commit'), time, NULL)) AS t_grant_use,
     max(if((valid AND event = 'create' AND from_state = '' AND to_state = 'created'), attributes['handoff.grant.expires_at'], '')) AS grant_expires_at,
     max(if((valid AND event = 'create' AND from_state = '' AND to_state = 'created') AND mapContains(attributes, 'handoff.grant.capabilities'), attributes['handoff.grant.capabilities'], NULL)) AS grant_capabilities,
@@ -79,19 +78,18 @@ FROM (SELECT *, task_id AS row_task_id, if(valid, transform(toUInt32(indexOf(['a
       FROM {db}.handoff_transitions)
 GROUP BY tenant, handoff_id;
 
-INSERT INTO {db}.handoff_anomaly_state (tenant, handoff_id, created, task_id, to_agent, capabilities, copy_min, copy_max, first_times, receiver_min, receiver_max, t_grant_use, grant_expires_at, grant_capabilities, grant_tenant, claim_mismatch, retry_of, causation_id, t_verified, receipt_expiry, idempotency_keys, idempotency_payloads, fences)
+INSERT INTO {db}.handoff_anomaly_state (tenant, handoff_id, created, task_id, to_agent, capabilities, copies, first_times, receiver_min, receiver_max, t_grant_use, grant_expires_at, grant_capabilities, grant_tenant, claim_mismatch, retry_of, causation_id, t_verified, receipt_expiry, idempotency_keys, idempotency_payloads, fences)
 SELECT
     tenant,
     handoff_id,
     min(if((valid AND event = 'create' AND from_state = '' AND to_state = 'created'), time, NULL)) AS created,
     max(task_id) AS task_id,
-    max(if((valid AND event = 'create' AND from_state = '' AND to_state = 'created'), CAST(to_agent, 'String'), '')) AS to_agent,
+    max(if((valid AND event = 'create' AND from_state = '' AND to_state = 'created'), to_agent, '')) AS to_agent,
     max(if((valid AND event = 'create' AND from_state = '' AND to_state = 'created'), CAST(capabilities, 'Array(String)'), CAST([], 'Array(String)'))) AS capabilities,
-    minMap([cityHash64(event, from_state, to_state)], [cityHash64(trace_id, span_id, time)]) AS copy_min,
-    maxMap([cityHash64(event, from_state, to_state)], [cityHash64(trace_id, span_id, time)]) AS copy_max,
-    minMap(if(k > 0, [k], []), if(k > 0, [toUnixTimestamp64Nano(time)], [])) AS first_times,
-    min(if(event IN ('accept', 'reject', 'start', 'prepare', 'commit', 'fail'), CAST(actor, 'String'), NULL)) AS receiver_min,
-    max(if(event IN ('accept', 'reject', 'start', 'prepare', 'commit', 'fail'), CAST(actor, 'String'), NULL)) AS receiver_max,
+    groupUniqArrayArray([bitOr(bitShiftLeft(cityHash64(event, from_state, to_state) % 4294967296, 32), cityHash64(trace_id, span_id, time) % 4294967296)]) AS copies,
+    minMap(if(k > 0, [toUInt32(k)], []), if(k > 0, [toUnixTimestamp64Nano(time)], [])) AS first_times,
+    min(if(event IN ('accept', 'reject', 'start', 'prepare', 'commit', 'fail'), actor, NULL)) AS receiver_min,
+    max(if(event IN ('accept', 'reject', 'start', 'prepare', 'commit', 'fail'), actor, NULL)) AS receiver_max,
     max(if(event IN ('start', 'prepare', 'commit'), time, NULL)) AS t_grant_use,
     max(if((valid AND event = 'create' AND from_state = '' AND to_state = 'created'), attributes['handoff.grant.expires_at'], '')) AS grant_expires_at,
     max(if((valid AND event = 'create' AND from_state = '' AND to_state = 'created') AND mapContains(attributes, 'handoff.grant.capabilities'), attributes['handoff.grant.capabilities'], NULL)) AS grant_capabilities,
