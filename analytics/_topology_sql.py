@@ -1,10 +1,11 @@
 """SQL of each topology's own anomaly kinds, as two passes of analytics/_anomaly_sql.py.
 
-  topology  one GROUP BY per cohort handoff over only the rows that carry what the kinds
-            read: create (envelope), accept / reject (the consumer's side), result events
-            and rows into running or beyond (execution). PREWHERE on the typed `event` and
-            `to_state` columns, so the attribute map is read for those rows only; the cohort
-            restricts by IN on the primary-key prefix (tenant, handoff_id).
+  topology  one GROUP BY per cohort handoff over only the rows that can matter: those
+            carrying one of the attributes the kinds read, and rejects with a card-related
+            code. PREWHERE on typed columns (`event`, `error_code`) and the map's keys, so
+            the map's values are read for those rows only; the cohort restricts by IN on
+            the primary-key prefix (tenant, handoff_id), and its summary rows give created,
+            mode, capabilities and the first counted commit.
   fan_out   agent-as-tool handoffs of the cohort's summary rows (no transition is read).
 
 Thresholds come from foundation.settings (argument, then HANDOFFS_* variable, then default)
@@ -19,7 +20,6 @@ from typing import Final
 
 from analytics._common import Window, cohort_sql
 from collector import semconv
-from collector.contract import TRANSITIONS
 from foundation import settings
 
 __all__ = [
@@ -60,19 +60,26 @@ CARD_REJECT_CODES: Final = (
 EXEC_STATES: Final = ("running", "prepared", "committed", "verified")
 #: fan_out_all: an orchestrator's task fans out to at least this many distinct experts
 FAN_OUT_MIN_EXPERTS: Final = 3
-#: a counted transition into committed (legal under the contract, not flagged invalid)
-_INTO_COMMITTED: Final = (
-    "valid AND to_state = 'committed' AND ("
-    + " OR ".join(
-        f"(from_state = '{f}' AND event = '{e}')"
-        for (f, e), t in sorted(TRANSITIONS.items())
-        if t == "committed"
-    )
-    + ")"
-)
 _IS_CREATE: Final = "(valid AND event = 'create' AND from_state = '' AND to_state = 'created')"
 _RESULT_EVENTS: Final = ("prepare", "commit", "resolve_committed")
-_READ_EVENTS: Final = ("create", "accept", "reject", *_RESULT_EVENTS)
+#: the attributes the topology pass reads: a row without any of them (nor a card-related
+#: reject code) changes none of its kinds
+_KEYS: Final = (
+    semconv.MESSAGE_KIND,
+    semconv.SCHEMA_VERSION,
+    semconv.HISTORY_SENSITIVE_ITEMS,
+    semconv.HISTORY_REMOVED_ITEMS,
+    semconv.AGENT_CARD_FETCHED_AT,
+    semconv.AGENT_CARD_SKILLS,
+    semconv.QUEUE_LAG_MS,
+    semconv.QUEUE_OFFSET,
+    semconv.QUEUE_HEAD_OFFSET,
+    semconv.CONSUMER_SUPPORTED_VERSIONS,
+    semconv.ENVELOPE_UNKNOWN_FIELDS,
+    semconv.RESULT_ITEMS_EXPECTED,
+    semconv.RESULT_ITEMS_RETURNED,
+    semconv.REPLAY,
+)
 _PATTERN = re.compile(r"^[A-Za-z0-9_.\-]+\*?$")
 _WIRE_PREFIX: Final = "handoff."
 
@@ -160,11 +167,14 @@ def _ids(cohort: str) -> str:
 
 
 def topology_pass(db: str, window: Window, tenant: bool, th: Thresholds | None = None) -> str:
-    """Seven kinds from one scan of the cohort's create, accept, reject, result and
-    executing rows (see the module doc)."""
+    """Seven kinds from one scan (see the module doc): the cohort's rows carrying one of
+    _KEYS, or a reject with a card-related code, aggregated per handoff; joined to the
+    cohort's summary rows for what those hold (created, mode, capabilities, t_committed).
+    PREWHERE reads typed columns and the map's keys only; the map's values are read for the
+    rows left (none for a handoff without topology attributes)."""
     th = th or thresholds()
-    cohort = cohort_sql(db, window, tenant_param=tenant, extra=())
     sc = semconv
+    cohort = cohort_sql(db, window, tenant_param=tenant, extra=("capabilities", "t_committed"))
     lag = (
         f"coalesce({_int(sc.QUEUE_LAG_MS)} > {th.lag_ms}, false) OR coalesce("
         f"{_int(sc.QUEUE_HEAD_OFFSET)} - {_int(sc.QUEUE_OFFSET)} > {th.lag_offsets}, false)"
@@ -179,25 +189,24 @@ def topology_pass(db: str, window: Window, tenant: bool, th: Thresholds | None =
     )
     unknown = f"JSONExtract({_attr(sc.ENVELOPE_UNKNOWN_FIELDS)}, 'Array(String)')"
     age_ns = th.card_max_age_s * 1_000_000_000
+    keys = "[" + ", ".join(f"'{k}'" for k in _KEYS) + "]"
     return f"""SELECT handoff_id,
     lag_hit AS consumer_lag,
-    reached_commit AND partial_hit AS partial_result_committed,
-    h_mode = 'transfer' AND h_sens IS NOT NULL AND h_sens > coalesce(h_removed, 0)
+    t_committed IS NOT NULL AND partial_hit AS partial_result_committed,
+    mode = 'transfer' AND h_sens IS NOT NULL AND h_sens > coalesce(h_removed, 0)
         AS unfiltered_sensitive_history,
     (card_rejected AND h_fetched IS NOT NULL
-        AND toUnixTimestamp64Nano(t_created) - toUnixTimestamp64Nano(assumeNotNull(h_fetched))
+        AND toUnixTimestamp64Nano(created) - toUnixTimestamp64Nano(assumeNotNull(h_fetched))
             > {age_ns})
-        OR (has_skills AND NOT hasAll(JSONExtract(h_skills, 'Array(String)'), h_caps))
+        OR (has_skills AND NOT hasAll(JSONExtract(h_skills, 'Array(String)'), capabilities))
         AS stale_agent_card,
     h_kind = 'command' AND replay_exec AS command_replayed,
     h_sv IS NOT NULL AND arrayExists(l -> NOT has(l, assumeNotNull(h_sv)), sup_lists)
         AS incompatible_accepted,
     risky_hit AS risky_field_ignored
-FROM (
+FROM (SELECT tenant, handoff_id, created, mode, capabilities, t_committed FROM ({cohort})) AS c
+INNER JOIN (
     SELECT tenant, handoff_id,
-        minIf(time, {_IS_CREATE}) AS t_created,
-        maxIf(mode, {_IS_CREATE}) AS h_mode,
-        maxIf(CAST(capabilities, 'Array(String)'), {_IS_CREATE}) AS h_caps,
         maxIf({_attr(sc.MESSAGE_KIND)}, {_IS_CREATE}) AS h_kind,
         maxIf({_int(sc.SCHEMA_VERSION)}, {_IS_CREATE}) AS h_sv,
         maxIf({_int(sc.HISTORY_SENSITIVE_ITEMS)}, {_IS_CREATE}) AS h_sens,
@@ -215,14 +224,14 @@ FROM (
             AS risky_hit,
         countIf({_attr(sc.REPLAY)} = 'true' AND to_state IN {_tuple(EXEC_STATES)}) > 0
             AS replay_exec,
-        countIf({_INTO_COMMITTED}) > 0 AS reached_commit,
         countIf(event IN {_tuple(_RESULT_EVENTS)} AND evidence_valid = true AND {partial}) > 0
             AS partial_hit
     FROM {db}.handoff_transitions
-    PREWHERE event IN {_tuple(_READ_EVENTS)} OR to_state IN {_tuple(EXEC_STATES)}
+    PREWHERE (event = 'reject' AND error_code IN {_tuple(CARD_REJECT_CODES)})
+        OR hasAny(attributes.keys, {keys})
     WHERE {_ids(cohort)}
     GROUP BY tenant, handoff_id
-)
+) AS a USING (tenant, handoff_id)
 WHERE consumer_lag OR partial_result_committed OR unfiltered_sensitive_history
    OR stale_agent_card OR command_replayed OR incompatible_accepted OR risky_field_ignored"""
 
