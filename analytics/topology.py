@@ -105,7 +105,7 @@ FROM (
     SELECT tenant, handoff_id, CAST(actor, 'String') AS consumer,
         attributes['{sc.QUEUE_NAME}'] AS queue, max(assumeNotNull({lag})) AS lag
     FROM {db}.handoff_transitions
-    PREWHERE event = 'accept'
+    PREWHERE event = 'accept' AND has(attributes.keys, '{sc.QUEUE_LAG_MS}')
     WHERE {lag} IS NOT NULL AND {_ids(cohort)}
     GROUP BY tenant, handoff_id, consumer, queue
 )
@@ -180,7 +180,9 @@ FROM (
                 arrayMap(f -> (CAST(actor, 'String'), f), {uf}),
                 event IN ('accept', 'reject')))) AS pairs
         FROM {db}.handoff_transitions
-        PREWHERE event IN ('create', 'accept', 'reject')
+        PREWHERE (event IN ('accept', 'reject')
+                  AND has(attributes.keys, '{sc.ENVELOPE_UNKNOWN_FIELDS}'))
+              OR (event = 'create' AND has(attributes.keys, '{sc.SCHEMA_VERSION}'))
         WHERE {_ids(cohort)}
         GROUP BY tenant, handoff_id
     )
