@@ -201,7 +201,7 @@ def main() -> int:
         at.run()
         return time.perf_counter() - t0, at
 
-    first, at = render()  # a fresh process: imports, script compile, empty caches
+    first_s, at = render()  # a fresh process: imports, script compile, empty caches
     if _failed(at, "overview"):
         return 1
     tiles = {m.label: m.value for m in at.metric}
@@ -209,7 +209,7 @@ def main() -> int:
     at.run()
     warm = time.perf_counter() - t0  # every loader a cache hit (within TTL)
     print("tiles:", ", ".join(f"{k}={v}" for k, v in tiles.items()))
-    print(f"overview render, first in a fresh process: {first:.2f} s")
+    print(f"overview render, first in a fresh process: {first_s:.2f} s")
     print(f"overview render, cache warm: {warm:.2f} s")
     pages = list(PAGES) if args.page == "all" else [args.page]
     cold: dict[str, float] = {}
@@ -226,11 +226,11 @@ def main() -> int:
               f"{cold[page]:.2f} s (runs: {', '.join(f'{c:.2f}' for c in colds)}); target <= 2 s")  # fmt: skip
     print(f"load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     if args.page == "overview":
-        print(f"RESULT overview_s={cold['overview']:.2f} first_s={first:.2f} warm_s={warm:.2f} "
+        print(f"RESULT overview_s={cold['overview']:.2f} first_s={first_s:.2f} warm_s={warm:.2f} "
               f"transitions={n}")  # fmt: skip
     else:
         fields = " ".join(f"{p}_s={cold[p]:.2f}" for p in pages)
-        print(f"RESULT {fields} first_s={first:.2f} transitions={n}")
+        print(f"RESULT {fields} first_s={first_s:.2f} transitions={n}")
     return 0
 
 
