@@ -3,7 +3,7 @@ real OTel SDK and OTLP/HTTP exporter into a real `handoffs serve`: each kind wit
 positive and near-miss cases, exact ids; the lag, fan-out, unknown-field and per-topology
 tables; the schema_version and message_kind slices; `handoffs metrics` and `anomalies`.
 
-Tenant `acme`, window [t0, t0+1h), as_of t0+2h (the helpers of test_protocol_audit.py).
+Tenant `acme`, window [t0, t0+1h), as_of t0+2h (the emitter and window of test_protocol_audit.py).
 Times are seconds after t0; receiver events come from the to_agent `worker` unless a case
 says otherwise. Thresholds are the defaults: lag > 60,000 ms or > 1,000 offsets, Agent Card
 older than 24 h, risky fields grant.*, tenant, amount*, permission*, resource_version.
