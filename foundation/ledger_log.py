@@ -359,6 +359,10 @@ def read_pieces(
         return hashes
     index: dict[str, int] = {}
     for h, bs in batches_of.items():
+        # a ledger row naming a batch of the log must be among that batch's leaves (its
+        # receive-time window read it): else the ledger was written to since
+        if (b := next((b for b in bs if b in pos and h not in hashes[b]), None)) is not None:
+            return f"batch {b}: a ledger row naming it is not among its stored leaves"
         found = [pos[b][0] + bisect_left(hashes[b], h) for b in bs if b in pos and h in hashes[b]]
         if found and min(found) < size:
             index[h] = min(found)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+import time
 import uuid
 from pathlib import Path
 
@@ -227,3 +228,36 @@ def test_one_request_sent_to_two_serves_is_a_batch_of_each_log(chdb_client, fres
     assert report.ok, report.problems
     pkg = evidence_package(chdb_client, database=fresh_db, handoff_id="h-twice")
     assert [t["arrivals"] for t in pkg["transitions"]] == [2, 2]
+
+
+def test_a_ledger_row_hidden_outside_its_batchs_window_sends_verify_to_the_full_read(
+    chdb_client, fresh_db, tmp_path
+):
+    """An insider adds a ledger row to a signed batch, dated two days off (outside the
+    receive-time window the stored pieces read): the pieces are refused, the full read
+    finds the log no longer reproduces its head."""
+    from analytics._evidence_store import ledger_batches
+    from foundation.ledger_log import newest_head, read_pieces
+
+    _k, pub, _kid = generate_keypair(tmp_path / "k")
+    ing = Ingestor(chdb_client, fresh_db, Spool(tmp_path / "a", max_bytes=1 << 30), instance=A)
+    ing.start()
+    ing.submit(_body("h-hide", range(4), 11), "json", tenant="default")
+    assert ing.wait_idle(60) and ing.stop()
+    assert Signer(lambda: chdb_client, fresh_db, load_private_key(tmp_path / "k.key"),
+                  instance=A).tick()  # fmt: skip
+    pkg = evidence_package(chdb_client, database=fresh_db, handoff_id="h-hide")
+    (batch,) = {b for bs in ledger_batches(chdb_client, fresh_db, "default", "h-hide").values()
+                for b in bs}  # fmt: skip
+    chdb_client.insert(f"{fresh_db}.transition_ledger",
+                       [["default", "h-hide", "ffff", "ab" * 16, "e" * 64, batch,
+                         int(time.time() * 1000) - 2 * 86_400_000]],
+                       column_names=["tenant", "handoff_id", "span_id", "trace_id", "row_hash",
+                                     "ingest_batch", "ingested_at"])  # fmt: skip
+    head = newest_head(chdb_client, fresh_db)
+    pieces = read_pieces(chdb_client, fresh_db, head.tree_size,
+                         ledger_batches(chdb_client, fresh_db, "default", "h-hide"), A)  # fmt: skip
+    assert isinstance(pieces, str) and "not among its stored leaves" in pieces
+    res = verify_package(chdb_client, pkg, database=fresh_db,
+                         keys=PublicKeys.of([load_public_key(pub)]))  # fmt: skip
+    assert any("do not reproduce its newest signed head" in p for p in res.problems), res.problems
