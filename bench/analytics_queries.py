@@ -26,13 +26,14 @@ funnel_merged_ms (after OPTIMIZE FINAL), *_cpu_ms (process CPU: chDB runs in thi
 this is the query's own work, unlike wall time on a shared machine), gen_s (the insert, every
 materialized view included), backfill_s (schema files applied to a --reuse store, their
 backfills included) and load_avg. Before the RESULT line: each anomaly pass alone over the 7
-days (wall, CPU, rows read).
+days (wall, CPU, granules each read selects).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -132,17 +133,32 @@ def timed(fn, repeat: int, label: str = "") -> tuple[float, object]:
     return statistics.median(times), out
 
 
-def pass_costs(client, window: Window) -> dict[str, tuple[float, float, int]]:
+def granules(client, sql: str) -> str:
+    """What `EXPLAIN indexes = 1` says each read of the query selects: `table a/b` granules
+    (of 8,192 rows) after the primary key, one entry per ReadFromMergeTree step."""
+    out, table = [], ""
+    for (line,) in client.query(f"EXPLAIN indexes = 1 {sql}").result_rows:
+        m = re.search(r"ReadFromMergeTree \((\S+)\)", line)
+        if m:
+            table = m.group(1).split(".")[-1]
+            out.append([table, ""])
+        g = re.search(r"Granules: (\d+/\d+)", line)
+        if g and out:
+            out[-1][1] = g.group(1)  # the last index's selection (after the primary key)
+    return ", ".join(f"{t} {g}" for t, g in out)
+
+
+def pass_costs(client, window: Window) -> dict[str, tuple[float, float, str]]:
     """Each anomaly pass alone (analytics._anomaly_sql.PASSES), one warm run after one
-    cold: wall ms, process CPU ms and the rows the query read (its summary's read_rows)."""
+    cold: wall ms, process CPU ms and the granules each of its reads selects."""
     out = {}
     for name in PASSES:
         sql = f"SELECT count() FROM ({pass_sql(name, DB, window, tenant=False, sla_ms=900_000)})"
         client.query(sql)
         t, c = time.perf_counter(), time.process_time()
-        res = client.query(sql)
+        client.query(sql)
         wall, cpu = (time.perf_counter() - t) * 1000, (time.process_time() - c) * 1000
-        out[name] = (wall, cpu, int(res.summary.get("read_rows", 0)))
+        out[name] = (wall, cpu, granules(client, sql))
     return out
 
 
@@ -288,9 +304,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"anomalies without the protocol audit, {len(bdf)} kinds, {label} window: "
               f"{an_ms[label + '_base']:.0f} ms (CPU {CPU['an' + label + '_base']:.0f} ms)")  # fmt: skip
-    print("anomaly passes, 7-day window (wall ms, process CPU ms, rows read):")
+    print("anomaly passes, 7-day window (wall ms, process CPU ms, granules read per table):")
     for name, (wall, cpu, read) in pass_costs(client, full).items():
-        print(f"  {name:12s} {wall:7.0f} {cpu:7.0f} {read:>12,}")
+        print(f"  {name:12s} {wall:7.0f} {cpu:7.0f}  {read}")
     row = f.iloc[0]
     print(f"funnel (7 days, {int(row['volume']):,} handoffs): {funnel_ms:.0f} ms  "
           f"[settled {int(row['settled']):,}, committed {int(row['committed']):,}, p_e2e {row['p_e2e']:.3f}]")  # fmt: skip
