@@ -15,14 +15,14 @@ transitions twice (clock skew self-join) or window-sort every task (stale fence)
   envelope*    receiver actor, grant, tenant claim
   retry*       blind retry, duplicate execution (the attempts from handoff_summary)
   causation*   consumed before verified, expired receipt
-  bounce       over the summary's `transfer` create rows only (_anomaly_state_sql.py)
+  bounce       over the summary's `transfer` create rows only (_anomaly_state_passes.py)
   spike        per-bucket rejection rates against a trailing baseline (_spike_sql.py)
   orphan       candidates from a cheap filter, checked exactly by key
   topology     each topology's own kinds from one scan of the cohort's create, accept,
                reject and executing rows (_topology_sql.py)
   fan_out      agent-as-tool fan-out over the cohort's summary rows (_topology_sql.py)
-* read handoff_anomaly_state (sql/009, _anomaly_state_sql.py: one row per handoff kept at
-  insert), never handoff_transitions.
+* read handoff_anomaly_state (sql/009, _anomaly_state_passes.py: one row per handoff kept
+  at insert), never handoff_transitions.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ from typing import Final
 
 from analytics import _contract_sql as cs
 from analytics import _topology_sql as topo
-from analytics._anomaly_state_sql import COPY_KEY, STATE_PASSES  # noqa: F401 (COPY_KEY re-exported)
+from analytics._anomaly_state_passes import STATE_PASSES
+from analytics._anomaly_state_sql import COPY_KEY  # noqa: F401 (re-exported)
 from analytics._common import Window, cohort_sql, ts
 from analytics._spike_sql import (  # noqa: F401 (re-exported: the spike thresholds)
     SPIKE_BASELINE_FACTOR,

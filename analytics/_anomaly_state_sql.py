@@ -1,22 +1,10 @@
-"""Per-handoff anomaly state kept at insert (sql/009_handoff_anomaly_state.sql) and the
-anomaly passes that read it instead of the transitions.
+"""Per-handoff anomaly state kept at insert: sql/009_handoff_anomaly_state.sql, its columns
+and the SQL pieces the passes share (analytics/_anomaly_state_passes.py reads it).
 
 `handoff_anomaly_state` holds one row per (tenant, handoff_id) after merges, like
-handoff_summary: every column an idempotent aggregate (min, max, minMap, maxMap,
+handoff_summary: every column an idempotent aggregate (min, max, minMap,
 groupUniqArrayArray), so a span stored again, or delivered in another insert block, changes
-no value. The passes here read one row per handoff:
-  transitions  duplicate delivery (per transition the least and greatest copy hash differ)
-               and clock skew (per counted transition its earliest time, in machine order)
-  envelope     the receiver actors' least and greatest, the latest grant use, the grant
-               from the create rows, tenant claims
-  fence        the rows carrying a fence token or state version (a few per handoff), of the
-               tasks of the cohort's fenced commits
-  idempotency  the create rows' (key, payload hash) pairs
-  retry        the created-row `retry_of` (the attempts still come from handoff_summary)
-  causation    the created-row `causation_id`; the consumed handoff's first verify and
-               receipt expiry
-Sparse kinds (retry, causation, idempotency, fence) select candidates by a cheap column
-first and merge only their rows; the dense ones read the cohort `FINAL`.
+no value.
 
 `python -m analytics._anomaly_state_sql > sql/009_handoff_anomaly_state.sql` regenerates the
 DDL; tests/integration/test_anomaly_state.py fails when the file and this module disagree.
@@ -27,7 +15,6 @@ from __future__ import annotations
 from typing import Final
 
 from analytics import _contract_sql as cs
-from analytics._common import Window, ts
 from collector import semconv
 
 #: events the receiver (the envelope's to_agent) emits: another actor is a wrong consumer
@@ -46,7 +33,7 @@ TABLE: Final = "handoff_anomaly_state"
 _T9: Final = "DateTime64(9, 'UTC')"
 
 
-def _tuple(items) -> str:
+def sql_tuple(items) -> str:
     return "(" + ", ".join(f"'{x}'" for x in items) + ")"
 
 
@@ -55,7 +42,7 @@ def _attr(name: str) -> str:
     return f"attributes['{name}']"
 
 
-def _iso(expr: str) -> str:
+def iso_sql(expr: str) -> str:
     """An ISO-8601 UTC text as DateTime64(9); NULL when empty or not a time."""
     return f"parseDateTime64BestEffortOrNull(nullIf({expr}, ''), 9, 'UTC')"
 
@@ -111,17 +98,17 @@ _COLUMNS: Final = (
     (
         "receiver_min",
         "min, LowCardinality(Nullable(String))",
-        f"min(if(event IN {_tuple(RECEIVER_EVENTS)}, actor, NULL))",
+        f"min(if(event IN {sql_tuple(RECEIVER_EVENTS)}, actor, NULL))",
     ),
     (
         "receiver_max",
         "max, LowCardinality(Nullable(String))",
-        f"max(if(event IN {_tuple(RECEIVER_EVENTS)}, actor, NULL))",
+        f"max(if(event IN {sql_tuple(RECEIVER_EVENTS)}, actor, NULL))",
     ),
     (
         "t_grant_use",
         f"max, Nullable({_T9})",
-        f"max(if(event IN {_tuple(GRANT_USE_EVENTS)}, time, NULL))",
+        f"max(if(event IN {sql_tuple(GRANT_USE_EVENTS)}, time, NULL))",
     ),
     (
         "grant_expires_at",
@@ -151,8 +138,8 @@ _COLUMNS: Final = (
     (
         "receipt_expiry",
         f"min, Nullable({_T9})",
-        f"min(if(valid AND event IN {_tuple(RECEIPT_EVENTS)},"
-        f" {_iso(_attr(semconv.RECEIPT_EXPIRES_AT))}, NULL))",
+        f"min(if(valid AND event IN {sql_tuple(RECEIPT_EVENTS)},"
+        f" {iso_sql(_attr(semconv.RECEIPT_EXPIRES_AT))}, NULL))",
     ),
     (
         "idempotency_keys",
@@ -233,254 +220,6 @@ INSERT INTO {{db}}.{TABLE} ({names})
 {_select("{db}")}
 SETTINGS optimize_aggregation_in_order = 1;
 """
-
-
-# ------------------------------------------------------------------ passes
-
-
-def _tenant_and(tenant: bool) -> str:
-    return "AND tenant = {tenant:String}" if tenant else ""
-
-
-def _in_window(window: Window, col: str = "created") -> str:
-    return f"{col} IS NOT NULL AND {col} >= {ts(window.start)} AND {col} < {ts(window.end)}"
-
-
-def state_cohort(db: str, window: Window, tenant: bool, cols: str) -> str:
-    """The cohort's state rows (created in the window), merged at read time; `cols` a
-    select list over the table's columns."""
-    return f"""SELECT tenant, handoff_id, {cols}
-    FROM {db}.{TABLE} FINAL
-    WHERE {_in_window(window)} {_tenant_and(tenant)}
-    -- the created filter must see merged rows (a server may default this on)
-    SETTINGS optimize_move_to_prewhere_if_final = 0"""
-
-
-def _candidates(db: str, window: Window, tenant: bool, where: str, aggs: str) -> str:
-    """Handoffs of the cohort with a state row matching `where` (a cheap filter before any
-    merge): their rows merged by GROUP BY, `aggs` over them."""
-    return f"""SELECT tenant, handoff_id, min(created) AS created, {aggs}
-    FROM {db}.{TABLE}
-    WHERE (tenant, handoff_id) IN (
-        SELECT tenant, handoff_id FROM {db}.{TABLE} WHERE {where} {_tenant_and(tenant)})
-    GROUP BY tenant, handoff_id
-    HAVING {_in_window(window)}"""
-
-
-def transitions_pass(db: str, window: Window, tenant: bool) -> str:
-    """Duplicate delivery: a transition (event, from, to) stored as more than one copy
-    (COPY_KEY): more distinct (transition, copy) pairs than transitions (32-bit hashes each:
-    a missed or false pair once in ~4e9). A span stored again unchanged is one copy.
-
-    Clock skew: counted transitions x -> y (x.to = y.from, y not the way back, x before y in
-    machine order) with y's earliest time before x's; first_times is sorted by k (machine
-    order), so when its times never decrease nothing can be skewed and the quadratic check
-    runs only on the others."""
-
-    def to_(v: str) -> str:
-        return f"bitAnd({v}, 255)"
-
-    def from_(v: str) -> str:
-        return f"bitAnd(bitShiftRight({v}, 8), 255)"
-
-    def okey(v: str) -> str:
-        return f"bitShiftRight({v}, 24)"
-
-    follows = (
-        f"{to_('x.1')} = {from_('y.1')} AND {to_('y.1')} != {from_('x.1')}"
-        f" AND {okey('x.1')} < {okey('y.1')} AND y.2 < x.2"
-    )
-    cohort = state_cohort(db, window, tenant, "copies, first_times")
-    return f"""SELECT handoff_id,
-    length(arrayDistinct(arrayMap(x -> bitShiftRight(x, 32), copies))) < length(copies)
-        AS duplicate_delivery,
-    NOT arrayAll(d -> d >= 0, arrayDifference(first_times.2))
-        AND arrayExists(x -> arrayExists(y -> {follows}, c), c) AS clock_skew
-FROM (SELECT *, arrayZip(first_times.1, first_times.2) AS c FROM ({cohort}))
-WHERE duplicate_delivery OR clock_skew"""
-
-
-def envelope_pass(db: str, window: Window, tenant: bool) -> str:
-    """Per cohort handoff: its envelope (the greatest value over its counted create rows)
-    against its other rows. The grant's capabilities are JSON text (an OTLP string[])."""
-    cohort = state_cohort(
-        db,
-        window,
-        tenant,
-        "to_agent, capabilities, receiver_min, receiver_max, t_grant_use, grant_expires_at,"
-        " grant_capabilities, grant_tenant, claim_mismatch",
-    )
-    g_exp = _iso("grant_expires_at")
-    return f"""SELECT handoff_id,
-    to_agent != '' AND coalesce(receiver_min != to_agent OR receiver_max != to_agent, false)
-        AS wrong_consumer,
-    coalesce(t_grant_use > {g_exp}, false) AS grant_expired,
-    grant_capabilities IS NOT NULL
-        AND NOT hasAll(JSONExtract(assumeNotNull(grant_capabilities), 'Array(String)'),
-                       capabilities) AS capability_outside_grant,
-    grant_tenant != '' AND grant_tenant != tenant AS grant_tenant_mismatch,
-    claim_mismatch = 1 AS tenant_claim_mismatch
-FROM ({cohort})
-WHERE wrong_consumer OR grant_expired OR capability_outside_grant OR grant_tenant_mismatch
-   OR tenant_claim_mismatch"""
-
-
-def fence_pass(db: str, window: Window, tenant: bool) -> str:
-    """A commit (or resolve_committed) of a cohort handoff whose fence token or state
-    version is below the greatest seen earlier in its task (by time, then span id), over the
-    stored fenced rows of the tasks of the cohort's fenced commits (rows without either
-    value can be neither stale nor raise a maximum)."""
-    cand = _candidates(db, window, tenant, "notEmpty(fences)", "groupUniqArrayArray(fences) AS fs")
-    commits = f"arrayFilter(r -> r.4 IN {_tuple(RECEIPT_EVENTS)}, fs)"
-    return f"""WITH c AS (SELECT tenant, handoff_id, arrayJoin({commits}).3 AS task FROM ({cand}))
-SELECT DISTINCT handoff_id, true AS stale_fence FROM (
-    SELECT tenant, handoff_id, event, fence_token, state_version,
-        max(fence_token) OVER w AS prev_fence, max(state_version) OVER w AS prev_version
-    FROM (
-        SELECT tenant, handoff_id, r.1 AS time, r.2 AS span_id, r.3 AS task, r.4 AS event,
-            r.5 AS fence_token, r.6 AS state_version
-        FROM (SELECT tenant, handoff_id, arrayJoin(fences) AS r
-              FROM {db}.{TABLE} WHERE notEmpty(fences) {_tenant_and(tenant)})
-        WHERE (tenant, task) IN (SELECT tenant, task FROM c)
-    )
-    WINDOW w AS (PARTITION BY tenant, task ORDER BY time, span_id
-                 ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
-)
-WHERE event IN {_tuple(RECEIPT_EVENTS)}
-  AND (tenant, handoff_id) IN (SELECT tenant, handoff_id FROM c)
-  AND (coalesce(fence_token < prev_fence, false) OR coalesce(state_version < prev_version, false))"""
-
-
-def idempotency_pass(db: str, window: Window, tenant: bool) -> str:
-    """Cohort handoffs with a create row whose idempotency key was created elsewhere (any
-    handoff of the tenant, any time) with another payload hash."""
-    conflicts = f"""SELECT tenant, p.1 FROM (
-        SELECT tenant, arrayJoin(idempotency_payloads) AS p
-        FROM {db}.{TABLE} WHERE notEmpty(idempotency_payloads) {_tenant_and(tenant)})
-    GROUP BY tenant, p.1 HAVING uniqExact(p.2) > 1"""
-    holders = f"""SELECT tenant, handoff_id FROM (
-        SELECT tenant, handoff_id, arrayJoin(idempotency_keys) AS key
-        FROM {db}.{TABLE} WHERE notEmpty(idempotency_keys) {_tenant_and(tenant)})
-    WHERE (tenant, key) IN ({conflicts})"""
-    cand = _candidates(db, window, tenant, f"(tenant, handoff_id) IN ({holders})", "1 AS one")
-    return f"SELECT handoff_id, true AS idempotency_conflict FROM ({cand})"
-
-
-def _attempts_sql(db: str, where: str) -> str:
-    """One row per handoff from handoff_summary (merged by GROUP BY): what the retry checks
-    need. `where` selects summary rows (by tenant and task or key)."""
-    return f"""SELECT tenant, handoff_id, max(task_id) AS task, max(to_agent) AS target,
-        max(idempotency_key) AS idem, min(created) AS created,
-        min(t_unknown_in) AS t_in, min(t_unknown_out) AS t_out, min(t_committed) AS t_commit
-    FROM {db}.handoff_summary WHERE {where}
-    GROUP BY tenant, handoff_id"""
-
-
-def retry_pass(db: str, window: Window, tenant: bool) -> str:
-    """B (the cohort) against its earlier attempts A (any handoff of the same tenant: B's
-    `retry_of`, or the same task, to_agent and idempotency key; for duplicate execution
-    any handoff with B's key). Attempts come from handoff_summary: created, first entry
-    into and first exit out of unknown, first entry into committed (counted rows). Only
-    handoffs sharing a non-empty key or named by a `retry_of` can pair, so only their
-    summary rows are read (a same-slot peer shares the key), for B as for A; `retry_of`
-    from the state."""
-    peers = _attempts_sql(
-        db,
-        "(tenant, idempotency_key) IN (SELECT tenant, idem FROM b WHERE idem != '')"
-        " OR (tenant, handoff_id) IN (SELECT tenant, target FROM retries)",
-    )
-    retries = f"""SELECT tenant, handoff_id, max(retry_of) AS target FROM {db}.{TABLE}
-    WHERE retry_of != '' {_tenant_and(tenant)} GROUP BY tenant, handoff_id"""
-    blind = "a.t_in IS NOT NULL AND a.t_in < b.created AND (a.t_out IS NULL OR a.t_out > b.created)"
-    dup = (
-        "b.t_commit IS NOT NULL AND a.t_commit IS NOT NULL"
-        " AND (assumeNotNull(a.t_commit), a.handoff_id) < (assumeNotNull(b.t_commit), b.handoff_id)"
-    )
-    # only a cohort handoff with a key or a retry_of can pair: merge only their summary rows
-    b = f"""SELECT tenant, handoff_id, max(task_id) AS task_id, max(to_agent) AS to_agent,
-        max(idempotency_key) AS idem, min(created) AS created, min(t_committed) AS t_commit
-    FROM {db}.handoff_summary
-    WHERE (tenant, handoff_id) IN (
-        SELECT tenant, handoff_id FROM {db}.handoff_summary
-        WHERE idempotency_key != '' {_tenant_and(tenant)}
-        UNION ALL SELECT tenant, handoff_id FROM retries)
-    GROUP BY tenant, handoff_id
-    HAVING {_in_window(window)}"""
-    return f"""WITH retries AS ({retries}),
-    b AS ({b}),
-    peers AS ({peers})
-SELECT b.handoff_id AS handoff_id, {blind} AS blind_retry, false AS duplicate_execution
-FROM retries AS r
-JOIN b ON b.tenant = r.tenant AND b.handoff_id = r.handoff_id
-JOIN peers AS a ON a.tenant = r.tenant AND a.handoff_id = r.target
-WHERE a.handoff_id != b.handoff_id AND {blind}
-UNION ALL
-SELECT b.handoff_id AS handoff_id, b.task_id = a.task AND b.to_agent = a.target
-        AND {blind} AS blind_retry, {dup} AS duplicate_execution
-FROM (SELECT * FROM b WHERE idem != '') AS b
-JOIN (SELECT * FROM peers WHERE idem != '') AS a ON a.tenant = b.tenant AND a.idem = b.idem
-WHERE a.handoff_id != b.handoff_id
-  AND ((b.task_id = a.task AND b.to_agent = a.target AND {blind}) OR {dup})"""
-
-
-def causation_pass(db: str, window: Window, tenant: bool) -> str:
-    """C (the cohort, with a causation_id naming a stored handoff A of its tenant) against
-    A: C created before A's first counted verify (or A never verified), or after A's
-    receipt expiry (the earliest `receipt.expires_at` on A's commit rows)."""
-    consumers = _candidates(db, window, tenant, "causation_id != ''", "max(causation_id) AS cause")
-    return f"""WITH c AS ({consumers})
-SELECT c.handoff_id AS handoff_id,
-    a.t_verified IS NULL OR c.created < a.t_verified AS consumed_before_verified,
-    a.r_exp IS NOT NULL AND c.created > a.r_exp AS expired_receipt_used
-FROM c JOIN (
-    SELECT tenant, handoff_id, min(t_verified) AS t_verified, min(receipt_expiry) AS r_exp
-    FROM {db}.{TABLE}
-    WHERE (tenant, handoff_id) IN (SELECT tenant, cause FROM c)
-    GROUP BY tenant, handoff_id
-) AS a ON a.tenant = c.tenant AND a.handoff_id = c.cause
-WHERE c.cause != c.handoff_id"""
-
-
-def bounce_pass(db: str, window: Window, tenant: bool) -> str:
-    """A transfer handed straight back: the task's previous transfer (by created time, then
-    handoff id) went from this one's to_agent to its from_agent. Only a handoff's create row
-    carries its mode (and created time), so handoff_summary's rows with mode 'transfer' are
-    exactly the transfer handoffs' create rows: read only those (no cohort FINAL), of the
-    tasks with two transfers or more, one created in the window."""
-    tw = _tenant_and(tenant)
-    return f"""SELECT handoff_id, true AS bounce FROM (
-    SELECT tenant, handoff_id, h_created, h_from, h_to,
-        lagInFrame(h_from) OVER w AS prev_from, lagInFrame(h_to) OVER w AS prev_to,
-        row_number() OVER w AS rn
-    FROM (
-        SELECT tenant, handoff_id, max(task_id) AS h_task, min(created) AS h_created,
-            max(from_agent) AS h_from, max(to_agent) AS h_to
-        FROM {db}.handoff_summary
-        WHERE mode = 'transfer' AND created IS NOT NULL {tw}
-          AND (tenant, task_id) IN (
-              SELECT tenant, task_id FROM {db}.handoff_summary
-              WHERE mode = 'transfer' AND created IS NOT NULL {tw}
-              GROUP BY tenant, task_id
-              HAVING uniqExact(handoff_id) > 1 AND countIf({_in_window(window)}) > 0)
-        GROUP BY tenant, handoff_id
-    )
-    WINDOW w AS (PARTITION BY tenant, h_task ORDER BY h_created, handoff_id
-                 ROWS BETWEEN 1 PRECEDING AND CURRENT ROW)
-)
-WHERE rn > 1 AND h_from != '' AND prev_from = h_to AND prev_to = h_from
-  AND {_in_window(window, "h_created")}"""
-
-
-#: pass name -> builder of the passes built here (bounce reads handoff_summary only)
-STATE_PASSES: Final = {
-    "transitions": transitions_pass,
-    "idempotency": idempotency_pass,
-    "fence": fence_pass,
-    "envelope": envelope_pass,
-    "retry": retry_pass,
-    "causation": causation_pass,
-    "bounce": bounce_pass,
-}
 
 
 if __name__ == "__main__":  # pragma: no cover - regeneration helper
