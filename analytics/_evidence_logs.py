@@ -85,7 +85,7 @@ class StoreLogs:
         (row hash -> batches): from the stored positions (an index on the batch id), then
         from ingest_batches for batches no position names; every instance with a head when
         none of them is known."""
-        if set(self.heads) <= {""}:  # one log: nothing to look up
+        if len(self.heads) <= 1:  # one signed log: nothing to look up
             return sorted(self.heads)
         ids = sorted({b for bs in batches_of.values() for b in bs})
         found: dict[str, str] = {}
