@@ -231,7 +231,8 @@ def bounce_pass(db: str, window: Window, tenant: bool) -> str:
     handoff id) went from this one's to_agent to its from_agent. Only a handoff's create row
     carries its mode (and created time), so handoff_summary's rows with mode 'transfer' are
     exactly the transfer handoffs' create rows: read only those (no cohort FINAL), of the
-    tasks with two transfers or more, one created in the window."""
+    tasks with two such rows or more (by task hash: a superset of the tasks with two
+    transfers), one created in the window."""
     tw = _tenant_and(tenant)
     return f"""SELECT handoff_id, true AS bounce FROM (
     SELECT tenant, handoff_id, h_created, h_from, h_to,
@@ -242,11 +243,11 @@ def bounce_pass(db: str, window: Window, tenant: bool) -> str:
             max(from_agent) AS h_from, max(to_agent) AS h_to
         FROM {db}.handoff_summary
         WHERE mode = 'transfer' AND created IS NOT NULL {tw}
-          AND (tenant, task_id) IN (
-              SELECT tenant, task_id FROM {db}.handoff_summary
+          AND (tenant, cityHash64(task_id)) IN (
+              SELECT tenant, cityHash64(task_id) AS t FROM {db}.handoff_summary
               WHERE mode = 'transfer' AND created IS NOT NULL {tw}
-              GROUP BY tenant, task_id
-              HAVING uniqExact(handoff_id) > 1 AND countIf({_in_window(window)}) > 0)
+              GROUP BY tenant, t
+              HAVING count() > 1 AND countIf({_in_window(window)}) > 0)
         GROUP BY tenant, handoff_id
     )
     WINDOW w AS (PARTITION BY tenant, h_task ORDER BY h_created, handoff_id
