@@ -7,7 +7,7 @@ group and bucket:
   settled, rejected     settled cohort handoffs created in the bucket, and those rejected
   baseline              the same counts over the `baseline_buckets` buckets before it
 A bucket spikes when settled >= SPIKE_MIN_SETTLED, baseline settled >= SPIKE_MIN_SETTLED,
-rate = rejected / settled >= SPIKE_MIN_RATE and rate >= SPIKE_BASELINE_FACTOR x baseline
+rejected >= SPIKE_MIN_REJECTED, rate = rejected / settled >= SPIKE_MIN_RATE and rate >= SPIKE_BASELINE_FACTOR x baseline
 rate + SPIKE_MARGIN (compared exactly: integers, no float rounding at the boundary).
 
 A bucket's verdict depends on the whole bucket and its baseline, never on where the query
@@ -27,8 +27,11 @@ from analytics import _contract_sql as cs
 from analytics._common import Window, cohort_sql, ns
 
 #: rejection_spike thresholds (docs/metrics.md): minimum settled handoffs in a bucket and in
-#: its baseline, minimum rejection rate, factor over the baseline rate plus a margin.
+#: its baseline, minimum rejected in the bucket, minimum rejection rate, factor over the
+#: baseline rate plus a margin. SPIKE_MIN_REJECTED: at a few handoffs per group and hour, 2
+#: of 5 rejected happens by chance every few days (measured on the demo's week).
 SPIKE_MIN_SETTLED: Final = 5
+SPIKE_MIN_REJECTED: Final = 3
 SPIKE_MIN_RATE: Final = 0.3
 SPIKE_BASELINE_FACTOR: Final = 2.0
 SPIKE_MARGIN: Final = 0.1
@@ -56,7 +59,7 @@ def spike_condition(n: str, r: str, bn: str, br: str) -> str:
         f" + {margin.numerator * factor.denominator} * {n} * {bn}"
     )
     return (
-        f"{n} >= {SPIKE_MIN_SETTLED} AND {bn} >= {SPIKE_MIN_SETTLED}"
+        f"{n} >= {SPIKE_MIN_SETTLED} AND {bn} >= {SPIKE_MIN_SETTLED} AND {r} >= {SPIKE_MIN_REJECTED}"
         f" AND {r} * {rate.denominator} >= {rate.numerator} * {n} AND {lhs} >= {rhs}"
     )
 

@@ -21,6 +21,7 @@ from analytics._spike_sql import (
     SPIKE_BUCKET_S,
     SPIKE_MARGIN,
     SPIKE_MIN_RATE,
+    SPIKE_MIN_REJECTED,
     SPIKE_MIN_SETTLED,
 )
 from analytics.reference import counted, facts
@@ -54,6 +55,8 @@ def _f(x: float) -> Fraction:
 def spiking(settled: int, rejected: int, baseline_settled: int, baseline_rejected: int) -> bool:
     """The spike rule over one bucket's counts and its baseline's."""
     if settled < SPIKE_MIN_SETTLED or baseline_settled < SPIKE_MIN_SETTLED:
+        return False
+    if rejected < SPIKE_MIN_REJECTED:
         return False
     rate = Fraction(rejected, settled)
     base = Fraction(baseline_rejected, baseline_settled)

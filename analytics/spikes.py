@@ -16,6 +16,7 @@ from analytics._spike_sql import (
     SPIKE_BUCKET_S,
     SPIKE_MARGIN,
     SPIKE_MIN_RATE,
+    SPIKE_MIN_REJECTED,
     SPIKE_MIN_SETTLED,
     spikes_sql,
 )
@@ -30,6 +31,7 @@ __all__ = [
     "SPIKE_COLUMNS",
     "SPIKE_MARGIN",
     "SPIKE_MIN_RATE",
+    "SPIKE_MIN_REJECTED",
     "SPIKE_MIN_SETTLED",
     "rejection_spikes",
 ]

@@ -11,6 +11,8 @@ state; handoff i of a bucket is created at minute 5 i of it):
                (one bucket inside a 7-day window); hour 44: 4 handoffs, all rejected -> 4
                settled < 5, no spike
   triage/''    hour 40: 5 handoffs all rejected, no baseline (nothing before) -> no spike
+  pager/sms    hours 0-23: 5 handoffs each, none rejected; hour 30: 2 of 5 rejected (40 %
+               over a 0 % baseline) -> 2 < 3 rejected, no spike
 """
 
 from __future__ import annotations
@@ -65,6 +67,9 @@ def _rows() -> list[T]:
             rows += _bucket("ms", h, "mailer", ["smtp"], 5, 5 if h == 40 else 0)
     rows += _bucket("ms", 44, "mailer", ["smtp"], 4, 4)
     rows += _bucket("tr", 40, "triage", [], 5, 5)
+    for h in range(24):
+        rows += _bucket("ps", h, "pager", ["sms"], 5, 0)
+    rows += _bucket("ps", 30, "pager", ["sms"], 5, 2)
     return rows
 
 
