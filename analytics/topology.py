@@ -40,7 +40,12 @@ __all__ = [
 TOPOLOGY_CARD_KINDS: Final = {
     "in_process": ("bounce", "unfiltered_sensitive_history"),
     "agent_as_tool": ("partial_result_committed", "fan_out_all"),
-    "shared_queue": ("idempotency_conflict", "duplicate_execution", "consumer_lag"),
+    "shared_queue": (
+        "duplicate_delivery",
+        "idempotency_conflict",
+        "duplicate_execution",
+        "consumer_lag",
+    ),
     "federated_a2a": ("invalid_transition", "stale_agent_card"),
 }
 LAG_COLUMNS: Final = ("consumer", "queue", "handoffs", "p50_ms", "p95_ms", "max_ms")

@@ -243,6 +243,7 @@ def test_topology_cards_and_slices(served):
         ("in_process", "unfiltered_sensitive_history"): (4, 2),
         ("agent_as_tool", "partial_result_committed"): (14, 1),
         ("agent_as_tool", "fan_out_all"): (14, 4),
+        ("shared_queue", "duplicate_delivery"): (5, 0),
         ("shared_queue", "idempotency_conflict"): (5, 0),
         ("shared_queue", "duplicate_execution"): (5, 0),
         ("shared_queue", "consumer_lag"): (5, 2),
