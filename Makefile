@@ -3,6 +3,8 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# pytest workers (pytest-xdist, one test file per worker at a time); 0 runs the suite in one process
+TEST_WORKERS ?= 2
 
 .PHONY: demo test lint bench venv adk-venv clean
 
@@ -35,7 +37,7 @@ test: $(STAMP) adk-venv
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
-	$(BIN)/pytest $(ARGS)
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
