@@ -42,9 +42,9 @@ import requests
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 from analytics import Window, anomaly_handoff_ids, funnel
+from ingest.testing import key_value
 from serve.testing import start_serve
 
 TOKENS: Final = {"tok-load": "load", "tok-probe": "probe"}
@@ -61,19 +61,11 @@ _STEPS: Final = (
 )
 
 
-def _kv(k: str, v: object) -> KeyValue:
-    if isinstance(v, bool):
-        return KeyValue(key=k, value=AnyValue(bool_value=v))
-    if isinstance(v, int):
-        return KeyValue(key=k, value=AnyValue(int_value=v))
-    return KeyValue(key=k, value=AnyValue(string_value=str(v)))
-
-
 def _request(spans: Sequence[tuple[str, str, str, str, str, int]]) -> bytes:
     """One OTLP request; spans as (handoff_id, event, from, to, to_agent, time ns)."""
     req = ExportTraceServiceRequest()
     rs = req.resource_spans.add()
-    rs.resource.attributes.append(_kv("service.name", "bench-freshness"))
+    rs.resource.attributes.append(key_value("service.name", "bench-freshness"))
     ss = rs.scope_spans.add()
     ss.scope.name = "handoffs.collector"
     for n, (hid, event, frm, to, to_agent, at) in enumerate(spans):
@@ -98,7 +90,7 @@ def _request(spans: Sequence[tuple[str, str, str, str, str, int]]) -> bytes:
                       ("handoff.deadline_ms", 60_000)]  # fmt: skip
         if event == "commit":
             attrs += [("handoff.evidence.count", 1), ("handoff.evidence.valid", True)]
-        sp.attributes.extend(_kv(k, v) for k, v in attrs)
+        sp.attributes.extend(key_value(k, v) for k, v in attrs)
     return req.SerializeToString()
 
 

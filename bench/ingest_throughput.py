@@ -38,9 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
 )
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 from ingest._decode import decode_protobuf
+from ingest.testing import key_value
 from serve.procstat import (
     MEMORY_FIELDS,
     MemorySampler,
@@ -61,19 +61,13 @@ _STEPS = [
 ]
 
 
-def _kv(k: str, v: object) -> KeyValue:
-    if isinstance(v, bool):
-        return KeyValue(key=k, value=AnyValue(bool_value=v))
-    if isinstance(v, int):
-        return KeyValue(key=k, value=AnyValue(int_value=v))
-    return KeyValue(key=k, value=AnyValue(string_value=str(v)))
-
-
 def build_request(rng: random.Random, n_spans: int, base_ns: int) -> bytes:
     """One request of n_spans handoff transitions (5 per handoff), realistic attributes."""
     req = ExportTraceServiceRequest()
     rs = req.resource_spans.add()
-    rs.resource.attributes.extend([_kv("service.name", "agent-b"), _kv("host.name", "bench")])
+    rs.resource.attributes.extend(
+        [key_value("service.name", "agent-b"), key_value("host.name", "bench")]
+    )
     ss = rs.scope_spans.add()
     ss.scope.name = "handoffs.collector"
     ss.scope.version = "0.1.0"
@@ -108,7 +102,7 @@ def build_request(rng: random.Random, n_spans: int, base_ns: int) -> bytes:
             ]
         if event == "commit":
             attrs += [("handoff.evidence.count", 2), ("handoff.evidence.valid", True)]
-        sp.attributes.extend(_kv(k, v) for k, v in attrs)
+        sp.attributes.extend(key_value(k, v) for k, v in attrs)
     return req.SerializeToString()
 
 

@@ -4,7 +4,12 @@ serve.testing)."""
 
 from __future__ import annotations
 
-__all__ = ["request_json", "request_protobuf", "span_json", "transition"]
+from typing import TYPE_CHECKING
+
+__all__ = ["key_value", "request_json", "request_protobuf", "span_json", "transition"]
+
+if TYPE_CHECKING:
+    from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 
 
 def _any_value_json(v: object) -> dict:
@@ -23,6 +28,18 @@ def _any_value_json(v: object) -> dict:
             }
         }
     return {"stringValue": str(v)}
+
+
+def key_value(key: str, value: object) -> KeyValue:
+    """One OTLP/protobuf attribute, typed by the value's Python type: bool, int, or else its
+    text (the wire contract's scalar types)."""
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+    if isinstance(value, bool):
+        return KeyValue(key=key, value=AnyValue(bool_value=value))
+    if isinstance(value, int):
+        return KeyValue(key=key, value=AnyValue(int_value=value))
+    return KeyValue(key=key, value=AnyValue(string_value=str(value)))
 
 
 def span_json(
