@@ -30,3 +30,10 @@ def test_every_product_module_is_under_500_lines() -> None:
     assert len(sizes) > 50, "the packages were not found"
     over = {name: n for name, n in sizes.items() if n >= LIMIT}
     assert not over, f"split these modules (lines, limit {LIMIT}): {over}"
+
+
+def test_the_operators_manual_stays_a_manual() -> None:
+    """docs/operators.md is read by an operator on call: deploy, configure, endpoints, scale,
+    retention, backups, tokens, tuning; measured figures live in bench/RESULTS.md."""
+    lines = len((ROOT / "docs" / "operators.md").read_text(encoding="utf-8").splitlines())
+    assert lines <= 250, f"docs/operators.md has {lines} lines (at most 250)"
