@@ -263,7 +263,7 @@ def test_webhook_sender_retries_5xx_not_4xx_and_reports_a_dead_hook(caplog):
 def test_an_undelivered_notification_is_tried_again_next_evaluation(regression, chdb_client):
     rules = load_rules(regression["rules"])[:1]
     inside = regression["inside"]
-    times = iter([inside, inside + 3 * MIN])
+    times = iter([inside, inside])  # the same instant twice: only the retry differs
     with _Hook(statuses=[500, 500]) as hook:  # page: both attempts fail; ticket goes through
         run_watch(
             evaluate=lambda t: evaluate_rules(
@@ -277,7 +277,7 @@ def test_an_undelivered_notification_is_tried_again_next_evaluation(regression, 
         )
     assert [(b["alert"], b["as_of"]) for b in hook.bodies] == [
         ("coder-e2e:ticket", _iso(inside)),
-        ("coder-e2e:page", _iso(inside + 3 * MIN)),
+        ("coder-e2e:page", _iso(inside)),
     ]
 
 
