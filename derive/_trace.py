@@ -6,7 +6,7 @@ import ast
 import re
 from collections.abc import Callable, Iterable, Iterator
 
-from derive._model import SpanRecord
+from derive._model import SpanRecord, Target
 
 _REQUESTED = re.compile(r"requested_agents'?\"?\s*:\s*(\[[^\]]*\])")
 _DEPTH = 256  # bounded walks up the span tree
@@ -100,3 +100,31 @@ def sdk_error_message(status_message: str) -> str:
             return value["message"]
     head, sep, _ = text.partition(": {")
     return head if sep else text
+
+
+#: the GenAI operation attribute every rule over GenAI-shaped spans reads
+GENAI_OP = "gen_ai.operation.name"
+
+
+def run_target(
+    trace: TraceIndex,
+    span: SpanRecord,
+    *,
+    error_of: Callable[[SpanRecord], str | None],
+    evidence_ops: frozenset[str],
+    is_transfer: Callable[[SpanRecord], bool],
+    prefix: str,
+) -> Target:
+    """The target agent's run `span`: its error (`error_of` the run, else of the first failed
+    descendant that is not a tool call) and its evidence (descendants whose GenAI operation
+    is in `evidence_ops` and that ended without error, transfers excepted, as
+    `<prefix>:<span id>`), descendants in start order."""
+    error = error_of(span)
+    evidence = []
+    for s in sorted(trace.descendants(span), key=lambda x: (x.start_ns, x.span_id)):
+        if s.status == "Error":
+            if error is None and s.attr(GENAI_OP) != "execute_tool":
+                error = error_of(s)
+        elif s.attr(GENAI_OP) in evidence_ops and not is_transfer(s):
+            evidence.append(f"{prefix}:{s.span_id}")
+    return Target(span, error, tuple(evidence))

@@ -21,7 +21,7 @@ import json
 from typing import Final
 
 from derive._model import Observed, SpanRecord, Target, slug
-from derive._trace import TraceIndex, next_after
+from derive._trace import TraceIndex, next_after, run_target
 
 __all__ = ["ADK", "ADK_SCOPE", "adk_rule", "transfer_target"]
 
@@ -79,15 +79,14 @@ def _error(span: SpanRecord) -> str | None:
 
 
 def _target(trace: TraceIndex, span: SpanRecord) -> Target:
-    error = _error(span)
-    evidence = []
-    for s in sorted(trace.descendants(span), key=lambda x: (x.start_ns, x.span_id)):
-        if s.status == "Error":
-            if error is None and s.attr(_OP) != "execute_tool":
-                error = _error(s)
-        elif s.attr(_OP) in _EVIDENCE_OPS and not _is_transfer(s):
-            evidence.append(f"adk:{s.span_id}")
-    return Target(span, error, tuple(evidence))
+    return run_target(
+        trace,
+        span,
+        error_of=_error,
+        evidence_ops=_EVIDENCE_OPS,
+        is_transfer=_is_transfer,
+        prefix="adk",
+    )
 
 
 def adk_rule(trace: TraceIndex) -> list[Observed]:

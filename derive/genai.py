@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Final
 
 from derive._model import Observed, SpanRecord, Target, slug
-from derive._trace import TraceIndex, next_after
+from derive._trace import TraceIndex, next_after, run_target
 
 __all__ = ["GENAI", "SOURCE_NAME", "TARGET_NAME", "genai_rule"]
 
@@ -33,18 +33,19 @@ def _is_transfer(s: SpanRecord) -> bool:
     return s.attr(_OP) == "execute_tool" and bool(s.attr(TARGET_NAME) or s.attr(SOURCE_NAME))
 
 
+def _error(span: SpanRecord) -> str | None:
+    return slug(span.status_message or span.attr("error.type")) if span.status == "Error" else None
+
+
 def _target(trace: TraceIndex, span: SpanRecord) -> Target:
-    error = None
-    if span.status == "Error":
-        error = slug(span.status_message or span.attr("error.type"))
-    evidence = []
-    for s in sorted(trace.descendants(span), key=lambda x: (x.start_ns, x.span_id)):
-        if s.status == "Error":
-            if error is None and s.attr(_OP) not in ("execute_tool",):
-                error = slug(s.status_message or s.attr("error.type"))
-        elif s.attr(_OP) in _MODEL_OPS and not _is_transfer(s):
-            evidence.append(f"genai:{s.span_id}")
-    return Target(span, error, tuple(evidence))
+    return run_target(
+        trace,
+        span,
+        error_of=_error,
+        evidence_ops=_MODEL_OPS,
+        is_transfer=_is_transfer,
+        prefix="genai",
+    )
 
 
 def genai_rule(trace: TraceIndex) -> list[Observed]:
