@@ -13,9 +13,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from _derived import anomaly_counts, wait_for_funnel
 
 import analytics
-from serve.testing import wait_until
 
 RULE = "adk.transfer_to_agent.handoff"
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,26 +43,14 @@ def test_adk_transfers_become_handoffs(derive_serve, adk_python):
     traces = json.loads(ran.stdout.strip().splitlines()[-1])
     window = analytics.Window(start=start, end=datetime.now(UTC) + timedelta(seconds=1))
 
-    def funnel():
-        with serve.client() as c:
-            row = analytics.funnel(c, database=serve.database, window=window).iloc[0]
-        return {k: int(row[k]) for k in ("volume", "settled", "accepted", "executed", "committed")}
-
     # bounce: triage -> coder -> triage, both committed; failing: triage -> refunds, failed;
     # named: triage -> coder, committed
-    want = {"volume": 4, "settled": 4, "accepted": 4, "executed": 3, "committed": 3}
-    last: dict = {}
-    try:
-        wait_until(lambda: last.update(funnel()) or last == want, 30, "4 derived handoffs")
-    except TimeoutError:
-        assert last == want
+    wait_for_funnel(
+        serve, window, {"volume": 4, "settled": 4, "accepted": 4, "executed": 3, "committed": 3}
+    )
+    # coder's transfer back names triage's as its cause, which is never verified
+    assert anomaly_counts(serve, window) == {"bounce": 1, "consumed_before_verified": 1}
     with serve.client() as c:
-        kinds = analytics.anomalies(c, database=serve.database, window=window)
-        # coder's transfer back names triage's as its cause, which is never verified
-        assert {r["kind"]: int(r["count"]) for _, r in kinds.iterrows() if r["count"]} == {
-            "bounce": 1,
-            "consumed_before_verified": 1,
-        }
         rows = c.query(
             f"SELECT trace_id, from_agent, to_agent, attributes['handoff.derived_by'] "
             f"FROM {serve.database}.handoff_transitions "

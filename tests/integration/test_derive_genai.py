@@ -14,6 +14,7 @@ import urllib.request
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from _derived import anomaly_counts, wait_for_funnel
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
@@ -21,7 +22,6 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 import analytics
-from serve.testing import wait_until
 
 RULE = "genai.execute_tool.handoff"
 
@@ -80,17 +80,10 @@ def test_genai_transfers_become_handoffs(serve, tracer):
         invoke(tracer, "refunds", fail=True)
     window = analytics.Window(start=start, end=datetime.now(UTC) + timedelta(seconds=1))
 
-    def funnel():
-        with serve.client() as c:
-            row = analytics.funnel(c, database=serve.database, window=window).iloc[0]
-        return tuple(int(row[k]) for k in ("volume", "settled", "accepted", "executed"))
-
-    assert wait_until(lambda: funnel() == (3, 3, 3, 2), 30, "3 derived handoffs")
+    wait_for_funnel(serve, window, {"volume": 3, "settled": 3, "accepted": 3, "executed": 2})
+    # the handed-back transfer names the first as its cause, which is never verified
+    assert anomaly_counts(serve, window) == {"bounce": 1, "consumed_before_verified": 1}
     with serve.client() as c:
-        kinds = analytics.anomalies(c, database=serve.database, window=window)
-        counts = {r["kind"]: int(r["count"]) for _, r in kinds.iterrows() if r["count"]}
-        # the handed-back transfer names the first as its cause, which is never verified
-        assert counts == {"bounce": 1, "consumed_before_verified": 1}
         (hid,) = c.query(
             f"SELECT handoff_id FROM {serve.database}.handoff_transitions "
             "WHERE event = 'fail' AND time >= {t:DateTime64(9)}",

@@ -17,6 +17,7 @@ pytest.importorskip("langgraph_swarm")
 pytest.importorskip("langgraph_supervisor")
 pytest.importorskip("openinference.instrumentation.langchain")
 
+from _derived import anomaly_counts, wait_for_funnel
 from langchain_openai import ChatOpenAI
 from langgraph.prebuilt import create_react_agent
 from langgraph_supervisor import create_supervisor
@@ -29,7 +30,6 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 import analytics
 from derive.testing import ScriptedOpenAI
-from serve.testing import wait_until
 
 RULE = "openinference.langgraph.handoff"
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -97,24 +97,12 @@ def test_langgraph_handoffs_are_derived(serve, provider):
     provider.force_flush()
     window = analytics.Window(start=start, end=datetime.now(UTC) + timedelta(seconds=1))
 
-    def counts():
-        with serve.client() as c:
-            row = analytics.funnel(c, database=serve.database, window=window).iloc[0]
-        return {k: int(row[k]) for k in ("volume", "settled", "accepted", "executed", "committed")}
-
-    want = {"volume": 4, "settled": 4, "accepted": 4, "executed": 3, "committed": 3}
-    last: dict = {}
-    try:
-        wait_until(lambda: last.update(counts()) or last == want, 30, "4 derived handoffs")
-    except TimeoutError:
-        assert last == want
+    wait_for_funnel(
+        serve, window, {"volume": 4, "settled": 4, "accepted": 4, "executed": 3, "committed": 3}
+    )
+    # bob's handoff back names alice's as its cause, which is never verified
+    assert anomaly_counts(serve, window) == {"bounce": 1, "consumed_before_verified": 1}
     with serve.client() as c:
-        kinds = analytics.anomalies(c, database=serve.database, window=window)
-        # bob's handoff back names alice's as its cause, which is never verified
-        assert {r["kind"]: int(r["count"]) for _, r in kinds.iterrows() if r["count"]} == {
-            "bounce": 1,
-            "consumed_before_verified": 1,
-        }
         pairs = c.query(
             f"SELECT from_agent, to_agent FROM {serve.database}.handoff_transitions "
             "WHERE event = 'create' AND time >= {t:DateTime64(9)} ORDER BY time",
