@@ -2,8 +2,8 @@
 
 At most every `every_s` seconds, when batches were stored since the last head, the signer
 reads the new batches in chain order (foundation.integrity.chain_order), appends their
-ledger row hashes to the tree (foundation.merkle.Frontier: O(log n) per leaf, the tree is
-never rehashed) and writes one Ed25519-signed head to `ledger_heads`. A batch is taken only
+ledger row hashes to the tree as leaves (hashed by the store; foundation.merkle.Frontier:
+O(log n) per leaf, the tree is never rehashed) and writes one Ed25519-signed head to `ledger_heads`. A batch is taken only
 once all its ledger rows are visible (the writer stores data before chain rows).
 
 It never signs a log that does not extend what it signed: at start it rebuilds the tree up
@@ -35,14 +35,16 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Final
 
 from foundation import settings
-from foundation.integrity import GENESIS, chain_order, log_entry
+from foundation.integrity import GENESIS, chain_order
 from foundation.keys import sign_head
 from foundation.ledger_instances import INSTANCE_SQL, log_links
 from foundation.ledger_log import CHUNK_LEVEL, read_heads
-from foundation.merkle import Frontier, leaf_hash
+from foundation.merkle import Frontier
+from foundation.store import insert_rows
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
@@ -63,6 +65,13 @@ _IDS_PER_QUERY: Final = 5_000
 _WARN_AFTER_TICKS: Final = 12
 
 SIGN_EVERY_S: Final = settings.SIGN_EVERY_S
+
+
+def _time_text(ns: int, digits: int) -> str:
+    """A UTC time in ns as DateTime64(`digits`) text (TabSeparated rows, foundation.store)."""
+    sec, frac = divmod(ns, 10**9)
+    text = datetime.fromtimestamp(sec, UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return f"{text}.{frac // 10 ** (9 - digits):0{digits}d}"
 
 
 def _s(v: object) -> str:
@@ -151,36 +160,37 @@ class Signer:
         ordered, _unreachable = chain_order(links, start=self._chain_hash)
         return ordered, info
 
-    def _hashes(
+    def _leaves(
         self, client: Client, batch_ids: list[str], since_ns: int | None = None
-    ) -> dict[str, list[str]]:
-        """Each batch's ledger row hashes, sorted. `since_ns`: the batches were received from
-        then on (ledger rows carry their batch's receive time), so older partitions and
-        parts are skipped."""
+    ) -> dict[str, list[bytes]]:
+        """Each batch's Merkle leaves: foundation.merkle.leaf_hash of the log entry of each
+        of its ledger row hashes, in row-hash order; hashed by the store (SHA256 of 0x00 ||
+        the 32 bytes), not by Python. `since_ns`: the batches were received from then on
+        (ledger rows carry their batch's receive time), so older partitions and parts are
+        skipped."""
         if not batch_ids:
             return {}
+        leaves = "arrayMap(h -> SHA256(concat(char(0), unhex(h))), arraySort(groupArray(row_hash)))"
         window = (
             ""
             if since_ns is None
             else f" AND ingested_at >= fromUnixTimestamp64Milli({since_ns // 10**6 - _WINDOW_MS})"
         )
-        out: dict[str, list[str]] = {}
         if len(batch_ids) > _IDS_PER_QUERY:  # many (a first signing): one pass over the table
             wanted = set(batch_ids)
             rows = client.query(
-                f"""SELECT ingest_batch, arraySort(groupArray(toString(row_hash)))
+                f"""SELECT ingest_batch, {leaves}
                     FROM {self._db}.transition_ledger GROUP BY ingest_batch"""
             ).result_rows
-            return {_s(b): [_s(h) for h in hs] for b, hs in rows if _s(b) in wanted}
+            return {_s(b): list(hs) for b, hs in rows if _s(b) in wanted}
         rows = client.query(
-            f"""SELECT ingest_batch, arraySort(groupArray(toString(row_hash)))
+            f"""SELECT ingest_batch, {leaves}
                 FROM {self._db}.transition_ledger
                 WHERE ingest_batch IN {{b:Array(String)}}{window}
                 GROUP BY ingest_batch""",
             parameters={"b": batch_ids},
         ).result_rows
-        out.update({_s(b): [_s(h) for h in hs] for b, hs in rows})
-        return out
+        return {_s(b): list(hs) for b, hs in rows}
 
     def _load(self, client: Client) -> None:
         """Rebuild the tree up to the newest stored head and check it still matches."""
@@ -190,10 +200,8 @@ class Signer:
             return
         head = max(heads, key=lambda h: (h.tree_size, h.signed_at))
         ordered, info = self._batches(client, None)
-        hashes = self._hashes(client, ordered[: head.batches])
-        leaves = [
-            leaf_hash(log_entry(h)) for b in ordered[: head.batches] for h in hashes.get(b, [])
-        ]
+        hashes = self._leaves(client, ordered[: head.batches])
+        leaves = [leaf for b in ordered[: head.batches] for leaf in hashes.get(b, [])]
         frontier, nodes = Frontier().extend_nodes(leaves, CHUNK_LEVEL)
         last = ordered[head.batches - 1] if 0 < head.batches <= len(ordered) else None
         if (
@@ -222,7 +230,7 @@ class Signer:
         out: list[list[object]] = []
         for b in batches:
             n = len(hashes.get(b, []))
-            out.append([b, start, n, info[b][0], info[b][2] // 10**6, self.instance])
+            out.append([b, start, n, info[b][0], _time_text(info[b][2], 3), self.instance])
             start += n
         return out
 
@@ -230,18 +238,19 @@ class Signer:
         """Nodes first: a reader takes a position reaching a head as the sign its nodes are
         stored too."""
         if nodes:
-            client.insert(
+            insert_rows(
+                client,
                 f"{self._db}.ledger_nodes",
+                ["level", "index", "hash", "instance"],
                 [[lv, i, h, self.instance] for lv, i, h in nodes],
-                column_names=["level", "index", "hash", "instance"],
             )
         if positions:
-            client.insert(
+            insert_rows(
+                client,
                 f"{self._db}.ledger_positions",
+                ["ingest_batch", "first_leaf", "leaves", "chain_hash", "received_at", "instance"],
                 positions,
-                column_names=["ingest_batch", "first_leaf", "leaves", "chain_hash", "received_at",
-                              "instance"],
-            )  # fmt: skip
+            )
 
     def _backfill(self, client: Client, batches: list[str], info, hashes, nodes) -> None:
         """Store the pieces of the signed log not stored yet (a store signed before them)."""
@@ -287,7 +296,7 @@ class Signer:
                 )
                 log.error("signer: %s", self.state)
             return False
-        hashes = self._hashes(client, new, min(info[b][2] for b in new))
+        hashes = self._leaves(client, new, min(info[b][2] for b in new))
         take: list[str] = []
         for b in new:  # only whole batches, in order
             if len(hashes.get(b, [])) != info[b][1]:
@@ -305,7 +314,7 @@ class Signer:
             return False
         self._waits = 0
         frontier, nodes = self._frontier.extend_nodes(
-            (leaf_hash(log_entry(h)) for b in take for h in hashes[b]), CHUNK_LEVEL
+            (leaf for b in take for leaf in hashes[b]), CHUNK_LEVEL
         )
         self._write_pieces(client, self._positions(self._frontier.size, take, info, hashes), nodes)
         head = sign_head(
@@ -317,12 +326,13 @@ class Signer:
             chain_hash=info[take[-1]][0],
             instance=self.instance,
         )
-        client.insert(
+        insert_rows(
+            client,
             f"{self._db}.ledger_heads",
-            [[head.tree_size, head.root, head.signed_at, head.batches, head.chain_hash,
-              head.key_id, head.signature, head.instance]],
-            column_names=["tree_size", "root", "signed_at", "batches", "chain_hash", "key_id",
-                          "signature", "instance"],
+            ["tree_size", "root", "signed_at", "batches", "chain_hash", "key_id", "signature",
+             "instance"],
+            [[head.tree_size, head.root, _time_text(head.signed_at, 9), head.batches,
+              head.chain_hash, head.key_id, head.signature, head.instance]],
         )  # fmt: skip
         self._frontier, self._batches_signed = frontier, head.batches
         self._chain_hash = head.chain_hash

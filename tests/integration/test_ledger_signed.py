@@ -115,6 +115,7 @@ def signed(tmp_path_factory):
         assert serve.health()["heads"] == "signed"
         post(serve, _spans(t0))
         wait_signed(serve)
+        libraries = Path(f"/proc/{serve.process.pid}/maps").read_text()
         pkg_failed = export(serve, FAILED, tmp / "failed.json")
         pkg_ok = export(serve, OK, tmp / "ok.json")
     finally:
@@ -160,6 +161,7 @@ def signed(tmp_path_factory):
         "odd": pkg_odd,
         "bundle": bundle,
         "by_id": by_id,
+        "libraries": libraries,
     }
 
 
@@ -321,6 +323,13 @@ def test_task_bundle_verifies_and_names_edits(signed, tmp_path, capsys):
     edited["packages"][1] = _forge(edited["packages"][1], EDITS["envelope.to_agent"])
     res = verify_task_bundle(None, edited, keys=signed["keys"])
     assert any(p.startswith(f"packages[1] ({OK}): envelope.to_agent:") for p in res.problems)
+
+
+def test_signing_loads_no_dataframe_library(signed):
+    # the signer's writes are TabSeparated text: clickhouse-connect's row insert would import
+    # pandas into serve on the first head (~0.5 s of CPU, ~40 MB of anonymous memory)
+    assert "/pandas/" not in signed["libraries"]
+    assert "/numpy" not in signed["libraries"]
 
 
 def test_keyless_serve_warns_once_and_health_says_unsigned(signed, tmp_path):
