@@ -177,7 +177,7 @@ def _offline(args) -> bool:
 
 
 def _verify(args, path: Path) -> int:
-    from analytics.verify import VerifyResult, verify_offline, verify_package
+    from analytics.verify import VerifyResult, instance_notes, verify_offline, verify_package
 
     try:
         pkg = json.loads(path.read_text(encoding="utf-8"))
@@ -202,8 +202,9 @@ def _verify(args, path: Path) -> int:
             results.append(verify_task_bundle(client, pkg, database=db, keys=keys))
         elif offline:
             problems = verify_offline(pkg, keys=keys, require_log=True)
-            results.append(VerifyResult(ok=not problems, problems=problems,
-                                        notes=["offline: checked against the signed log only, no store"]))  # fmt: skip
+            notes = ["offline: checked against the signed log only, no store"]
+            notes += instance_notes(pkg["integrity"].get("log"))
+            results.append(VerifyResult(ok=not problems, problems=problems, notes=notes))
         else:
             assert client is not None
             results.append(verify_package(client, pkg, database=db, keys=keys))

@@ -18,7 +18,8 @@ again; every stored row must have its ledger entry and be in the signed log; eve
 typed column must agree with its hashed attributes; and each of the package's signed heads
 must be a prefix of the store's newest head of the same log (an RFC 9162 consistency proof,
 assembled from the stored pieces of the log: O(log n) rows read; analytics._evidence_logs).
-With several serve instances on one store each log is checked on its own.
+With several serve instances on one store each log is checked on its own; both ways,
+`instance_notes` says per instance how many transitions its signed head proves.
 """
 
 from __future__ import annotations
@@ -46,7 +47,13 @@ from foundation.keys import PublicKeys, SignedHead
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
 
-__all__ = ["VerifyResult", "package_sha256", "verify_offline", "verify_package"]
+__all__ = [
+    "VerifyResult",
+    "instance_notes",
+    "package_sha256",
+    "verify_offline",
+    "verify_package",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,26 +242,38 @@ def verify_package(
             ledger_batches(client, db, tenant, hid),
             keys,
         )
-        notes += _instance_notes(section, pkg_heads, logs.heads)
+        notes += instance_notes(section, {i: h.tree_size for i, h in logs.heads.items()})
     else:
         notes.append("no signed head in the package or the store: checked against the store only")
     return VerifyResult(ok=not problems, problems=list(dict.fromkeys(problems)), notes=notes)
 
 
-def _instance_notes(section: Any, package_heads: Mapping[str, SignedHead], store_heads) -> list:
-    """One line per serve instance whose log proves the package (several serves on one
-    store): its transitions, its head and the store's newest head of that log."""
-    if set(package_heads) <= {""} or not isinstance(section, Mapping):
+def instance_notes(section: Any, store_sizes: Mapping[str, int] | None = None) -> list[str]:
+    """One line per serve instance whose log proves a package (several serves on one store),
+    from its `integrity.log` (pure): how many transitions are proven against that instance's
+    signed head, the head's size and key id and, given `store_sizes` (instance -> size of the
+    store's newest head of that log), that size ('none' when the store has no head of it).
+    Nothing for a package of the one unnamed log, or a malformed section (its problems say
+    why)."""
+    if not isinstance(section, Mapping):
+        return []
+    try:
+        heads = section_heads(section)
+    except ValueError:
+        return []
+    if set(heads) <= {""}:
         return []
     entries = section.get("entries") or []
     out = []
-    for inst, head in sorted(package_heads.items()):
+    for inst, head in sorted(heads.items()):
         n = sum(1 for e in entries if isinstance(e, Mapping) and e.get("index") is not None
-                and e.get("instance", head.instance if len(package_heads) == 1 else None) == inst)  # fmt: skip
-        now = store_heads.get(inst)
-        out.append(f"log of instance {inst or '(none)'}: {n} transition(s) proven against its "
-                   f"head of size {head.tree_size}; the store's newest head of it has size "
-                   f"{now.tree_size if now is not None else 'none'}")  # fmt: skip
+                and e.get("instance", head.instance if len(heads) == 1 else None) == inst)  # fmt: skip
+        line = (f"log of instance {inst or '(none)'}: {n} transition(s) proven against its "
+                f"head of size {head.tree_size} signed by key {head.key_id}")  # fmt: skip
+        if store_sizes is not None:
+            now = store_sizes.get(inst)
+            line += f"; the store's newest head of it has size {'none' if now is None else now}"
+        out.append(line)
     return out
 
 

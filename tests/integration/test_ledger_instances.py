@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import time
 import uuid
 from pathlib import Path
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from analytics import evidence_package
-from analytics.verify import verify_offline, verify_package
+from analytics.verify import instance_notes, verify_offline, verify_package
 from foundation.integrity import GENESIS
 from foundation.keys import PublicKeys, generate_keypair, load_private_key, load_public_key
 from foundation.ledger_instances import check_instance, resolve_instance
@@ -71,7 +72,8 @@ def two(chdb_client, tmp_path_factory):
         assert all(s.tick() for s in signers.values())
     for ing in ings.values():
         assert ing.stop()
-    yield {"db": db, "keys": PublicKeys.of([load_public_key(pub)]), "tmp": tmp}
+    yield {"db": db, "keys": PublicKeys.of([load_public_key(pub)]), "tmp": tmp, "pub": pub,
+           "kid": _kid}  # fmt: skip
     chdb_client.command(f"DROP DATABASE IF EXISTS {db} SYNC")
 
 
@@ -117,10 +119,13 @@ def test_a_package_names_the_instance_of_each_proof_and_verifies(two, chdb_clien
     res = verify_package(chdb_client, pkg, database=two["db"], keys=two["keys"])
     assert res.ok, res.problems
     assert [n for n in res.notes if n.startswith("log of instance")] == [
-        f"log of instance {i}: 2 transition(s) proven against its head of size 6; the store's "
-        "newest head of it has size 6"
+        f"log of instance {i}: 2 transition(s) proven against its head of size 6 signed by key "
+        f"{two['kid']}; the store's newest head of it has size 6"
         for i in (A, B)
     ]  # a line per instance
+    assert instance_notes(pkg["integrity"]["log"]) == [
+        n.split(";")[0] for n in res.notes if n.startswith("log of instance")
+    ]  # offline: the same lines, without the store's head
     one = evidence_package(chdb_client, database=two["db"], handoff_id="h-b")
     assert one["integrity"]["log"]["head"]["instance"] == B  # one log: its head names it
     assert verify_offline(one, keys=two["keys"], require_log=True) == []
@@ -137,6 +142,64 @@ def test_a_proof_moved_to_the_other_instance_fails(two, chdb_client):
     renamed["integrity"]["log"]["heads"][B]["instance"] = A  # a head filed under another
     problems = verify_offline(renamed, keys=two["keys"], require_log=True)
     assert any("heads['serve-b']: a head of instance 'serve-a'" in p for p in problems), problems
+
+
+def _instance_lines(out: str) -> dict[str, str]:
+    """The per-instance lines of a verify's text, by instance."""
+    found = (
+        re.search(r"^\s*(?:note: )?(?:log of )?instance (\S+):", ln) for ln in out.splitlines()
+    )
+    return {m.group(1): m.string for m in found if m}
+
+
+@pytest.fixture
+def cli(two, chdb_client, chdb_path, tmp_path, monkeypatch):
+    """The CLI's arguments for the two-instance store, a saved package of each handoff; no
+    other store in reach (none in the environment, the working directory empty)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("HANDOFFS_STORE", raising=False)
+    files = {}
+    for hid in ("h-split", "h-b"):
+        files[hid] = str(tmp_path / f"{hid}.json")
+        pkg = evidence_package(chdb_client, database=two["db"], handoff_id=hid)
+        Path(files[hid]).write_text(json.dumps(pkg))
+    store = ["--store", f"chdb://{chdb_path}", "--database", two["db"]]
+    return {"pub": ["--public-key", str(two["pub"])], "store": store, "files": files}
+
+
+def test_evidence_verify_prints_a_line_per_instance_offline_and_with_the_store(two, cli, capsys):
+    from handoffs.cli import main
+
+    f = cli["files"]["h-split"]  # two transitions at each serve
+    assert main(["evidence", "verify", f, *cli["pub"]]) == 0
+    offline = capsys.readouterr().out
+    assert offline.startswith("OK") and "offline" in offline
+    assert main(["evidence", "verify", f, *cli["pub"], *cli["store"]]) == 0
+    stored = capsys.readouterr().out
+    assert stored.startswith("OK") and "matching the store" in stored
+    for out in (offline, stored):
+        lines = _instance_lines(out)
+        assert sorted(lines) == [A, B], out
+        for line in lines.values():
+            assert "2 transition(s)" in line and two["kid"] in line, line
+    for line in _instance_lines(offline).values():
+        assert re.findall(r"size (\d+)", line) == ["6"], line  # its own head's
+    for line in _instance_lines(stored).values():
+        assert re.findall(r"size (\d+)", line) == ["6", "6"], line  # and the store's newest
+    assert main(["evidence", "verify", cli["files"]["h-b"], *cli["pub"]]) == 0
+    lines = _instance_lines(capsys.readouterr().out)  # every transition at serve-b
+    assert list(lines) == [B] and "4 transition(s)" in lines[B], lines
+
+
+def test_ledger_verify_prints_a_line_per_instance(two, cli, capsys):
+    from handoffs.cli import main
+
+    assert main(["ledger", "verify", *cli["store"], *cli["pub"]]) == 0
+    out = capsys.readouterr().out
+    lines = _instance_lines(out)
+    assert sorted(lines) == [A, B], out
+    for line in lines.values():
+        assert "log of 6 leaves" in line and "6 leaves verified" in line, line
 
 
 def test_a_store_without_instance_columns_still_verifies(chdb_client, tmp_path):
@@ -170,7 +233,9 @@ def test_a_store_without_instance_columns_still_verifies(chdb_client, tmp_path):
         assert "heads" not in pkg["integrity"]["log"]
         assert "instance" not in pkg["integrity"]["log"]["entries"][0]
         assert verify_offline(pkg, keys=keys, require_log=True) == []
-        assert verify_package(chdb_client, pkg, database=db, keys=keys).ok
+        assert instance_notes(pkg["integrity"]["log"]) == []  # one unnamed log: no lines
+        res = verify_package(chdb_client, pkg, database=db, keys=keys)
+        assert res.ok and not any(n.startswith("log of instance") for n in res.notes)
     finally:
         chdb_client.command(f"DROP DATABASE IF EXISTS {db} SYNC")
 

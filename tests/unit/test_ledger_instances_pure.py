@@ -79,3 +79,27 @@ def test_a_head_covers_its_instance_and_the_log_without_one_signs_as_before():
     plain = sign_head(key, **kw)
     assert b"instance" not in plain.message() and "instance" not in plain.as_dict()
     assert SignedHead.from_dict(named.as_dict()) == named
+
+
+def test_instance_notes_count_each_instances_proofs():
+    from analytics.verify import instance_notes
+
+    def head(inst: str, size: int) -> dict:
+        h = SignedHead(size, "ab" * 32, 1, 1, "c" * 64, "k1", "s", instance=inst)
+        return h.as_dict()
+
+    entries = [{"index": 0, "instance": ""}, {"index": 3, "instance": "a"},
+               {"index": 4, "instance": "a"}, {"index": None, "path": []}]  # fmt: skip
+    section = {"head": head("", 2), "heads": {"": head("", 2), "a": head("a", 5)},
+               "entries": entries}  # fmt: skip
+    offline = instance_notes(section)
+    assert [n.split(":")[0] for n in offline] == ["log of instance (none)", "log of instance a"]
+    assert ["1 transition(s)" in offline[0], "2 transition(s)" in offline[1]] == [True, True]
+    assert "size 5 signed by key k1" in offline[1] and "store" not in offline[1]
+    stored = instance_notes(section, {"a": 7})
+    assert stored[0].endswith("has size none") and stored[1].endswith("has size 7")
+    one = {"head": head("", 2), "entries": entries[:1]}  # the one unnamed log: nothing
+    assert instance_notes(one) == [] and instance_notes({"heads": []}) == []
+    assert instance_notes({"head": head("b", 9), "entries": [{"index": 1}]})[0].startswith(
+        "log of instance b: 1 transition(s)"
+    )  # one named log: its entries name no instance
