@@ -141,6 +141,7 @@ _EXTRA_COLUMNS: Final = {
     "t_committed": "min(t_committed)",
     "t_unknown_in": "min(t_unknown_in)",
     "t_unknown_out": "min(t_unknown_out)",
+    "first_seen": "min(first_seen)",
     "last_seen": "max(last_seen)",
     "transitions": "sum(transitions)",
     "uncounted": "sum(uncounted)",
@@ -173,6 +174,7 @@ def cohort_sql(
     tenant_param: bool,
     extra: Iterable[str] | None = None,
     last_state: bool = False,
+    within: str | None = None,
 ) -> str:
     """SQL of one row per cohort handoff: tenant, handoff_id, created, deadline_eff (ms),
     mode, tmask, first_result, the `extra` columns asked for (only those are aggregated:
@@ -213,7 +215,7 @@ FROM (
     FROM {db}.handoff_summary FINAL
     WHERE created IS NOT NULL
        AND created >= {ts(window.start)} AND created < {ts(window.end)}
-       {tenant_and}
+       {tenant_and}{f"{chr(10)}       AND (tenant, handoff_id) IN ({within})" if within else ""}
     -- the created filter must see merged rows (a server may default this on)
     SETTINGS optimize_move_to_prewhere_if_final = 0
 ){_create_attrs_join(db, window, tenant_and, attr_cols)}
