@@ -81,10 +81,10 @@ def _path_sql() -> str:
     return f"[{arr}]"
 
 
-def generate(client, n_handoffs: int, chunk: int = 1_000_000) -> float:
-    """Insert n_handoffs x 5 rows; returns seconds taken."""
+def generate(client, n_handoffs: int, chunk: int = 1_000_000, days: int = DAYS) -> float:
+    """Insert n_handoffs x 5 rows spread over `days` days from BASE; returns seconds taken."""
     total = n_handoffs * 5
-    interval_ns = DAYS * 86_400 * 10**9 // n_handoffs
+    interval_ns = days * 86_400 * 10**9 // n_handoffs
     base_ns = int(BASE.timestamp()) * 10**9
     t0 = time.perf_counter()
     for start in range(0, total, chunk):
