@@ -166,9 +166,9 @@ def retry_pass(db: str, window: Window, tenant: bool) -> str:
     `retry_of`, or the same task, to_agent and idempotency key; for duplicate execution
     any handoff with B's key). Attempts come from handoff_summary: created, first entry
     into and first exit out of unknown, first entry into committed (counted rows). Only
-    handoffs sharing a non-empty key or named by a `retry_of` can pair, so only their
-    summary rows are read (a same-slot peer shares the key), for B as for A; `retry_of`
-    from the state."""
+    handoffs sharing a non-empty key with another handoff, or named by a `retry_of`, can
+    pair, so only their summary rows are merged (a same-slot peer shares the key), for B as
+    for A; `retry_of` from the state."""
     peers = _attempts_sql(
         db,
         "(tenant, idempotency_key) IN (SELECT tenant, idem FROM b WHERE idem != '')"
@@ -181,13 +181,21 @@ def retry_pass(db: str, window: Window, tenant: bool) -> str:
         "b.t_commit IS NOT NULL AND a.t_commit IS NOT NULL"
         " AND (assumeNotNull(a.t_commit), a.handoff_id) < (assumeNotNull(b.t_commit), b.handoff_id)"
     )
-    # only a cohort handoff with a key or a retry_of can pair: merge only their summary rows
+    # only a cohort handoff with a key another handoff holds too, or with a retry_of, can
+    # pair: merge only their summary rows (a store where every handoff has its own key pairs
+    # none, and joining every keyed handoff with itself took ~19 s at 2.7M handoffs)
+    # (tenant, key) hashes on more than one summary row: a superset of the shared keys (a
+    # handoff's create stored twice, a hash collision), made exact by the joins below
+    shared = f"""SELECT cityHash64(tenant, idempotency_key) AS h FROM {db}.handoff_summary
+        WHERE idempotency_key != '' {_tenant_and(tenant)}
+        GROUP BY h HAVING count() > 1"""
     b = f"""SELECT tenant, handoff_id, max(task_id) AS task_id, max(to_agent) AS to_agent,
         max(idempotency_key) AS idem, min(created) AS created, min(t_committed) AS t_commit
     FROM {db}.handoff_summary
     WHERE (tenant, handoff_id) IN (
         SELECT tenant, handoff_id FROM {db}.handoff_summary
         WHERE idempotency_key != '' {_tenant_and(tenant)}
+          AND cityHash64(tenant, idempotency_key) IN ({shared})
         UNION ALL SELECT tenant, handoff_id FROM retries)
     GROUP BY tenant, handoff_id
     HAVING {_in_window(window)}"""
