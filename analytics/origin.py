@@ -44,28 +44,35 @@ _RUN_SPAN_LOOKBACK_S: Final = 86_400
 
 
 def origin_sql(db: str, window: Window, *, tenant_param: bool) -> str:
-    """SQL of one row per handoff created in `window`: tenant, handoff_id, origin."""
+    """SQL of one row per handoff created in `window` that is not from the shim: tenant,
+    handoff_id, origin (a handoff it leaves out is `shim`). Only the create rows that carry
+    `handoff.derived_by`, or whose parent span is one of the window's adapter spans, are
+    grouped: the adapter spans are few (one run span per agent run), so they are found
+    first and the create rows are matched against them by (trace, parent span), in PREWHERE:
+    the attribute map's values are read for the matching rows only."""
     tenant_and = "AND tenant = {tenant:String}" if tenant_param else ""
     start, end = ts(window.start), ts(window.end)
-    return f"""
-SELECT t.tenant AS tenant, t.handoff_id AS handoff_id,
-    multiIf(t.derived != '', concat('derived:', t.derived),
-            p.scope != '', concat('adapter:', substring(p.scope, {len(ADAPTER_SCOPE) + 1})),
-            'shim') AS origin
-FROM (
-    SELECT tenant, handoff_id, any(attributes['{DERIVED_BY}']) AS derived,
-        any(trace_id) AS trace_id, any(parent_span_id) AS parent_span_id
-    FROM {db}.handoff_transitions
-    WHERE event = 'create' AND time >= {start} AND time < {end} {tenant_and}
-    GROUP BY tenant, handoff_id
-) AS t
-LEFT JOIN (
-    SELECT TraceId, SpanId, any(ScopeName) AS scope
+    adapter_spans = f"""SELECT TraceId, SpanId, any(ScopeName) AS scope
     FROM {db}.otel_traces
     WHERE startsWith(ScopeName, '{ADAPTER_SCOPE}')
       AND Timestamp >= {start} - INTERVAL {_RUN_SPAN_LOOKBACK_S} SECOND AND Timestamp < {end}
-    GROUP BY TraceId, SpanId
-) AS p ON p.TraceId = t.trace_id AND p.SpanId = t.parent_span_id
+    GROUP BY TraceId, SpanId"""
+    return f"""
+WITH adapter_spans AS ({adapter_spans})
+SELECT t.tenant AS tenant, t.handoff_id AS handoff_id,
+    multiIf(t.derived_by != '', concat('derived:', t.derived_by),
+            p.scope != '', concat('adapter:', substring(p.scope, {len(ADAPTER_SCOPE) + 1})),
+            'shim') AS origin
+FROM (
+    SELECT tenant, handoff_id, any(attributes['{DERIVED_BY}']) AS derived_by,
+        any(trace_id) AS create_trace, any(parent_span_id) AS create_parent
+    FROM {db}.handoff_transitions
+    PREWHERE event = 'create' AND time >= {start} AND time < {end} {tenant_and}
+        AND (mapContains(attributes, '{DERIVED_BY}')
+             OR (trace_id, parent_span_id) IN (SELECT TraceId, SpanId FROM adapter_spans))
+    GROUP BY tenant, handoff_id
+) AS t
+LEFT JOIN adapter_spans AS p ON p.TraceId = t.create_trace AND p.SpanId = t.create_parent
 """
 
 
@@ -99,20 +106,35 @@ def funnel_by_origin(
     db = check_db(database)
     t = tenant is not None
     counts = ",\n    ".join(f"{sql} AS {name}" for name, sql in ORIGIN_COUNTS.items())
+    # every count is additive: the shim's are the cohort's minus the other origins' (their
+    # handoffs are few, so only their summary rows are joined, never the whole cohort)
+    within = "SELECT tenant, handoff_id FROM origins"
     sql = f"""
-SELECT if(o.origin = '', 'shim', o.origin) AS origin,
+WITH origins AS ({origin_sql(db, window, tenant_param=t)})
+SELECT '' AS origin,
     {counts}
-FROM ({cohort_sql(db, window, tenant_param=t, extra=())}) AS c
-LEFT JOIN ({origin_sql(db, window, tenant_param=t)}) AS o
-    ON o.tenant = c.tenant AND o.handoff_id = c.handoff_id
-GROUP BY origin
-ORDER BY origin
+FROM ({cohort_sql(db, window, tenant_param=t, extra=())})
+UNION ALL
+SELECT o.origin AS origin,
+    {counts}
+FROM ({cohort_sql(db, window, tenant_param=t, extra=(), within=within)}) AS c
+INNER JOIN origins AS o ON o.tenant = c.tenant AND o.handoff_id = c.handoff_id
+GROUP BY o.origin
 """
     params: dict[str, Any] = {"tenant": tenant} if t else {}
-    df = client.query_df(sql, parameters=params)
+    got = client.query_df(sql, parameters=params)
     columns = ["origin", *ORIGIN_COUNTS, *ORIGIN_RATES]
+    total = got[got["origin"] == ""]
+    others = got[got["origin"] != ""]
+    rows = [] if total.empty or not int(total["volume"].iloc[0]) else [
+        {"origin": "shim", **{c: int(total[c].iloc[0]) - int(others[c].sum()) for c in ORIGIN_COUNTS}}
+    ]  # fmt: skip
+    rows += [{"origin": r["origin"], **{c: int(r[c]) for c in ORIGIN_COUNTS}}
+             for r in others.to_dict("records")]  # fmt: skip
+    df = pd.DataFrame([r for r in rows if r["volume"]], columns=["origin", *ORIGIN_COUNTS])
     if df.empty:
         return pd.DataFrame(columns=columns)
+    df = df.sort_values("origin", kind="stable")
     for c in ORIGIN_COUNTS:
         df[c] = df[c].astype("int64")
     for col, (num, den) in ORIGIN_RATES.items():
