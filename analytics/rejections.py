@@ -133,7 +133,7 @@ FROM (
         SELECT tenant, handoff_id, argMin(CAST(error_code, 'String'), (time, span_id)) AS raw
         FROM {db}.handoff_transitions
         WHERE {_REJECT}
-          AND (tenant, handoff_id) IN (SELECT tenant, handoff_id FROM ({cohort}))
+          AND (tenant, handoff_id) IN (SELECT tenant, handoff_id FROM ({cohort}) WHERE {rejected})
         GROUP BY tenant, handoff_id
     ) AS r ON r.tenant = c.tenant AND r.handoff_id = c.handoff_id
 )
