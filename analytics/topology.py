@@ -228,10 +228,12 @@ def topology_cards(
         inner = pass_sql(name, db, w, tenant=tenant is not None, sla_ms=UNKNOWN_SLA_MS)
         order = sorted(pass_kinds)
         cols = ", ".join(f"uniqExactIf(p.handoff_id, p.{k})" for k in order)
+        any_kind = " OR ".join(order)
+        # the pass's flagged rows are the join's built side (few), the cohort streams by
         sql = f"""
 SELECT c.topology, {cols}
-FROM ({inner}) AS p
-INNER JOIN (SELECT DISTINCT handoff_id, topology FROM ({topo_cohort})) AS c
+FROM (SELECT DISTINCT handoff_id, topology FROM ({topo_cohort})) AS c
+INNER JOIN (SELECT handoff_id, {", ".join(order)} FROM ({inner}) WHERE {any_kind}) AS p
     ON c.handoff_id = p.handoff_id
 GROUP BY c.topology"""
         for topo, *counts in client.query(sql, parameters=params).result_rows:
