@@ -72,13 +72,27 @@ def _parts(client) -> dict[str, int]:
     return {t: got.get(t, 0) for t in AGGREGATES}
 
 
-def one_size(transitions: int, days: int, repeat: int, path: str) -> dict[str, float]:
+def _stored(client) -> int:
+    try:
+        return int(client.query(f"SELECT count() FROM {DB}.handoff_transitions").result_rows[0][0])
+    except Exception:  # no such database yet
+        return 0
+
+
+def one_size(
+    transitions: int, days: int, repeat: int, path: str, reuse: bool = False
+) -> dict[str, float]:
     handoffs = transitions // 5
     client = connect(StoreSpec(kind="chdb", path=path), database="")
-    client.command(f"DROP DATABASE IF EXISTS {DB} SYNC")
-    apply_schema(client, DB)
     print(f"{transitions:,} transitions ({handoffs:,} handoffs over {days} days):", flush=True)
-    gen_s = generate(client, handoffs, days=days)
+    if reuse and _stored(client) == handoffs * 5:
+        apply_schema(client, DB)
+        gen_s = float("nan")
+        print("  reusing the store (parts as the last run left them)")
+    else:
+        client.command(f"DROP DATABASE IF EXISTS {DB} SYNC")
+        apply_schema(client, DB)
+        gen_s = generate(client, handoffs, days=days)
     disk = _disk_mb(client)
     parts = _parts(client)
     print(f"  generated in {gen_s:.1f} s; {disk:,.0f} MB on disk; active parts when timing "
@@ -118,6 +132,11 @@ def main() -> int:
     ap.add_argument("--days", type=int, default=30, help="days the handoffs are spread over")
     ap.add_argument("--repeat", type=int, default=3, help="timed warm runs per query (median)")
     ap.add_argument("--dir", default=None, help="parent directory of the stores (default: temp)")
+    ap.add_argument(
+        "--reuse",
+        action="store_true",
+        help="keep a store of --dir that holds the right row count (no generation; gen_s nan)",
+    )
     a = ap.parse_args()
     sizes = [int(x) for x in a.sizes.split(",")]
     if a.days < 8 or any(s < 1000 for s in sizes):
@@ -128,8 +147,9 @@ def main() -> int:
     for n in sizes:
         # one chDB path per process: each size runs in its own child process
         store = parent / f"store-{n}"
-        shutil.rmtree(store, ignore_errors=True)
-        results.append(_child(n, a.days, a.repeat, store))
+        if not a.reuse:
+            shutil.rmtree(store, ignore_errors=True)
+        results.append(_child(n, a.days, a.repeat, store, a.reuse))
     keys = ["gen_s", "disk_mb", *QUERIES, "report_s"]
     print(f"\ncost growth against {sizes[0]:,} transitions (value, then x the smallest):")
     print("| measure | " + " | ".join(f"{n:,}" for n in sizes) + " |")
@@ -143,13 +163,13 @@ def main() -> int:
     return 0
 
 
-def _child(n: int, days: int, repeat: int, store: Path) -> dict[str, float]:
+def _child(n: int, days: int, repeat: int, store: Path, reuse: bool) -> dict[str, float]:
     import json
     import subprocess
 
     code = (
         "import json, sys; sys.argv = ['scale']; import scale; "
-        f"print('SCALE ' + json.dumps(scale.one_size({n}, {days}, {repeat}, {str(store)!r})))"
+        f"print('SCALE ' + json.dumps(scale.one_size({n}, {days}, {repeat}, {str(store)!r}, {reuse})))"
     )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH", "")]))  # fmt: skip

@@ -54,7 +54,13 @@ def simulated(tmp_path_factory):
         # future, so with `end` = the last full hour a late resolve (minutes after a timeout
         # near `end`) was sent or not depending on the minute the test ran, and an extra
         # unresolved `unknown` appeared (seen once in CI: 17 vs 16 injected)
-        end = (time.time_ns() // (3600 * S)) * 3600 * S - 2 * 3600 * S
+        # and the same hours of the day and week at every run: the simulator's traffic
+        # follows a diurnal and weekly profile, and the outage's hourly spike needs enough
+        # handoffs in its hours (an evening outage flagged 5 of 14 removed-skill rejections).
+        # `end` is the latest Thursday 01:00 UTC at least 2 h ago (1970-01-01 was a
+        # Thursday): the outage falls on Wednesday 15:24-20:12 UTC.
+        week_s, ago_s = 7 * 86400, time.time_ns() // S - 2 * 3600
+        end = (((ago_s - 3600) // week_s) * week_s + 3600) * S
         start = end - 2 * 86400 * S
         span = end - start
         outage = SkillOutage(
