@@ -32,6 +32,7 @@ __all__ = [
     "ORIGIN_RATES",
     "funnel_by_origin",
     "origin_sql",
+    "split_shim",
 ]
 
 #: the attribute derive/ stamps on every derived transition (derive.DERIVED_BY)
@@ -96,6 +97,19 @@ ORIGIN_RATES: Final = {
 }
 
 
+def split_shim(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Counts per origin from the whole cohort's counts (the row with origin '') and the
+    other origins' rows: the shim's are the cohort's minus theirs (every ORIGIN_COUNTS
+    count is additive). Origins without handoffs are left out; sorted by origin. Pure."""
+    total = next((r for r in rows if r["origin"] == ""), None)
+    others = [r for r in rows if r["origin"] != ""]
+    out = list(others)
+    if total is not None:
+        shim = {c: total[c] - sum(r[c] for r in others) for c in ORIGIN_COUNTS}
+        out.append({"origin": "shim", **shim})
+    return sorted((r for r in out if r["volume"]), key=lambda r: r["origin"])
+
+
 def funnel_by_origin(
     client: Client, *, database: str | None = None, window: Window, tenant: str | None = None
 ) -> pd.DataFrame:
@@ -119,22 +133,17 @@ SELECT o.origin AS origin,
     {counts}
 FROM ({cohort_sql(db, window, tenant_param=t, extra=(), within=within)}) AS c
 INNER JOIN origins AS o ON o.tenant = c.tenant AND o.handoff_id = c.handoff_id
+WHERE o.origin != 'shim'
 GROUP BY o.origin
 """
     params: dict[str, Any] = {"tenant": tenant} if t else {}
     got = client.query_df(sql, parameters=params)
     columns = ["origin", *ORIGIN_COUNTS, *ORIGIN_RATES]
-    total = got[got["origin"] == ""]
-    others = got[got["origin"] != ""]
-    rows = [] if total.empty or not int(total["volume"].iloc[0]) else [
-        {"origin": "shim", **{c: int(total[c].iloc[0]) - int(others[c].sum()) for c in ORIGIN_COUNTS}}
-    ]  # fmt: skip
-    rows += [{"origin": r["origin"], **{c: int(r[c]) for c in ORIGIN_COUNTS}}
-             for r in others.to_dict("records")]  # fmt: skip
-    df = pd.DataFrame([r for r in rows if r["volume"]], columns=["origin", *ORIGIN_COUNTS])
+    records = [{"origin": r["origin"], **{c: int(r[c]) for c in ORIGIN_COUNTS}}
+               for r in got.to_dict("records")]  # fmt: skip
+    df = pd.DataFrame(split_shim(records), columns=["origin", *ORIGIN_COUNTS])
     if df.empty:
         return pd.DataFrame(columns=columns)
-    df = df.sort_values("origin", kind="stable")
     for c in ORIGIN_COUNTS:
         df[c] = df[c].astype("int64")
     for col, (num, den) in ORIGIN_RATES.items():
