@@ -7,14 +7,16 @@ what comes back. Every number of spans is a count of spans; times are seconds.
 Rules (each has a unit test in tests/unit/test_write_planner.py):
 
 * collecting (`next_take`, `keep_lingering`): after the first queued request, take what is
-  queued; while a request is on its way, wait up to STAGED_WAIT_S for each further one, up
-  to STAGED_MAX_WAIT_S in all; stop at GROUP_MAX_REQUESTS requests or GROUP_MAX_SPANS
-  spans, or at a stop marker.
+  queued; while a request is on its way and the round holds fewer than ENOUGH_SPANS spans,
+  wait up to STAGED_WAIT_S for each further one, up to STAGED_MAX_WAIT_S in all; stop at
+  GROUP_MAX_REQUESTS requests or GROUP_MAX_SPANS spans, or at a stop marker.
 * grouping (`plan_round`): known batch ids are duplicates (skipped, committed); a second
-  copy of a batch id in the same round is a duplicate once the first is stored; consecutive
-  requests of one tenant and one decoder become one group of at most GROUP_MAX_SPANS spans
-  (a replayed logged group is kept whole, whatever its kinds or size); each group in spool
-  order.
+  copy of a batch id in the same round is a duplicate once the first is stored; the requests
+  of one tenant and one decoder become one group of at most GROUP_MAX_SPANS spans, whatever
+  other tenants' requests lie between them (a tenant sending a few spans now and then does
+  not split another's stream into small writes); groups are written in the order of their
+  first request, each in spool order (a replayed logged group is kept whole, whatever its
+  kinds or size).
 * shaping (`shape`): a chDB-decoded group of two or more requests and PAIR_MIN_SPANS spans
   or more, written while no request is on its way, is written as two halves at once
   (`split_in_two`); the last group of a round may take followers (`Shape.OVERLAP`).
@@ -32,6 +34,7 @@ from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass, field
 
 __all__ = [
+    "ENOUGH_SPANS",
     "GROUP_MAX_REQUESTS",
     "GROUP_MAX_SPANS",
     "PAIR_MIN_SPANS",
@@ -59,6 +62,10 @@ PAIR_MIN_SPANS = 8_000  # a group smaller than this is written whole (see shape)
 #: long for each further request while some are on their way
 STAGED_WAIT_S = 0.05
 STAGED_MAX_WAIT_S = 0.5  # ... and this long in all (stored at most this late)
+#: ... unless the round already holds this many spans: a write of that size pays its fixed
+#: cost, and what arrives meanwhile is queued for the next round (under a steady load the
+#: writes grow with it: each round takes what arrived during the last write)
+ENOUGH_SPANS = 8_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,15 +113,22 @@ def next_take(got: Sequence[Request], *, arriving: bool) -> float | None:
     0.0 to take one only if queued now, else the seconds to wait for one (while a request
     is on its way: a write has a fixed cost, ~0.1 s for chDB-decoded requests, that more
     requests share)."""
-    if len(got) >= GROUP_MAX_REQUESTS or sum(x.spans for x in got) >= GROUP_MAX_SPANS:
+    spans = sum(x.spans for x in got)
+    if len(got) >= GROUP_MAX_REQUESTS or spans >= GROUP_MAX_SPANS:
         return None
-    return STAGED_WAIT_S if arriving else 0.0
+    return STAGED_WAIT_S if arriving and spans < ENOUGH_SPANS else 0.0
 
 
 def keep_lingering(got: Sequence[Request], *, arriving: bool, lingered_s: float) -> bool:
     """After finding the queue empty: go on waiting for requests on their way? While some
-    are, for at most STAGED_MAX_WAIT_S since the round's first request."""
-    return bool(got) and arriving and lingered_s < STAGED_MAX_WAIT_S
+    are, for at most STAGED_MAX_WAIT_S since the round's first request, and only while the
+    round holds fewer than ENOUGH_SPANS spans."""
+    return (
+        bool(got)
+        and arriving
+        and lingered_s < STAGED_MAX_WAIT_S
+        and sum(x.spans for x in got) < ENOUGH_SPANS
+    )
 
 
 def plan_round(
@@ -123,6 +137,7 @@ def plan_round(
     """Group the requests of one round (see the module docstring). `regroup`: they are one
     logged group (a replay), written as one group whatever its size or kinds."""
     groups: list[list[Request]] = []
+    open_group: dict[tuple[str, bool], list[Request]] = {}  # (tenant, staged) -> its last group
     placed: set[str] = set()
     duplicates: list[Request] = []
     later: list[Request] = []
@@ -134,20 +149,18 @@ def plan_round(
             later.append(it)
             continue
         placed.add(it.batch_id)
-        if (
-            groups
-            and groups[-1][-1].tenant == it.tenant
-            and (
-                regroup
-                or (
-                    groups[-1][-1].staged == it.staged
-                    and sum(x.spans for x in groups[-1]) + it.spans <= GROUP_MAX_SPANS
-                )
-            )
-        ):
-            groups[-1].append(it)
+        if regroup:
+            if not groups:
+                groups.append([])
+            groups[0].append(it)
+            continue
+        key = (it.tenant, it.staged)
+        group = open_group.get(key)
+        if group is not None and sum(x.spans for x in group) + it.spans <= GROUP_MAX_SPANS:
+            group.append(it)
         else:
-            groups.append([it])
+            open_group[key] = [it]
+            groups.append(open_group[key])
     return Round(
         tuple(tuple(sorted(g, key=lambda x: x.seq)) for g in groups),
         tuple(duplicates),

@@ -14,19 +14,25 @@ import time
 import pytest
 import requests
 
+from ingest._verify import verify_chain
 from ingest.testing import request_protobuf, span_json, transition
 from serve.testing import free_port, start_serve, wait_until
 
 KILLS = 3
 SPANS_PER_REQUEST = 20
 _RETRYABLE = {429, 502, 503, 504}
+TOKENS = "tok-a=a,tok-b=b"
 
 
 class _Client:
     """Streams requests; retries each until it is acknowledged (connection errors, 503...)."""
 
-    def __init__(self, url: str, seed: int) -> None:
+    def __init__(self, url: str, seed: int, token: str) -> None:
         self.url = url
+        self.headers = {
+            "Content-Type": "application/x-protobuf",
+            "Authorization": f"Bearer {token}",
+        }
         self.rng = random.Random(seed)
         self.acked: list[str] = []
         self.requests_acked = 0
@@ -60,7 +66,7 @@ class _Client:
                         r = requests.post(
                             self.url,
                             data=body,
-                            headers={"Content-Type": "application/x-protobuf"},
+                            headers=self.headers,
                             timeout=30,
                         )
                         if r.status_code == 200:
@@ -88,9 +94,11 @@ def test_kill_9_loses_and_doubles_nothing_acknowledged(tmp_path, decoder):
         "query_port": free_port(),
         "extra_args": ("--decoder", decoder),
     }
-    serve = start_serve(tmp_path, store_dir=store, **ports)
-    # Two senders, so the writer also groups requests (and logs groups) when it is killed.
-    clients = [_Client(f"{serve.otlp_url}/v1/traces", seed=s) for s in (7, 8)]
+    serve = start_serve(tmp_path, TOKENS, store_dir=store, **ports)
+    # Three senders of two tenants, so the writer also groups requests (and logs groups) when
+    # it is killed, and a group's requests need not be consecutive in the spool.
+    url = f"{serve.otlp_url}/v1/traces"
+    clients = [_Client(url, seed=s, token=t) for s, t in ((7, "tok-a"), (8, "tok-b"), (9, "tok-a"))]
     for c in clients:
         c.thread.start()
 
@@ -106,7 +114,7 @@ def test_kill_9_loses_and_doubles_nothing_acknowledged(tmp_path, decoder):
             wait_until(lambda t=target: acked_requests() >= t or failed(), 120, "acks")
             assert failed() is None, failed()
             serve.kill()  # SIGKILL: no drain, requests may be in flight
-            serve = start_serve(tmp_path, store_dir=store, **ports)
+            serve = start_serve(tmp_path, TOKENS, store_dir=store, **ports)
             assert serve.process.pid, k
         target = acked_requests() + 5
         wait_until(lambda: acked_requests() >= target or failed(), 120, "acks after restarts")
@@ -121,6 +129,10 @@ def test_kill_9_loses_and_doubles_nothing_acknowledged(tmp_path, decoder):
     print(f"FIGURES crash: kills={KILLS} acked_spans={len(acked)} health={health}")
     ch = serve.client()
     counts = dict(ch.query("SELECT SpanId, count() FROM otel_traces GROUP BY SpanId").result_rows)
+    tenants = dict(
+        ch.query("SELECT tenant, count() FROM ingest_batches GROUP BY tenant").result_rows
+    )
+    assert set(tenants) == {"a", "b"}, tenants
     assert len(acked) >= (KILLS + 1) * 5 * SPANS_PER_REQUEST
     missing = [s for s in acked if s not in counts]
     doubled = {s: n for s, n in counts.items() if n != 1}
@@ -132,5 +144,7 @@ def test_kill_9_loses_and_doubles_nothing_acknowledged(tmp_path, decoder):
     ht = ch.query("SELECT count(), uniqExact(span_id) FROM handoff_transitions").result_rows[0]
     tl = ch.query("SELECT count(), uniqExact(span_id) FROM transition_ledger").result_rows[0]
     assert ht == tl == (len(acked), len(acked))
+    chain = verify_chain(ch, "handoffs")
+    assert chain.ok and not chain.problems, chain.problems  # the batches' chain survived too
     ch.close()
     assert serve.stop() == 0

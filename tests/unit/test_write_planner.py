@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ingest._planner import (
+    ENOUGH_SPANS,
     GROUP_MAX_REQUESTS,
     GROUP_MAX_SPANS,
     PAIR_MIN_SPANS,
@@ -41,6 +42,13 @@ def test_the_writer_waits_for_more_only_while_some_are_on_their_way():
         assert next_take([req(1, staged=staged)], arriving=False) == 0.0
 
 
+def test_a_round_of_enough_spans_takes_only_what_is_queued():
+    assert next_take([req(1, ENOUGH_SPANS - 1, staged=True)], arriving=True) == STAGED_WAIT_S
+    assert next_take([req(1, ENOUGH_SPANS, staged=True)], arriving=True) == 0.0
+    assert keep_lingering([req(1, ENOUGH_SPANS - 1)], arriving=True, lingered_s=0.0)
+    assert not keep_lingering([req(1, ENOUGH_SPANS)], arriving=True, lingered_s=0.0)
+
+
 def test_collecting_stops_at_the_span_and_request_limits():
     assert next_take([req(1, GROUP_MAX_SPANS)], arriving=True) is None
     assert next_take([req(i, 1) for i in range(GROUP_MAX_REQUESTS)], arriving=True) is None
@@ -58,12 +66,26 @@ def test_lingering_only_while_arriving_and_within_the_limit():
 # ------------------------------------------------------------------ grouping
 
 
-def test_consecutive_requests_of_a_tenant_and_decoder_share_a_group():
+def test_the_requests_of_a_tenant_and_decoder_share_a_group():
     plan = plan_round(
         [req(1), req(2), req(3, tenant="u"), req(4, tenant="u"), req(5, staged=True)], set()
     )
     assert seqs(plan.groups) == [[1, 2], [3, 4], [5]]
     assert plan.duplicates == () and plan.later == ()
+
+
+def test_another_tenants_requests_in_between_do_not_split_a_group():
+    # a probe tenant's tiny Python-decoded requests between a load's chDB-decoded ones
+    load = [req(s, 1000, staged=True) for s in (1, 3, 5, 7)]
+    probes = [req(s, 2, tenant="probe") for s in (2, 4, 6)]
+    plan = plan_round(sorted(load + probes, key=lambda r: r.seq), set())
+    assert seqs(plan.groups) == [[1, 3, 5, 7], [2, 4, 6]]  # in the order of their first request
+
+
+def test_a_full_group_is_followed_by_a_new_one_of_its_tenant():
+    half = GROUP_MAX_SPANS // 2
+    reqs = [req(1, half), req(2, 1, tenant="u"), req(3, half), req(4, half), req(5, 1)]
+    assert seqs(plan_round(reqs, set()).groups) == [[1, 3], [2], [4, 5]]
 
 
 def test_a_group_holds_at_most_the_span_limit():
