@@ -2,8 +2,10 @@
 the anomalies, read through serve's query port, under a steady ingest load near capacity.
 
 One `handoffs serve` (embedded chDB, spool fsync on, two bearer tokens: a load tenant and a
-probe tenant). First a calibration burst measures what this machine stores end to end
-(spans/s, --clients senders as fast as they can); then --clients threads post OTLP/protobuf
+probe tenant). First a calibration measures what serve sustains end to end (spans/s stored
+while --clients senders post as fast as they can for --calibrate-s seconds, with the two
+pollers below already asking: a short burst, before merges start and without the queries,
+overstates it about twofold); then --clients threads post OTLP/protobuf
 requests of --spans handoff transitions (5 per handoff, every request's handoff ids new)
 at --load x that rate, evenly paced, for --duration seconds. Meanwhile a probe client posts
 one handoff every --probe-ms: `create` then `start` without `accept` in one request (an
@@ -183,19 +185,23 @@ class _Poller(threading.Thread):
             self.stop.wait(max(0.0, self.poll_s - (t1 - t0)))
 
 
-def _blast(url: str, template: bytes, clients: int, requests_n: int, first: int) -> int:
-    """Send requests_n stamped requests from `clients` threads as fast as they go."""
-    todo = list(range(first, first + requests_n))
+def _blast(url: str, template: bytes, clients: int, seconds: float, first: int) -> tuple[int, int]:
+    """Send stamped requests from `clients` threads as fast as they go, until `seconds` have
+    passed (at least one request); returns (requests sent, refused)."""
+    end = time.perf_counter() + seconds
+    counter = iter(range(first, 2**62))
     lock = threading.Lock()
     bad: list[int] = []
+    sent: list[int] = []
 
     def run() -> None:
         post = _session("tok-load", url)
         while True:
             with lock:
-                if not todo:
+                if sent and time.perf_counter() >= end:
                     return
-                k = todo.pop()
+                k = next(counter)
+                sent.append(k)
             code = post(stamp(template, k))
             if code != 200:
                 bad.append(code)
@@ -205,7 +211,7 @@ def _blast(url: str, template: bytes, clients: int, requests_n: int, first: int)
         t.start()
     for t in threads:
         t.join()
-    return len(bad)
+    return len(sent), len(bad)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -214,18 +220,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clients", type=int, default=8, help="load senders (default 8)")
     ap.add_argument("--spans", type=int, default=1000, help="spans per load request (default 1000)")
     ap.add_argument("--load", type=float, default=0.8, help="fraction of capacity (default 0.8)")
-    ap.add_argument("--calibrate", type=int, default=48, help="calibration requests (default 48)")
+    ap.add_argument(
+        "--calibrate-s", type=float, default=20.0, help="calibration seconds (default 20)"
+    )
     ap.add_argument("--probe-ms", type=float, default=200.0, help="probe period (default 200)")
     ap.add_argument("--poll-ms", type=float, default=50.0, help="poll period (default 50)")
     ap.add_argument(
         "--settle-s", type=float, default=30.0, help="wait for late probes (default 30)"
     )
     args = ap.parse_args(argv)
-    for name in ("duration", "load", "probe_ms", "poll_ms"):
+    for name in ("duration", "load", "probe_ms", "poll_ms", "calibrate_s"):
         if getattr(args, name) <= 0:
             ap.error(f"--{name.replace('_', '-')} must be > 0")
-    if args.clients < 1 or args.spans < 5 or args.calibrate < 1:
-        ap.error("--clients >= 1, --spans >= 5 and --calibrate >= 1 required")
+    if args.clients < 1 or args.spans < 5:
+        ap.error("--clients >= 1 and --spans >= 5 required")
 
     with tempfile.TemporaryDirectory(prefix="bench-fresh-") as tmp:
         serve = start_serve(Path(tmp), ",".join(f"{t}={n}" for t, n in TOKENS.items()))
@@ -238,16 +246,9 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args: argparse.Namespace, serve) -> int:
     url = f"{serve.otlp_url}/v1/traces"
     template = load_template(args.spans, time.time_ns())
-    # warm-up (schema parts, first insert) then the calibration burst
-    _blast(url, template, 1, 1, 0)
+    # warm-up (schema parts, first insert), the pollers, then the calibration
+    _blast(url, template, 1, 0.0, 0)
     serve.wait_stored(120)
-    t0 = time.perf_counter()
-    refused = _blast(url, template, args.clients, args.calibrate, 1)
-    serve.wait_stored(600, poll_s=0.01)
-    capacity = args.calibrate * args.spans / (time.perf_counter() - t0)
-    rate = args.load * capacity
-    print(f"capacity (calibration, {args.calibrate} x {args.spans} spans, {args.clients} senders): "
-          f"{capacity:,.0f} spans/s stored; {refused} refused")  # fmt: skip
 
     now = datetime.now(UTC)
     window = Window(start=now - timedelta(hours=1), end=now + timedelta(hours=2))
@@ -268,6 +269,15 @@ def _run(args: argparse.Namespace, serve) -> int:
                _Poller("anomalies", counted_by_anomalies, args.poll_ms / 1000)]  # fmt: skip
     for p in pollers:
         p.start()
+
+    t0 = time.perf_counter()
+    n_cal, refused = _blast(url, template, args.clients, args.calibrate_s, 1)
+    serve.wait_stored(600, poll_s=0.01)
+    capacity = n_cal * args.spans / (time.perf_counter() - t0)
+    rate = args.load * capacity
+    print(f"capacity (calibration: {n_cal} x {args.spans} spans in {args.calibrate_s:.0f} s from "
+          f"{args.clients} senders, pollers asking): {capacity:,.0f} spans/s stored; "
+          f"{refused} refused")  # fmt: skip
 
     interval = args.clients * args.spans / rate  # each sender's period
     n_each = max(1, int(args.duration / interval))
@@ -306,6 +316,8 @@ def _run(args: argparse.Namespace, serve) -> int:
             else:
                 probe_bad.append(code)
 
+    h0 = serve.health()
+    writes0, store0 = int(h0.get("writes", 0)), float(h0.get("store_s", 0.0))
     threads = [threading.Thread(target=sender, args=(c,)) for c in range(args.clients)]
     threads.append(threading.Thread(target=prober))
     queued_max = 0
@@ -331,6 +343,10 @@ def _run(args: argparse.Namespace, serve) -> int:
           f"spans/s ({args.load:.0%} of capacity asked), {len(bad)} refused, {len(late)} sent "
           f"late (max {max(late, default=0) * 1000:.0f} ms); serve queue max {queued_max}")  # fmt: skip
     print(f"probes: {len(acked)} acknowledged, {len(probe_bad)} refused")
+    h = serve.health()
+    writes = max(1, int(h.get("writes", 0)) - writes0)
+    print(f"serve during the load: {writes} writes, {(sum(sent) + len(acked)) / writes:.1f} requests "
+          f"and {(h.get('store_s', 0.0) - store0) / writes * 1000:.0f} ms each on average")  # fmt: skip
     figures: dict[str, float] = {}
     for p in pollers:
         ms, unseen = freshness_ms(acked, p.seen)

@@ -12,19 +12,20 @@ Rules (each has a unit test in tests/unit/test_write_planner.py):
   GROUP_MAX_REQUESTS requests or GROUP_MAX_SPANS spans, or at a stop marker.
 * grouping (`plan_round`): known batch ids are duplicates (skipped, committed); a second
   copy of a batch id in the same round is a duplicate once the first is stored; the requests
-  of one tenant and one decoder become one group of at most GROUP_MAX_SPANS spans, whatever
-  other tenants' requests lie between them (a tenant sending a few spans now and then does
-  not split another's stream into small writes); groups are written in the order of their
-  first request, each in spool order (a replayed logged group is kept whole, whatever its
-  kinds or size).
+  of one decoder become one group of at most GROUP_MAX_SPANS spans, whatever their tenants
+  (every row carries its tenant: a write costs a fixed ~0.1 s, so a round writes one group
+  per decoder however many tenants sent, not one per tenant); groups are written in the
+  order of their first request, each in spool order (a replayed logged group is kept whole,
+  whatever its kinds or size).
 * shaping (`shape`): a chDB-decoded group of two or more requests and PAIR_MIN_SPANS spans
   or more, written while no request is on its way, is written as two halves at once
   (`split_in_two`); the last group of a round may take followers (`Shape.OVERLAP`).
 * followers (`pick_followers`, `follower_parts`): while a group's data are written,
-  chDB-decoded requests of its tenant at the head of the queue (not known, not in the
+  chDB-decoded requests at the head of the queue (not known, not in the
   group, up to GROUP_MAX_SPANS) are taken and written at once, in two halves from
   PAIR_MIN_SPANS, unless serve has no memory headroom.
-* failures (`on_failure`): see ingest._refusals for which errors are about the data.
+* failures (`on_failure`): see ingest._refusals for which errors are about the data; a
+  refused group of several requests is split before anything is parked.
 """
 
 from __future__ import annotations
@@ -106,6 +107,7 @@ class Failure(enum.Enum):
     RETRY = "retry"  # the store is unavailable: keep the records, back off, retry
     GIVE_UP = "give_up"  # stopping: leave the records in the spool for the next start
     PARK = "park"  # the store refuses this data every time and none of it is visible
+    SPLIT = "split"  # ... and the group has several requests: write each alone
 
 
 def next_take(got: Sequence[Request], *, arriving: bool) -> float | None:
@@ -137,7 +139,7 @@ def plan_round(
     """Group the requests of one round (see the module docstring). `regroup`: they are one
     logged group (a replay), written as one group whatever its size or kinds."""
     groups: list[list[Request]] = []
-    open_group: dict[tuple[str, bool], list[Request]] = {}  # (tenant, staged) -> its last group
+    open_group: dict[bool, list[Request]] = {}  # staged -> the decoder's last group
     placed: set[str] = set()
     duplicates: list[Request] = []
     later: list[Request] = []
@@ -154,7 +156,7 @@ def plan_round(
                 groups.append([])
             groups[0].append(it)
             continue
-        key = (it.tenant, it.staged)
+        key = it.staged
         group = open_group.get(key)
         if group is not None and sum(x.spans for x in group) + it.spans <= GROUP_MAX_SPANS:
             group.append(it)
@@ -199,18 +201,16 @@ def pick_followers(
     head: Iterable[Request | None], group: Sequence[Request], known: Container[str]
 ) -> int:
     """How many requests at the head of the queue (None: a stop marker) join the running
-    `group`'s write as followers: chDB-decoded, `group`'s tenant, not known, not in the
+    `group`'s write as followers: chDB-decoded, not known, not in the
     group or repeated, up to GROUP_MAX_SPANS spans in all."""
     if not group:
         return 0
-    tenant = group[0].tenant
     ids = {x.batch_id for x in group}
     n, spans = 0, 0
     for it in head:
         if (
             it is None
             or not it.staged
-            or it.tenant != tenant
             or it.batch_id in known
             or it.batch_id in ids
             or spans + it.spans > GROUP_MAX_SPANS
@@ -238,13 +238,16 @@ def on_failure(
     max_refusals: int,
     nothing_visible: bool,
     stopping: bool,
+    members: int = 1,
 ) -> Failure:
     """After a failed write of a group: `about_data` (ingest._refusals.is_about_data),
     `refusals` (count of such failures for this group, this one included), `nothing_visible`
     (no row of the group is in the store: checked after the failure), `stopping` (stop()
-    was called: no retry). A group is parked only when the store refused its data
-    `max_refusals` times and none of it is visible; otherwise it is retried (or, stopping,
-    left in the spool)."""
+    was called: no retry), `members` (requests in the group). A group is parked only when
+    the store refused its data `max_refusals` times and none of it is visible, and only a
+    group of one request: a group of several is split into its requests, each written
+    alone, so that one request the store refuses parks no other (of its tenant or
+    another's); otherwise it is retried (or, stopping, left in the spool)."""
     if about_data and refusals >= max_refusals and nothing_visible:
-        return Failure.PARK
+        return Failure.SPLIT if members > 1 else Failure.PARK
     return Failure.GIVE_UP if stopping else Failure.RETRY

@@ -123,6 +123,7 @@ class Ingestor:
             "duplicate_batches": 0,
             "store_errors": 0,
             "parked_batches": 0,
+            "split_groups": 0,  # refused groups written again request by request
             "writes": 0,
             "pair_writes": 0,  # groups written as two halves at once
             "pair_fallbacks": 0,  # ... that failed and were written the usual way

@@ -173,12 +173,11 @@ class StagedWriter:
         prev_chain: str,
         source: str,
     ) -> list[BatchResult]:
-        tenant = group[0].decoded.tenant
         return write_staged_chain(
             client,
             database,
             _staged(group),
-            tenant=tenant,
+            tenants=[x.decoded.tenant for x in group],
             token=token,
             prev_chain=prev_chain,
             source=source,

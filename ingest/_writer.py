@@ -216,10 +216,6 @@ class _GroupRows:
     def __init__(self, members: Sequence[Member], prev_chain: str, source: str) -> None:
         if not members:
             raise ValueError("write_group: no members")
-        tenant = members[0].decoded.tenant
-        if any(m.decoded.tenant != tenant for m in members):
-            raise ValueError("write_group: members must share a tenant")
-        self.tenant = tenant
         self.members = members
         self.ledger_rows: list[list[Any]] = []
         self.reject_rows: list[list[Any]] = []
@@ -227,7 +223,7 @@ class _GroupRows:
         self.results: list[BatchResult] = []
         link = prev_chain
         for m in members:
-            p, bid, at = m.decoded, m.batch_id, m.received_at_ms
+            p, bid, at, tenant = m.decoded, m.batch_id, m.received_at_ms, m.decoded.tenant
             hashes = []
             prows = p.rows
             for idx, handoff_id, h in p.ledger:
@@ -253,13 +249,15 @@ class _GroupRows:
     def insert_data(self, client: Client, database: str, token: str) -> None:
         rows: list[tuple[Any, ...]] = []
         batch_col: list[str] = []
+        tenant_col: list[str] = []
         for m in self.members:
             rows.extend(m.decoded.rows)
             batch_col.extend([m.batch_id] * m.decoded.stored)
+            tenant_col.extend([m.decoded.tenant] * m.decoded.stored)
         stored = len(batch_col)
         if stored:
             # rows -> columns in C (zip), then the two columns serve adds
-            data = [*zip(*rows, strict=True), [self.tenant] * stored, batch_col]
+            data = [*zip(*rows, strict=True), tenant_col, batch_col]
             names: tuple[str, ...] = _OTEL_INSERT_COLUMNS
             # Event and link columns that are empty for every span are left out: the table's
             # default is the same empty array, and clickhouse-connect encodes arrays in Python
@@ -347,14 +345,14 @@ def write_staged_group(
     database: str,
     members: Sequence[tuple[Staged, int]],
     *,
-    tenant: str,
+    tenants: Sequence[str],
     token: str,
     prev_chain: str,
     source: str,
 ) -> list[BatchResult]:
     """write_group for requests chDB decoded into staging tables (ingest.chdb).
 
-    `members` are (staged request, received_at_ms) in order. The rows, the ledger row
+    `members` are (staged request, received_at_ms) in order, `tenants` their tenants. The rows, the ledger row
     hashes and the batch hashes (computed when staged) are the ones write_group stores for
     the same requests; the copies run inside ClickHouse (INSERT ... SELECT), with the same
     dedup tokens. Settings go in each query's own SETTINGS clause: clickhouse-connect's chdb
@@ -364,8 +362,9 @@ def write_staged_group(
     """
     write_staged_data(client, database, members, token=token)
     return write_staged_chain(
-        client, database, members, tenant=tenant, token=token, prev_chain=prev_chain, source=source
-    )
+        client, database, members, tenants=tenants, token=token, prev_chain=prev_chain,
+        source=source,
+    )  # fmt: skip
 
 
 def _staged_settings(token: str, table: str) -> str:
@@ -422,12 +421,13 @@ def write_staged_chain(
     database: str,
     members: Sequence[tuple[Staged, int]],
     *,
-    tenant: str,
+    tenants: Sequence[str],
     token: str,
     prev_chain: str,
     source: str,
 ) -> list[BatchResult]:
-    """The ingest_batches rows of a staged group, linked from `prev_chain`. Write them only
+    """The ingest_batches rows of a staged group (`tenants`: each member's), linked from
+    `prev_chain`. Write them only
     after the group's data (write_staged_data) and the previous group's chain rows: a chain
     row without its data, or ahead of its predecessor, would break verification after a
     crash."""
@@ -436,7 +436,9 @@ def write_staged_chain(
     values: list[str] = []
     results: list[BatchResult] = []
     link = prev_chain
-    for st, at in members:
+    if len(tenants) != len(members):
+        raise ValueError("write_staged_chain: one tenant per member")
+    for (st, at), tenant in zip(members, tenants, strict=True):
         ch = chain(link, st.batch_hash)
         values.append(
             "("

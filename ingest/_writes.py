@@ -152,7 +152,7 @@ class Writes:
     def write(self, group: list[Pending], token: str) -> None:
         """Write `group` until stored; back off between failures (0.05 s doubling to 2 s).
         Raises the store's error only once retrying stopped (stop() was called): the
-        records stay in the spool. Parks the group per ingest._planner.on_failure."""
+        records stay in the spool. Splits or parks the group per ingest._planner.on_failure."""
         delay, refused = 0.05, 0
         while True:
             try:
@@ -186,7 +186,14 @@ class Writes:
                         and self._nothing_visible(group)
                     ),
                     stopping=self._stop_retrying.is_set(),
+                    members=len(group),
                 )
+                if decision is Failure.SPLIT:
+                    self.count("split_groups")
+                    for item in group:  # each alone, with a token (and spool log) of its own
+                        self.write([item], self.token([item]))
+                    self.store_error = None
+                    return
                 if decision is Failure.PARK:
                     self._park(group, exc)
                     self.store_error = None

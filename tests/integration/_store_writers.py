@@ -122,3 +122,25 @@ class Held(Observed):
             return super().write_data(client, database, group, **kw)
         finally:
             self._other_done()
+
+
+class Gated(Observed):
+    """Holds the first write until `release` is set (`entered` is set once it waits), so the
+    requests submitted meanwhile are queued and taken in one round. `refuse_tenant`: every
+    write of a group holding a request of that tenant raises a real data error (code 53,
+    TYPE_MISMATCH), as a store refusing that request's data would."""
+
+    def __init__(self, *, refuse_tenant: str | None = None) -> None:
+        super().__init__()
+        self.entered, self.release = threading.Event(), threading.Event()
+        self.refuse_tenant = refuse_tenant
+        self.groups: list[list[str]] = []  # the tenants of each group written or tried
+
+    def before(self, client: Any, group: Sequence[Pending]) -> None:
+        self.groups.append([x.decoded.tenant for x in group])
+        if not self.entered.is_set():
+            self.entered.set()
+            assert self.release.wait(60), "never released"
+        if self.refuse_tenant in {x.decoded.tenant for x in group}:
+            self._failed()
+            raise DatabaseError("Code: 53. DB::Exception: refused by test", code=53)

@@ -198,7 +198,7 @@ def _store_both(
             client,
             sql_db,
             [(staged, at)],
-            tenant=tenant,
+            tenants=[tenant],
             token=bid,
             prev_chain=chain[sql_db],
             source="t",

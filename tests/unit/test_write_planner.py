@@ -66,15 +66,15 @@ def test_lingering_only_while_arriving_and_within_the_limit():
 # ------------------------------------------------------------------ grouping
 
 
-def test_the_requests_of_a_tenant_and_decoder_share_a_group():
+def test_the_requests_of_a_decoder_share_a_group_whatever_their_tenants():
     plan = plan_round(
         [req(1), req(2), req(3, tenant="u"), req(4, tenant="u"), req(5, staged=True)], set()
     )
-    assert seqs(plan.groups) == [[1, 2], [3, 4], [5]]
+    assert seqs(plan.groups) == [[1, 2, 3, 4], [5]]
     assert plan.duplicates == () and plan.later == ()
 
 
-def test_another_tenants_requests_in_between_do_not_split_a_group():
+def test_the_other_decoders_requests_in_between_do_not_split_a_group():
     # a probe tenant's tiny Python-decoded requests between a load's chDB-decoded ones
     load = [req(s, 1000, staged=True) for s in (1, 3, 5, 7)]
     probes = [req(s, 2, tenant="probe") for s in (2, 4, 6)]
@@ -82,9 +82,9 @@ def test_another_tenants_requests_in_between_do_not_split_a_group():
     assert seqs(plan.groups) == [[1, 3, 5, 7], [2, 4, 6]]  # in the order of their first request
 
 
-def test_a_full_group_is_followed_by_a_new_one_of_its_tenant():
+def test_a_full_group_is_followed_by_a_new_one_of_its_decoder():
     half = GROUP_MAX_SPANS // 2
-    reqs = [req(1, half), req(2, 1, tenant="u"), req(3, half), req(4, half), req(5, 1)]
+    reqs = [req(1, half), req(2, 1, staged=True), req(3, half), req(4, half), req(5, 1)]
     assert seqs(plan_round(reqs, set()).groups) == [[1, 3], [2], [4, 5]]
 
 
@@ -165,7 +165,7 @@ def test_split_in_two_gives_the_first_half_at_least_half_the_spans():
 # ------------------------------------------------------------------ followers
 
 
-def test_followers_are_staged_requests_of_the_tenant_at_the_head_of_the_queue():
+def test_followers_are_staged_requests_at_the_head_of_the_queue():
     group = [req(1, staged=True, bid="g")]
     head = [
         req(2, staged=True),
@@ -174,7 +174,7 @@ def test_followers_are_staged_requests_of_the_tenant_at_the_head_of_the_queue():
         req(5, staged=True),
     ]
     assert pick_followers(head, group, set()) == 2
-    assert pick_followers([req(2, staged=True, tenant="u")], group, set()) == 0
+    assert pick_followers([req(2, staged=True, tenant="u")], group, set()) == 1  # any tenant
     assert pick_followers([None, req(2, staged=True)], group, set()) == 0  # a stop marker
     assert pick_followers([req(2, staged=True, bid="k")], group, {"k"}) == 0  # known
     assert pick_followers([req(2, staged=True, bid="g")], group, set()) == 0  # in the group
@@ -209,9 +209,16 @@ def _fail(**kw):
 
 def test_only_refused_data_with_nothing_visible_is_parked():
     assert _fail() is Failure.PARK
+    assert _fail(members=1) is Failure.PARK
     assert _fail(refusals=19) is Failure.RETRY
     assert _fail(nothing_visible=False) is Failure.RETRY  # part of it is in: never parked
     assert _fail(about_data=False, refusals=1000) is Failure.RETRY  # unavailable store
+
+
+def test_a_refused_group_of_several_requests_is_split_before_anything_is_parked():
+    assert _fail(members=2) is Failure.SPLIT
+    assert _fail(members=2, refusals=19) is Failure.RETRY
+    assert _fail(members=2, nothing_visible=False) is Failure.RETRY
 
 
 def test_once_stopping_a_failed_write_is_left_in_the_spool():
