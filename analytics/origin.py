@@ -31,6 +31,7 @@ __all__ = [
     "ORIGIN_COUNTS",
     "ORIGIN_RATES",
     "funnel_by_origin",
+    "has_adapter_spans",
     "origin_sql",
     "split_shim",
 ]
@@ -44,22 +45,29 @@ ORIGINS: Final = ("shim", "adapter:<name>", "derived:<rule>")
 _RUN_SPAN_LOOKBACK_S: Final = 86_400
 
 
-def origin_sql(db: str, window: Window, *, tenant_param: bool) -> str:
+def _adapter_spans_sql(db: str, window: Window) -> str:
+    start, end = ts(window.start), ts(window.end)
+    return f"""SELECT TraceId, SpanId, any(ScopeName) AS scope
+    FROM {db}.otel_traces
+    WHERE startsWith(ScopeName, '{ADAPTER_SCOPE}')
+      AND Timestamp >= {start} - INTERVAL {_RUN_SPAN_LOOKBACK_S} SECOND AND Timestamp < {end}
+    GROUP BY TraceId, SpanId"""
+
+
+def origin_sql(db: str, window: Window, *, tenant_param: bool, adapters: bool = True) -> str:
     """SQL of one row per handoff created in `window` that is not from the shim: tenant,
     handoff_id, origin (a handoff it leaves out is `shim`). Only the create rows that carry
     `handoff.derived_by`, or whose parent span is one of the window's adapter spans, are
     grouped: the adapter spans are few (one run span per agent run), so they are found
     first and the create rows are matched against them by (trace, parent span), in PREWHERE:
-    the attribute map's values are read for the matching rows only."""
+    the attribute map's values are read for the matching rows only. `adapters` False: the
+    window has no adapter span (the caller checked), so no create row's trace and parent
+    span are read to match them."""
     tenant_and = "AND tenant = {tenant:String}" if tenant_param else ""
     start, end = ts(window.start), ts(window.end)
-    adapter_spans = f"""SELECT TraceId, SpanId, any(ScopeName) AS scope
-    FROM {db}.otel_traces
-    WHERE startsWith(ScopeName, '{ADAPTER_SCOPE}')
-      AND Timestamp >= {start} - INTERVAL {_RUN_SPAN_LOOKBACK_S} SECOND AND Timestamp < {end}
-    GROUP BY TraceId, SpanId"""
+    matched = "\n             OR (trace_id, parent_span_id) IN (SELECT TraceId, SpanId FROM adapter_spans)"
     return f"""
-WITH adapter_spans AS ({adapter_spans})
+WITH adapter_spans AS ({_adapter_spans_sql(db, window)})
 SELECT t.tenant AS tenant, t.handoff_id AS handoff_id,
     multiIf(t.derived_by != '', concat('derived:', t.derived_by),
             p.scope != '', concat('adapter:', substring(p.scope, {len(ADAPTER_SCOPE) + 1})),
@@ -69,12 +77,18 @@ FROM (
         any(trace_id) AS create_trace, any(parent_span_id) AS create_parent
     FROM {db}.handoff_transitions
     PREWHERE event = 'create' AND time >= {start} AND time < {end} {tenant_and}
-        AND (mapContains(attributes, '{DERIVED_BY}')
-             OR (trace_id, parent_span_id) IN (SELECT TraceId, SpanId FROM adapter_spans))
+        AND (mapContains(attributes, '{DERIVED_BY}'){matched if adapters else ""})
     GROUP BY tenant, handoff_id
 ) AS t
 LEFT JOIN adapter_spans AS p ON p.TraceId = t.create_trace AND p.SpanId = t.create_parent
 """
+
+
+def has_adapter_spans(client: Client, database: str, window: Window) -> bool:
+    """Whether `window` (with the run-span lookback) holds an adapter span at all: one cheap
+    read of otel_traces' scope names; origin_sql(adapters=False) when not."""
+    sql = f"SELECT count() > 0 FROM ({_adapter_spans_sql(database, window)})"
+    return bool(client.query(sql).result_rows[0][0])
 
 
 #: the funnel counts split by origin, each defined as in analytics.funnel (the ones that need
@@ -123,8 +137,9 @@ def funnel_by_origin(
     # every count is additive: the shim's are the cohort's minus the other origins' (their
     # handoffs are few, so only their summary rows are joined, never the whole cohort)
     within = "SELECT tenant, handoff_id FROM origins"
+    adapters = has_adapter_spans(client, db, window)
     sql = f"""
-WITH origins AS ({origin_sql(db, window, tenant_param=t)})
+WITH origins AS ({origin_sql(db, window, tenant_param=t, adapters=adapters)})
 SELECT '' AS origin,
     {counts}
 FROM ({cohort_sql(db, window, tenant_param=t, extra=())})

@@ -109,10 +109,11 @@ def build_request(rng: random.Random, n_spans: int, base_ns: int) -> bytes:
 _WARM_SPANS = 1000
 
 
-#: the ingest targets (end-to-end spans/s, serve's peak RSS in MB), for the summary of
-#: several rounds (--rounds)
+#: the ingest targets (end-to-end spans/s, serve's peak anonymous memory in MB: what serve
+#: holds, not the chDB library's shared, reclaimable file pages), for the summary of several
+#: rounds (--rounds)
 _TARGET_SPANS_S: Final = 50_000
-_TARGET_RSS_MB: Final = 500
+_TARGET_ANON_MB: Final = 500
 
 #: serve's threads by name (Linux comm; ClickHouse names its own threads): what each group does
 _THREAD_ROLES: Final = {
@@ -368,7 +369,7 @@ def main() -> int:
     done = sorted((r for r in runs if r is not None), key=lambda r: r["e2e"])
     run = done[len(done) // 2]  # the median round (upper median for an even count)
     if len(done) > 1:
-        met = sum(1 for r in done if r["e2e"] >= _TARGET_SPANS_S and r["rss"] <= _TARGET_RSS_MB)
+        met = sum(1 for r in done if r["e2e"] >= _TARGET_SPANS_S and r["anon"] <= _TARGET_ANON_MB)
 
         def spread(key: str) -> str:
             v = sorted(r[key] for r in done)
@@ -379,7 +380,7 @@ def main() -> int:
             f"{done[-1]['e2e']:,.0f} spans/s (min / median / max), peak anonymous memory "
             f"{spread('anon')}, peak file-backed {spread('file')}, peak RSS {spread('rss')}; "
             f"{met} of {len(done)} rounds met both targets (>= {_TARGET_SPANS_S:,} spans/s "
-            f"and <= {_TARGET_RSS_MB} MB in the same round)"
+            f"and <= {_TARGET_ANON_MB} MB of anonymous memory in the same round)"
         )
     e2e, rss, anon = run["e2e"], run["rss"], run["anon"]
     ratio = f" vs_python={e2e / base_run['e2e']:.2f}" if base_run else ""
