@@ -6,7 +6,8 @@ sync covers every record written before it, so concurrent requests share syncs).
 write (disk full) removes its partial frame before raising. On open, bytes that are not a
 valid frame (a torn tail from a crash, never acknowledged; or on-disk corruption) are
 skipped by resyncing on the next valid frame, copied to `quarantine-*.bad` and reported.
-`commit(seq)` marks every record up to seq as stored; segments wholly committed are deleted.
+`commit(*seqs)` marks records stored (the checkpoint: every record up to it is stored);
+segments wholly committed are deleted.
 One process at a time: the directory's `lock` file is locked (POSIX record lock) while a
 Spool is open, and a second process opening it gets SpoolLocked at once.
 """
@@ -305,16 +306,18 @@ class Spool:
                 if rec.seq > self._committed:
                     yield rec
 
-    def commit(self, seq: int) -> None:
-        """Mark record `seq` stored. The checkpoint advances over the contiguous run of stored
-        records (a later record stored first does not cover an earlier one still queued). It is
-        not fsynced: losing it only replays records whose inserts are deduplicated."""
+    def commit(self, *seqs: int) -> None:
+        """Mark records `seqs` stored (a write group's at once: the checkpoint file is written
+        once for them, not once each, while appends wait for the lock). The checkpoint
+        advances over the contiguous run of stored records (a later record stored first does
+        not cover an earlier one still queued). It is not fsynced: losing it only replays
+        records whose inserts are deduplicated."""
         with self._lock:
-            self._pending.pop(seq, None)
-            self._since.pop(seq, None)
-            if seq <= self._committed:
-                return
-            self._done.add(seq)
+            for seq in seqs:
+                self._pending.pop(seq, None)
+                self._since.pop(seq, None)
+                if seq > self._committed:
+                    self._done.add(seq)
             advanced = False
             while self._committed + 1 in self._done:
                 self._committed += 1

@@ -144,8 +144,7 @@ class Writes:
         self.count("writes")
         if self.stager is not None:
             self.stager.release([x.stage for x in group if x.stage])
-        for x in group:
-            self.spool.commit(x.seq)
+        self.spool.commit(*(x.seq for x in group))
 
     # ------------------------------------------------------------ one group
 

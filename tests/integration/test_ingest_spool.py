@@ -32,6 +32,22 @@ def test_records_survive_reopen_in_order_until_committed(tmp_path):
     s2.close()
 
 
+def test_a_write_groups_records_are_committed_at_once(tmp_path):
+    s = Spool(tmp_path, max_bytes=1 << 20)
+    seqs = [s.append({"i": i}, f"body-{i}".encode()) for i in range(6)]
+    before = s.backlog_bytes  # six frames of one size
+    s.commit(5, 2, 3)  # a group of non-consecutive records: 1 is still queued
+    assert s.committed == 0 and s.backlog_bytes * 2 == before
+    s.commit(1, 4)
+    assert s.committed == 5
+    s.close()
+    s2 = Spool(tmp_path, max_bytes=1 << 20)
+    assert [r.seq for r in s2.uncommitted()] == [seqs[-1]]
+    s2.commit()  # nothing: no error
+    assert s2.committed == 5
+    s2.close()
+
+
 def test_torn_tail_is_cut_off(tmp_path):
     s = Spool(tmp_path, max_bytes=1 << 20)
     s.append({"i": 0}, b"complete")
