@@ -7,9 +7,9 @@ what comes back. Every number of spans is a count of spans; times are seconds.
 Rules (each has a unit test in tests/unit/test_write_planner.py):
 
 * collecting (`next_take`, `keep_lingering`): after the first queued request, take what is
-  queued; while a request is on its way and the round holds fewer than ENOUGH_SPANS spans,
-  wait up to STAGED_WAIT_S for each further one, up to STAGED_MAX_WAIT_S in all; stop at
-  GROUP_MAX_REQUESTS requests or GROUP_MAX_SPANS spans, or at a stop marker.
+  queued; while a request is on its way, wait up to STAGED_WAIT_S for each further one, up
+  to STAGED_MAX_WAIT_S in all; stop at GROUP_MAX_REQUESTS requests or GROUP_MAX_SPANS
+  spans, or at a stop marker.
 * grouping (`plan_round`): known batch ids are duplicates (skipped, committed); a second
   copy of a batch id in the same round is a duplicate once the first is stored; the requests
   of one decoder become one group of at most GROUP_MAX_SPANS spans, whatever their tenants
@@ -35,7 +35,6 @@ from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass, field
 
 __all__ = [
-    "ENOUGH_SPANS",
     "GROUP_MAX_REQUESTS",
     "GROUP_MAX_SPANS",
     "PAIR_MIN_SPANS",
@@ -63,10 +62,6 @@ PAIR_MIN_SPANS = 8_000  # a group smaller than this is written whole (see shape)
 #: long for each further request while some are on their way
 STAGED_WAIT_S = 0.05
 STAGED_MAX_WAIT_S = 0.5  # ... and this long in all (stored at most this late)
-#: ... unless the round already holds this many spans: a write of that size pays its fixed
-#: cost, and what arrives meanwhile is queued for the next round (under a steady load the
-#: writes grow with it: each round takes what arrived during the last write)
-ENOUGH_SPANS = 8_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,22 +110,15 @@ def next_take(got: Sequence[Request], *, arriving: bool) -> float | None:
     0.0 to take one only if queued now, else the seconds to wait for one (while a request
     is on its way: a write has a fixed cost, ~0.1 s for chDB-decoded requests, that more
     requests share)."""
-    spans = sum(x.spans for x in got)
-    if len(got) >= GROUP_MAX_REQUESTS or spans >= GROUP_MAX_SPANS:
+    if len(got) >= GROUP_MAX_REQUESTS or sum(x.spans for x in got) >= GROUP_MAX_SPANS:
         return None
-    return STAGED_WAIT_S if arriving and spans < ENOUGH_SPANS else 0.0
+    return STAGED_WAIT_S if arriving else 0.0
 
 
 def keep_lingering(got: Sequence[Request], *, arriving: bool, lingered_s: float) -> bool:
     """After finding the queue empty: go on waiting for requests on their way? While some
-    are, for at most STAGED_MAX_WAIT_S since the round's first request, and only while the
-    round holds fewer than ENOUGH_SPANS spans."""
-    return (
-        bool(got)
-        and arriving
-        and lingered_s < STAGED_MAX_WAIT_S
-        and sum(x.spans for x in got) < ENOUGH_SPANS
-    )
+    are, for at most STAGED_MAX_WAIT_S since the round's first request."""
+    return bool(got) and arriving and lingered_s < STAGED_MAX_WAIT_S
 
 
 def plan_round(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from ingest._planner import (
-    ENOUGH_SPANS,
     GROUP_MAX_REQUESTS,
     GROUP_MAX_SPANS,
     PAIR_MIN_SPANS,
@@ -40,13 +39,6 @@ def test_the_writer_waits_for_more_only_while_some_are_on_their_way():
     for staged in (True, False):
         assert next_take([req(1, staged=staged)], arriving=True) == STAGED_WAIT_S
         assert next_take([req(1, staged=staged)], arriving=False) == 0.0
-
-
-def test_a_round_of_enough_spans_takes_only_what_is_queued():
-    assert next_take([req(1, ENOUGH_SPANS - 1, staged=True)], arriving=True) == STAGED_WAIT_S
-    assert next_take([req(1, ENOUGH_SPANS, staged=True)], arriving=True) == 0.0
-    assert keep_lingering([req(1, ENOUGH_SPANS - 1)], arriving=True, lingered_s=0.0)
-    assert not keep_lingering([req(1, ENOUGH_SPANS)], arriving=True, lingered_s=0.0)
 
 
 def test_collecting_stops_at_the_span_and_request_limits():
