@@ -75,8 +75,12 @@ class _Capture(SpanExporter):
 @pytest.fixture(scope="module")
 def regression(chdb_client, tmp_path_factory):
     """The store with the regression; times: start, outage [start+2h, start+3h), end."""
-    # hour-aligned and 2 h in the past: every planned step is in the wall clock's past
-    end_ns = (datetime.now(UTC).timestamp() // 3600 * 3600 - 2 * 3600) * S
+    # the latest Wednesday 22:00 UTC at least 2 h ago (1970-01-01 was a Thursday), so every
+    # planned step is in the wall clock's past and every run sees the same hours: the
+    # simulator's traffic follows the hour and weekday, and an outage at night had too few
+    # handoffs to burn the page budget
+    week_s, ago_s = 7 * 86400, int(datetime.now(UTC).timestamp()) - 2 * 3600
+    end_ns = (((ago_s + 2 * 3600) // week_s) * week_s - 2 * 3600) * S
     end = datetime.fromtimestamp(end_ns / S, tz=UTC)
     start = end - 10 * H
     outage = SkillOutage(
