@@ -130,3 +130,57 @@ def test_a_request_the_store_refuses_parks_no_other_tenants_request(
     assert '"tenant": "b"' in meta.read_text()
     report = verify_chain(chdb_client, fresh_db)
     assert report.ok and report.batches == 3, report
+
+
+def test_real_sdk_exporters_of_three_tenants_at_once_keep_their_tenants(tmp_path):
+    """The OpenTelemetry SDK's own OTLP/HTTP exporter, one per tenant token, exporting from
+    three threads at once into one `handoffs serve`: every span stored once under its
+    exporter's tenant, every batch chained."""
+    import threading
+
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    from serve.testing import start_serve
+
+    tenants = ("a", "b", "c")
+    serve = start_serve(tmp_path, ",".join(f"tok-{t}={t}" for t in tenants))
+    per_tenant = 60
+
+    def emit(tenant: str) -> None:
+        exporter = OTLPSpanExporter(
+            endpoint=f"{serve.otlp_url}/v1/traces",
+            headers={"Authorization": f"Bearer tok-{tenant}"},
+            timeout=30,
+        )
+        provider = TracerProvider(resource=Resource.create({"service.name": f"agent-{tenant}"}))
+        provider.add_span_processor(BatchSpanProcessor(exporter, max_export_batch_size=8))
+        tracer = provider.get_tracer("tenants-test")
+        for i in range(per_tenant):
+            attrs = transition(f"h-{tenant}-{i}", "create", "", "created", task_id=f"t-{i}")
+            with tracer.start_as_current_span("handoff.create", attributes=attrs):
+                pass
+        provider.shutdown()  # flushes every batch
+
+    try:
+        threads = [threading.Thread(target=emit, args=(t,)) for t in tenants]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        health = serve.wait_stored()
+        client = serve.client()
+        got = _tenants_of(client, serve.database, "handoff_transitions")
+        assert got == {t: per_tenant for t in tenants}, (got, health)
+        wrong = client.query(
+            f"SELECT count() FROM {serve.database}.handoff_transitions "
+            "WHERE NOT startsWith(handoff_id, concat('h-', tenant, '-'))"
+        ).result_rows
+        assert wrong == [(0,)]
+        report = verify_chain(client, serve.database)
+        assert report.ok and report.batches == health["batches"], report
+        client.close()
+    finally:
+        assert serve.stop() == 0
