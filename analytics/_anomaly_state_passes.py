@@ -153,11 +153,15 @@ def idempotency_pass(db: str, window: Window, tenant: bool) -> str:
 
 def _attempts_sql(db: str, where: str) -> str:
     """One row per handoff from handoff_summary (merged by GROUP BY): what the retry checks
-    need. `where` selects summary rows (by tenant and task or key)."""
+    need. `where` selects the handoffs (a summary row of theirs matches it: by tenant and
+    task or key, which only the create's row carries); all their rows are merged, so a
+    commit or unknown stored in another insert block than the create counts."""
     return f"""SELECT tenant, handoff_id, max(task_id) AS task, max(to_agent) AS target,
         max(idempotency_key) AS idem, min(created) AS created,
         min(t_unknown_in) AS t_in, min(t_unknown_out) AS t_out, min(t_committed) AS t_commit
-    FROM {db}.handoff_summary WHERE {where}
+    FROM {db}.handoff_summary
+    WHERE (tenant, handoff_id) IN (
+        SELECT tenant, handoff_id FROM {db}.handoff_summary WHERE {where})
     GROUP BY tenant, handoff_id"""
 
 
