@@ -9,10 +9,9 @@ re-reads the cohort (handoff_summary FINAL) every time, and some kinds would re-
 transitions twice (clock skew self-join) or window-sort every task (stale fence); 24 h took
 ~37 s that way. The passes:
   cohort       five kinds that are bit tests over the cohort's summary rows
-  transitions* duplicate delivery + clock skew
+  state*       duplicate delivery, clock skew, receiver actor, grant, tenant claim
   fence*       stale fence over the fenced rows of the cohort's fenced commits' tasks
   idempotency* a create row's key created elsewhere with another payload hash
-  envelope*    receiver actor, grant, tenant claim
   retry*       blind retry, duplicate execution (the attempts from handoff_summary)
   causation*   consumed before verified, expired receipt
   bounce       over the summary's `transfer` create rows only (_anomaly_state_passes.py)
@@ -41,7 +40,7 @@ from analytics._spike_sql import (  # noqa: F401 (re-exported: the spike thresho
     spike_pass,
 )
 
-#: pass name -> the kinds (Bool columns) it returns, in ANOMALY_KINDS order of appearance.
+#: pass name -> the kinds (Bool columns) it returns (reports list kinds in ANOMALY_KINDS order).
 PASSES: Final = {
     "cohort": (
         "invalid_transition",
@@ -50,7 +49,15 @@ PASSES: Final = {
         "accepted_never_started",
         "implied_accept",
     ),
-    "transitions": ("duplicate_delivery", "clock_skew"),
+    "state": (
+        "duplicate_delivery",
+        "clock_skew",
+        "wrong_consumer",
+        "grant_expired",
+        "capability_outside_grant",
+        "grant_tenant_mismatch",
+        "tenant_claim_mismatch",
+    ),
     "idempotency": ("idempotency_conflict",),
     "fence": ("stale_fence",),
     "bounce": ("bounce",),
@@ -58,13 +65,6 @@ PASSES: Final = {
     "orphan": ("orphan_transition",),
     "retry": ("blind_retry", "duplicate_execution"),
     "causation": ("consumed_before_verified", "expired_receipt_used"),
-    "envelope": (
-        "wrong_consumer",
-        "grant_expired",
-        "capability_outside_grant",
-        "grant_tenant_mismatch",
-        "tenant_claim_mismatch",
-    ),
     **topo.PASSES,
 }
 KIND_PASS: Final = {k: p for p, kinds in PASSES.items() for k in kinds}

@@ -1,9 +1,10 @@
 """The anomaly passes that read handoff_anomaly_state (sql/009, analytics._anomaly_state_sql)
 instead of the transitions, one row per handoff:
-  transitions  duplicate delivery (a transition in two distinct copy pairs) and clock skew
-               (per counted transition its earliest time, in machine order)
-  envelope     the receiver actors' least and greatest, the latest grant use, the grant
-               from the create rows, tenant claims
+  state        the dense kinds, one read of the cohort's rows: duplicate delivery (a
+               transition in two distinct copy pairs), clock skew (per counted transition
+               its earliest time, in machine order) and the envelope's (the receiver
+               actors' least and greatest, the latest grant use, the grant from the create
+               rows, tenant claims)
   fence        the rows carrying a fence token or state version (a few per handoff), of the
                tasks of the cohort's fenced commits
   idempotency  the create rows' (key, payload hash) pairs
@@ -12,14 +13,15 @@ instead of the transitions, one row per handoff:
                receipt expiry
   bounce       handoff_summary's transfer rows of tasks with two transfers or more
 Sparse kinds (retry, causation, idempotency, fence) select candidates by a cheap column
-first and merge only their rows; the dense ones read the cohort `FINAL`.
+first and merge only their rows; the dense ones merge only the keys with several rows
+(state_cohort).
 """
 
 from __future__ import annotations
 
 from typing import Final
 
-from analytics._anomaly_state_sql import RECEIPT_EVENTS, TABLE, iso_sql, sql_tuple
+from analytics._anomaly_state_sql import MERGE_FN, RECEIPT_EVENTS, TABLE, iso_sql, sql_tuple
 from analytics._common import Window, ts
 
 
@@ -31,14 +33,29 @@ def _in_window(window: Window, col: str = "created") -> str:
     return f"{col} IS NOT NULL AND {col} >= {ts(window.start)} AND {col} < {ts(window.end)}"
 
 
-def state_cohort(db: str, window: Window, tenant: bool, cols: str) -> str:
-    """The cohort's state rows (created in the window), merged at read time; `cols` a
-    select list over the table's columns."""
-    return f"""SELECT tenant, handoff_id, {cols}
-    FROM {db}.{TABLE} FINAL
-    WHERE {_in_window(window)} {_tenant_and(tenant)}
-    -- the created filter must see merged rows (a server may default this on)
-    SETTINGS optimize_move_to_prewhere_if_final = 0"""
+def state_cohort(db: str, window: Window, tenant: bool, cols: tuple[str, ...]) -> str:
+    """The cohort's state rows (created in the window), one per handoff, with `cols`.
+
+    Not read `FINAL`: merging every row through the aggregate functions costs ~3x the read
+    (minMap over first_times above all, even for a key with one row), and after merges, or
+    when a handoff's spans came in one request, nearly every key has one row. So a key
+    with one row is read as it is (its row is the whole handoff), and only the keys with
+    several rows (by hash: a collision merges a single row too, which changes nothing) are
+    merged by GROUP BY. The two reads may see different parts: a row inserted between them
+    for a single-row key is left out when it holds no create (only create rows carry
+    `created`), so that handoff is what the first read saw."""
+    tw = _tenant_and(tenant)
+    key = "cityHash64(tenant, handoff_id)"
+    multi = f"SELECT {key} AS h FROM {db}.{TABLE} WHERE 1 {tw} GROUP BY h HAVING count() > 1"
+    plain = ", ".join(cols)
+    merged = ", ".join(f"{MERGE_FN[c]}({c}) AS {c}" for c in cols)
+    return f"""SELECT tenant, handoff_id, {plain} FROM {db}.{TABLE}
+    WHERE {_in_window(window)} {tw} AND {key} NOT IN ({multi})
+    UNION ALL
+    SELECT tenant, handoff_id, {merged} FROM {db}.{TABLE}
+    WHERE {key} IN ({multi}) {tw}
+    GROUP BY tenant, handoff_id
+    HAVING {_in_window(window, "min(created)")}"""
 
 
 def _candidates(db: str, window: Window, tenant: bool, where: str, aggs: str) -> str:
@@ -52,15 +69,11 @@ def _candidates(db: str, window: Window, tenant: bool, where: str, aggs: str) ->
     HAVING {_in_window(window)}"""
 
 
-def transitions_pass(db: str, window: Window, tenant: bool) -> str:
-    """Duplicate delivery: a transition (event, from, to) stored as more than one copy
-    (COPY_KEY): more distinct (transition, copy) pairs than transitions (32-bit hashes each:
-    a missed or false pair once in ~4e9). A span stored again unchanged is one copy.
-
-    Clock skew: counted transitions x -> y (x.to = y.from, y not the way back, x before y in
-    machine order) with y's earliest time before x's; first_times is sorted by k (machine
-    order), so when its times never decrease nothing can be skewed and the quadratic check
-    runs only on the others."""
+def _skew_sql() -> str:
+    """Clock skew over `c` (first_times as (k, time) pairs): counted transitions x -> y
+    (x.to = y.from, y not the way back, x before y in machine order) with y's earliest time
+    before x's; first_times is sorted by k (machine order), so when its times never
+    decrease nothing can be skewed and the quadratic check runs only on the others."""
 
     def to_(v: str) -> str:
         return f"bitAnd({v}, 255)"
@@ -75,28 +88,45 @@ def transitions_pass(db: str, window: Window, tenant: bool) -> str:
         f"{to_('x.1')} = {from_('y.1')} AND {to_('y.1')} != {from_('x.1')}"
         f" AND {okey('x.1')} < {okey('y.1')} AND y.2 < x.2"
     )
-    cohort = state_cohort(db, window, tenant, "copies, first_times")
+    return (
+        "NOT arrayAll(d -> d >= 0, arrayDifference(first_times.2))"
+        f" AND arrayExists(x -> arrayExists(y -> {follows}, c), c)"
+    )
+
+
+#: the state columns the state pass reads, one row per cohort handoff
+_STATE_PASS_COLUMNS: Final = (
+    "copies",
+    "first_times",
+    "to_agent",
+    "capabilities",
+    "receiver_min",
+    "receiver_max",
+    "t_grant_use",
+    "grant_expires_at",
+    "grant_capabilities",
+    "grant_tenant",
+    "claim_mismatch",
+)
+
+
+def state_pass(db: str, window: Window, tenant: bool) -> str:
+    """The dense kinds, over every cohort handoff's state row (one read, state_cohort):
+
+    duplicate_delivery: a transition (event, from, to) stored as more than one copy
+    (COPY_KEY): more distinct (transition, copy) pairs than transitions (32-bit hashes each:
+    a missed or false pair once in ~4e9). A span stored again unchanged is one copy.
+    clock_skew: see _skew_sql.
+    The envelope (the greatest value over its counted create rows) against the handoff's
+    other rows: wrong_consumer, grant_expired, capability_outside_grant (the grant's
+    capabilities are JSON text, an OTLP string[]), grant_tenant_mismatch,
+    tenant_claim_mismatch."""
+    cohort = state_cohort(db, window, tenant, _STATE_PASS_COLUMNS)
+    g_exp = iso_sql("grant_expires_at")
     return f"""SELECT handoff_id,
     length(arrayDistinct(arrayMap(x -> bitShiftRight(x, 32), copies))) < length(copies)
         AS duplicate_delivery,
-    NOT arrayAll(d -> d >= 0, arrayDifference(first_times.2))
-        AND arrayExists(x -> arrayExists(y -> {follows}, c), c) AS clock_skew
-FROM (SELECT *, arrayZip(first_times.1, first_times.2) AS c FROM ({cohort}))
-WHERE duplicate_delivery OR clock_skew"""
-
-
-def envelope_pass(db: str, window: Window, tenant: bool) -> str:
-    """Per cohort handoff: its envelope (the greatest value over its counted create rows)
-    against its other rows. The grant's capabilities are JSON text (an OTLP string[])."""
-    cohort = state_cohort(
-        db,
-        window,
-        tenant,
-        "to_agent, capabilities, receiver_min, receiver_max, t_grant_use, grant_expires_at,"
-        " grant_capabilities, grant_tenant, claim_mismatch",
-    )
-    g_exp = iso_sql("grant_expires_at")
-    return f"""SELECT handoff_id,
+    {_skew_sql()} AS clock_skew,
     to_agent != '' AND coalesce(receiver_min != to_agent OR receiver_max != to_agent, false)
         AS wrong_consumer,
     coalesce(t_grant_use > {g_exp}, false) AS grant_expired,
@@ -105,9 +135,9 @@ def envelope_pass(db: str, window: Window, tenant: bool) -> str:
                        capabilities) AS capability_outside_grant,
     grant_tenant != '' AND grant_tenant != tenant AS grant_tenant_mismatch,
     claim_mismatch = 1 AS tenant_claim_mismatch
-FROM ({cohort})
-WHERE wrong_consumer OR grant_expired OR capability_outside_grant OR grant_tenant_mismatch
-   OR tenant_claim_mismatch"""
+FROM (SELECT *, arrayZip(first_times.1, first_times.2) AS c FROM ({cohort}))
+WHERE duplicate_delivery OR clock_skew OR wrong_consumer OR grant_expired
+   OR capability_outside_grant OR grant_tenant_mismatch OR tenant_claim_mismatch"""
 
 
 def fence_pass(db: str, window: Window, tenant: bool) -> str:
@@ -271,10 +301,9 @@ WHERE rn > 1 AND h_from != '' AND prev_from = h_to AND prev_to = h_from
 
 #: pass name -> builder of the passes built here (bounce reads handoff_summary only)
 STATE_PASSES: Final = {
-    "transitions": transitions_pass,
+    "state": state_pass,
     "idempotency": idempotency_pass,
     "fence": fence_pass,
-    "envelope": envelope_pass,
     "retry": retry_pass,
     "causation": causation_pass,
     "bounce": bounce_pass,

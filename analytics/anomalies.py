@@ -136,7 +136,7 @@ def anomalies(
     included): kind, count (handoffs), examples (up to `examples` handoff ids, sorted),
     description. ValueError for an unknown kind.
 
-    One query per pass needed (12 queries for all 29 kinds). Timings:
+    One query per pass needed (11 queries for all 29 kinds). Timings:
     docs/metrics.md, bench/analytics_queries.py.
     """
     db = check_db(database)

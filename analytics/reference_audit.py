@@ -1,5 +1,5 @@
 """The protocol-audit kinds in plain Python over transition rows: the oracle the SQL of the
-retry, causation and envelope passes (analytics/_anomaly_sql.py) is tested against, and part
+retry, causation and state passes (analytics/_anomaly_sql.py) is tested against, and part
 of evidence packages. Rows as in analytics.reference; definitions: docs/metrics.md.
 """
 
