@@ -219,7 +219,9 @@ def retry_pass(db: str, window: Window, tenant: bool) -> str:
     # pair: merge only their summary rows (a store where every handoff has its own key pairs
     # none, and joining every keyed handoff with itself took ~19 s at 2.7M handoffs)
     # (tenant, key) hashes on more than one summary row: a superset of the shared keys (a
-    # handoff's create stored twice, a hash collision), made exact by the joins below
+    # handoff's create stored twice, a hash collision), made exact by the joins below; a
+    # scalar, so it is computed once (the CTEs using it are inlined into both branches), and
+    # when it is empty no summary row is read for b (`notEmpty` folds to false)
     shared = f"""SELECT cityHash64(tenant, idempotency_key) AS h FROM {db}.handoff_summary
         WHERE idempotency_key != '' {_tenant_and(tenant)}
         GROUP BY h HAVING count() > 1"""
@@ -228,12 +230,13 @@ def retry_pass(db: str, window: Window, tenant: bool) -> str:
     FROM {db}.handoff_summary
     WHERE (tenant, handoff_id) IN (
         SELECT tenant, handoff_id FROM {db}.handoff_summary
-        WHERE idempotency_key != '' {_tenant_and(tenant)}
-          AND cityHash64(tenant, idempotency_key) IN ({shared})
+        WHERE notEmpty(shared_keys) AND idempotency_key != '' {_tenant_and(tenant)}
+          AND cityHash64(tenant, idempotency_key) IN (SELECT arrayJoin(shared_keys))
         UNION ALL SELECT tenant, handoff_id FROM retries)
     GROUP BY tenant, handoff_id
     HAVING {_in_window(window)}"""
-    return f"""WITH retries AS ({retries}),
+    return f"""WITH (SELECT groupArray(h) FROM ({shared})) AS shared_keys,
+    retries AS ({retries}),
     b AS ({b}),
     peers AS ({peers})
 SELECT b.handoff_id AS handoff_id, {blind} AS blind_retry, false AS duplicate_execution
