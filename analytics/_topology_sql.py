@@ -252,28 +252,26 @@ def fan_out_pass(db: str, window: Window, tenant: bool) -> str:
     """fan_out_all over the cohort's agent_as_tool handoffs (from_agent = orchestrator,
     to_agent = expert, non-empty): per (tenant, orchestrator) the distinct experts of the
     window, per task the distinct experts of that task; a task with at least
-    FAN_OUT_MIN_EXPERTS that called every one of them flags all its handoffs. Only tasks
-    with that many agent_as_tool handoffs (by task hash: a superset) are grouped by task: at
-    2M handoffs nearly every task has one, and grouping them all cost more than the rest."""
+    FAN_OUT_MIN_EXPERTS that called every one of them flags all its handoffs."""
     cohort = cohort_sql(
         db, window, tenant_param=tenant, extra=("task_id", "from_agent", "to_agent", "topology")
     )
-    n = FAN_OUT_MIN_EXPERTS
-    return f"""WITH c AS (
-    SELECT tenant, handoff_id, task_id, from_agent, to_agent FROM ({cohort})
-    WHERE topology = 'agent_as_tool' AND to_agent != '')
-SELECT arrayJoin(ids) AS handoff_id, true AS fan_out_all FROM (
-    SELECT tenant, from_agent, task_id, uniqExact(to_agent) AS n_task,
-        groupArray(handoff_id) AS ids
-    FROM c
-    WHERE (tenant, cityHash64(task_id)) IN (
-        SELECT tenant, cityHash64(task_id) AS h FROM c GROUP BY tenant, h HAVING count() >= {n})
+    return f"""SELECT arrayJoin(ids) AS handoff_id, true AS fan_out_all FROM (
+    SELECT tenant, from_agent, task_id, uniqExact(to_agent) AS n_task, any(n_all) AS n_all,
+        arrayFlatten(groupArray(h_ids)) AS ids
+    FROM (
+        SELECT tenant, from_agent, to_agent, task_id, h_ids,
+            uniqExact(to_agent) OVER (PARTITION BY tenant, from_agent) AS n_all
+        FROM (
+            SELECT tenant, from_agent, to_agent, task_id, groupArray(handoff_id) AS h_ids
+            FROM ({cohort})
+            WHERE topology = 'agent_as_tool' AND to_agent != ''
+            GROUP BY tenant, from_agent, to_agent, task_id
+        )
+    )
     GROUP BY tenant, from_agent, task_id
-    HAVING n_task >= {n}
-) AS t
-JOIN (SELECT tenant, from_agent, uniqExact(to_agent) AS n_all FROM c GROUP BY tenant, from_agent)
-    AS a USING (tenant, from_agent)
-WHERE n_task = n_all"""
+)
+WHERE n_task >= {FAN_OUT_MIN_EXPERTS} AND n_task = n_all"""
 
 
 #: sql/011_topology_attrs.sql (`python -m analytics._topology_sql > sql/011_topology_attrs.sql`;
