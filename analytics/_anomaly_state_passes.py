@@ -41,19 +41,21 @@ def state_cohort(db: str, window: Window, tenant: bool, cols: tuple[str, ...]) -
     when a handoff's spans came in one request, nearly every key has one row. So a key
     with one row is read as it is (its row is the whole handoff), and only the keys with
     several rows (by hash: a collision merges a single row too, which changes nothing) are
-    merged by GROUP BY. The two reads may see different parts: a row inserted between them
-    for a single-row key is left out when it holds no create (only create rows carry
-    `created`), so that handoff is what the first read saw."""
+    merged by GROUP BY. Their hashes are a scalar, computed once for both reads; when there
+    are none (a merged store) the second read reads nothing. The reads may see different
+    parts: a row inserted between them for a single-row key is left out when it holds no
+    create (only create rows carry `created`), so that handoff is what the first read saw."""
     tw = _tenant_and(tenant)
     key = "cityHash64(tenant, handoff_id)"
     multi = f"SELECT {key} AS h FROM {db}.{TABLE} WHERE 1 {tw} GROUP BY h HAVING count() > 1"
     plain = ", ".join(cols)
     merged = ", ".join(f"{MERGE_FN[c]}({c}) AS {c}" for c in cols)
-    return f"""SELECT tenant, handoff_id, {plain} FROM {db}.{TABLE}
-    WHERE {_in_window(window)} {tw} AND {key} NOT IN ({multi})
+    return f"""WITH (SELECT groupArray(h) FROM ({multi})) AS multi
+    SELECT tenant, handoff_id, {plain} FROM {db}.{TABLE}
+    WHERE {_in_window(window)} {tw} AND {key} NOT IN (SELECT arrayJoin(multi))
     UNION ALL
     SELECT tenant, handoff_id, {merged} FROM {db}.{TABLE}
-    WHERE {key} IN ({multi}) {tw}
+    WHERE notEmpty(multi) AND {key} IN (SELECT arrayJoin(multi)) {tw}
     GROUP BY tenant, handoff_id
     HAVING {_in_window(window, "min(created)")}"""
 
