@@ -68,6 +68,19 @@ PASSES: Final = {
     **topo.PASSES,
 }
 KIND_PASS: Final = {k: p for p, kinds in PASSES.items() for k in kinds}
+#: the passes that flag only cohort handoffs (created in the window): when no handoff was
+#: created in it, their kinds are all 0 without a query (orphans have no create at all)
+COHORT_PASSES: Final = frozenset(PASSES) - {"orphan"}
+
+
+def created_in_sql(db: str, window: Window, *, tenant: bool) -> str:
+    """SQL of one row (1) when some summary row has `created` in the window, none else. A
+    handoff's cohort `created` is the least of its rows' (only create rows carry one), so
+    without such a row the cohort is empty; the read stops at the first match."""
+    tw = "AND tenant = {tenant:String}" if tenant else ""
+    return f"""SELECT 1 FROM {db}.handoff_summary
+WHERE created IS NOT NULL AND created >= {ts(window.start)} AND created < {ts(window.end)} {tw}
+LIMIT 1"""
 
 
 def _ids(cohort: str) -> str:

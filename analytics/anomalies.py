@@ -13,11 +13,13 @@ from typing import TYPE_CHECKING, Any, Final
 import pandas as pd
 
 from analytics._anomaly_sql import (
+    COHORT_PASSES,
     KIND_PASS,
     PASSES,
     SPIKE_BASELINE_FACTOR,
     SPIKE_MIN_RATE,
     SPIKE_MIN_SETTLED,
+    created_in_sql,
     pass_sql,
 )
 from analytics._common import Window, check_db
@@ -136,8 +138,9 @@ def anomalies(
     included): kind, count (handoffs), examples (up to `examples` handoff ids, sorted),
     description. ValueError for an unknown kind.
 
-    One query per pass needed (11 queries for all 29 kinds). Timings:
-    docs/metrics.md, bench/analytics_queries.py.
+    One query per pass needed (11 queries for all 29 kinds), after one that stops at the
+    first handoff created in the window: without one, only the orphan pass runs (the other
+    kinds flag cohort handoffs only). Timings: docs/metrics.md, bench/analytics_queries.py.
     """
     db = check_db(database)
     if examples < 0:
@@ -150,9 +153,16 @@ def anomalies(
     # (one id flagged under two tenants)
     keep = max(1, 2 * int(examples))
     found: dict[str, tuple[int, list[str]]] = {}
-    for name, pass_kinds in PASSES.items():
-        if not set(pass_kinds) & set(wanted):
-            continue
+    passes = {n: ks for n, ks in PASSES.items() if set(ks) & set(wanted)}
+    if (
+        set(passes) & COHORT_PASSES
+        and not client.query(
+            created_in_sql(db, window, tenant=tenant is not None), parameters=_params(tenant)
+        ).result_rows
+    ):
+        for name in COHORT_PASSES & set(passes):
+            found.update((k, (0, [])) for k in passes.pop(name))
+    for name, pass_kinds in passes.items():
         inner = pass_sql(name, db, window, tenant=tenant is not None, sla_ms=unknown_sla_ms)
         cols = ", ".join(
             f"uniqExactIf(handoff_id, {k}), groupArraySortedIf({keep})(handoff_id, {k})"

@@ -19,6 +19,7 @@ from analytics._common import Window, check_db
 from analytics.anomalies import anomalies
 from analytics.display import html_safe
 from analytics.metrics import RATE_COLUMNS, funnel, handoffs_behind, latencies
+from analytics.rollup import rollup
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
@@ -132,14 +133,16 @@ def _collect(client: Client, db: str, week: str, as_of: datetime | None, slo: di
     w = Window(start=start, end=start + timedelta(days=7), as_of=as_of)
     prev = Window(start=start - timedelta(days=7), end=start, as_of=as_of)
     kw: dict[str, Any] = {"database": db}
+    # one split of the week's cohort, rolled up to the total, the days, the pairs, the modes
+    split = funnel(client, window=w, by=("pair", "mode"), bucket="day", **kw)
     data = {
         "week": week,
         "window": w,
-        "now": funnel(client, window=w, **kw).iloc[0].to_dict(),
+        "now": rollup(split).iloc[0].to_dict(),
         "prev": funnel(client, window=prev, **kw).iloc[0].to_dict(),
-        "daily": funnel(client, window=w, bucket="day", **kw),
-        "pairs": funnel(client, window=w, by=("pair",), **kw),
-        "modes": funnel(client, window=w, by=("mode",), **kw),
+        "daily": rollup(split, ("bucket",)),
+        "pairs": rollup(split, ("pair",)),
+        "modes": rollup(split, ("mode",)),
         "lat": latencies(client, window=w, **kw).iloc[0].to_dict(),
         "anom": anomalies(client, window=w, **kw),
         "unresolved": handoffs_behind(client, window=w, stage="unresolved", limit=50, **kw),

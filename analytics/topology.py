@@ -99,21 +99,34 @@ def queue_lag(
 ) -> pd.DataFrame:
     """Queue consumers' lag (`handoff.queue.lag_ms` on accept), one row per (consumer =
     the accept's actor, queue = `handoff.queue.name`, "" when unnamed), sorted: handoffs
-    (cohort handoffs with a lag; a handoff's greatest lag counts), p50_ms, p95_ms, max_ms."""
+    (cohort handoffs with a lag; a handoff's greatest lag counts), p50_ms, p95_ms, max_ms.
+
+    The accept rows carrying a lag are found first (PREWHERE on the typed topology_attrs
+    column, sql/011, so no other row's map is read), and only their handoffs' summary rows
+    are read for the cohort (no IN set of the whole cohort is built)."""
     db = check_db(database)
     w = _check_window(window)
-    cohort = cohort_sql(db, w, tenant_param=tenant is not None, extra=())
+    cohort = cohort_sql(
+        db,
+        w,
+        tenant_param=tenant is not None,
+        extra=(),
+        within="SELECT tenant, handoff_id FROM lagged",
+    )
+    tw = "AND tenant = {tenant:String}" if tenant is not None else ""
     lag = f"toInt64OrNull(attributes['{sc.QUEUE_LAG_MS}'])"
     sql = f"""
-SELECT consumer, queue, count() AS handoffs, quantilesExact(0.5, 0.95)(lag) AS q, max(lag) AS mx
-FROM (
+WITH lagged AS (
     SELECT tenant, handoff_id, CAST(actor, 'String') AS consumer,
         attributes['{sc.QUEUE_NAME}'] AS queue, max(assumeNotNull({lag})) AS lag
     FROM {db}.handoff_transitions
-    PREWHERE event = 'accept' AND has(attributes.keys, '{sc.QUEUE_LAG_MS}')
-    WHERE {lag} IS NOT NULL AND {_ids(cohort)}
+    PREWHERE event = 'accept' AND topology_attrs
+    WHERE {lag} IS NOT NULL {tw}
     GROUP BY tenant, handoff_id, consumer, queue
 )
+SELECT consumer, queue, count() AS handoffs, quantilesExact(0.5, 0.95)(lag) AS q, max(lag) AS mx
+FROM lagged
+INNER JOIN (SELECT tenant, handoff_id FROM ({cohort})) AS c USING (tenant, handoff_id)
 GROUP BY consumer, queue
 ORDER BY consumer, queue
 """
@@ -208,37 +221,41 @@ def topology_cards(
 ) -> pd.DataFrame:
     """One row per (topology, kind) of TOPOLOGY_CARD_KINDS, in that order: handoffs (the
     cohort's handoffs of that topology), flagged (those the kind flags), rate = flagged /
-    handoffs (NaN without handoffs). One query for the topologies plus one per anomaly pass
-    the kinds need. Without `tenant`, a handoff id is matched across tenants (as
-    anomalies() counts ids)."""
+    handoffs (NaN without handoffs). One query: the cohort read once, each anomaly pass the
+    kinds need reduced to its flagged ids (few) and joined to it. Without `tenant`, a
+    handoff id is matched across tenants (as anomalies() counts ids)."""
     db = check_db(database)
     w = _check_window(window)
     params = _params(tenant)
     topo_cohort = cohort_sql(db, w, tenant_param=tenant is not None, extra=("topology",))
-    res = client.query(
-        f"SELECT topology, count() FROM ({topo_cohort}) GROUP BY topology", parameters=params
-    ).result_rows
-    sizes = {str(t): int(n) for t, n in res}
     wanted: dict[str, set[str]] = {}
     for card in TOPOLOGY_CARD_KINDS.values():
         for k in card:
             wanted.setdefault(KIND_PASS[k], set()).add(k)
-    flagged: dict[tuple[str, str], int] = {}
-    for name, pass_kinds in wanted.items():
+    joins, counts, found_kinds = [], [], []
+    for i, (name, pass_kinds) in enumerate(sorted(wanted.items())):
         inner = pass_sql(name, db, w, tenant=tenant is not None, sla_ms=UNKNOWN_SLA_MS)
         order = sorted(pass_kinds)
-        cols = ", ".join(f"uniqExactIf(p.handoff_id, p.{k})" for k in order)
-        any_kind = " OR ".join(order)
-        # the pass's flagged rows are the join's built side (few), the cohort streams by
-        sql = f"""
-SELECT c.topology, {cols}
-FROM (SELECT DISTINCT handoff_id, topology FROM ({topo_cohort})) AS c
-INNER JOIN (SELECT handoff_id, {", ".join(order)} FROM ({inner}) WHERE {any_kind}) AS p
-    ON c.handoff_id = p.handoff_id
-GROUP BY c.topology"""
-        for topo, *counts in client.query(sql, parameters=params).result_rows:
-            for k, n in zip(order, counts, strict=True):
-                flagged[(str(topo), k)] = int(n)
+        flags = ", ".join(f"max({k}) AS f_{k}" for k in order)
+        joins.append(
+            f"LEFT JOIN (SELECT handoff_id, {flags} FROM ({inner}) WHERE {' OR '.join(order)}"
+            f" GROUP BY handoff_id) AS p{i} ON c.handoff_id = p{i}.handoff_id"
+        )
+        counts += [f"uniqExactIf(c.handoff_id, p{i}.f_{k})" for k in order]
+        found_kinds += order
+    # the passes' flagged ids are the joins' built sides (few), the cohort streams by
+    sql = f"""
+SELECT c.topology, count(), {", ".join(counts)}
+FROM (SELECT handoff_id, topology FROM ({topo_cohort})) AS c
+{chr(10).join(joins)}
+GROUP BY c.topology
+SETTINGS join_use_nulls = 0"""
+    sizes: dict[str, int] = {}
+    flagged: dict[tuple[str, str], int] = {}
+    for topo, n, *found in client.query(sql, parameters=params).result_rows:
+        sizes[str(topo)] = int(n)
+        for k, f in zip(found_kinds, found, strict=True):
+            flagged[(str(topo), k)] = int(f)
     rows = []
     for topo, kinds in TOPOLOGY_CARD_KINDS.items():
         n = sizes.get(topo, 0)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import streamlit as st
 
 import analytics
-from dashboard._rollup import empty_split
+from analytics.rollup import empty_split
 from dashboard._store import StoreTarget, StoreUnavailable, open_client, resolve_target
 from foundation import settings
 
@@ -132,7 +132,7 @@ def tenant_split(
     store: str, database: str, start: str, end: str, as_of: str | None, bucket: str | None = None
 ) -> pd.DataFrame:
     """funnel(by=("tenant",), bucket=...) for all tenants, the Overview's one query per period:
-    roll it up with dashboard._rollup. An empty window gives an empty frame, not an error."""
+    roll it up with analytics.rollup. An empty window gives an empty frame, not an error."""
     try:
         return funnel(store, database, start, end, as_of, by=("tenant",), bucket=bucket)
     except QueryFailed:

@@ -9,8 +9,8 @@ the mode and topology filters, so switching a filter needs no new query.
 
 import streamlit as st
 
+from analytics.rollup import rollup
 from dashboard import _data, _graph, _graph_layout, _ui
-from dashboard._rollup import rollup
 
 #: A larger fleet shows its busiest agents only (the circle stays readable).
 MAX_AGENTS = 60

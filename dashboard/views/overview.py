@@ -12,8 +12,8 @@ import pandas as pd
 import streamlit as st
 
 from analytics.display import markdown_link_text
+from analytics.rollup import rollup
 from dashboard import _charts, _data, _ui
-from dashboard._rollup import rollup
 
 #: (funnel column, tile label, kind, handoffs_behind stage, help). kind: rate | count.
 KPIS = (

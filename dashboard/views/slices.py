@@ -3,10 +3,14 @@ the shared queue's consumer lag and agent-as-tool fan-out; tables by mode, topol
 protocol, capability.
 
 Tables are worst first (lowest P_e2e; undefined last) and every slice can list its handoffs.
+The total, the pair matrix and the mode, topology and protocol tables are one funnel query
+split by all of them, rolled up here (analytics.rollup: counts are sums over handoffs);
+capability, a handoff in one row per capability, is its own query.
 """
 
 import streamlit as st
 
+from analytics.rollup import rollup
 from dashboard import _charts, _data, _topology_data, _ui
 
 _RATE_COLS = (
@@ -19,6 +23,8 @@ _RATE_COLS = (
     "escalation_rate",
 )
 _COUNT_COLS = ("settled", "in_flight", "volume")
+#: the dimensions the page's one split funnel is grouped by (each a handoff's single value)
+_SPLIT = ("from_agent", "to_agent", "mode", "topology", "protocol")
 _TABLES = (
     ("mode", "Mode"),
     ("topology", "Topology"),
@@ -59,7 +65,8 @@ def _topology_cards(cards) -> None:
 
 
 with _ui.guard():
-    total = _data.funnel(src.store, src.database, *p.args, tenant=p.tenant)
+    split = _data.funnel(src.store, src.database, *p.args, by=_SPLIT, tenant=p.tenant)
+total = rollup(split)
 if not len(total) or not total["volume"].sum():
     st.info(
         f"No handoffs were created in this window ({p.describe()}). Pick a longer range, or send "
@@ -67,10 +74,7 @@ if not len(total) or not total["volume"].sum():
         icon=":material/inbox:",
     )
     st.stop()
-with _ui.guard():
-    pairs = _data.funnel(
-        src.store, src.database, *p.args, by=("from_agent", "to_agent"), tenant=p.tenant
-    )
+pairs = rollup(split, ("from_agent", "to_agent"))
 
 st.plotly_chart(_charts.pair_heatmap(pairs), key="sl_heatmap")
 st.caption(
@@ -108,10 +112,13 @@ tabs = st.tabs([label for _, label in _TABLES] + ["Latency by pair"])
 frames = {}
 for tab, (name, _label) in zip(tabs, _TABLES, strict=False):
     with tab:
-        with _ui.guard():
-            frames[name] = _data.funnel(
-                src.store, src.database, *p.args, by=(name,), tenant=p.tenant
-            )
+        if name in _SPLIT:
+            frames[name] = rollup(split, (name,))
+        else:
+            with _ui.guard():
+                frames[name] = _data.funnel(
+                    src.store, src.database, *p.args, by=(name,), tenant=p.tenant
+                )
         _table(frames[name], name)
 with tabs[-1]:
     with _ui.guard():

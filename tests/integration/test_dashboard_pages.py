@@ -111,13 +111,26 @@ def test_overview_tenant_filter_and_handoffs_behind(store_env, chdb_client):
 def test_slices_tables_worst_first(store_env, chdb_client):
     at = _app(WINDOW, page="views/slices.py")
     assert _charts(at) == 1  # the pair heatmap
-    by_mode = {d.value.columns[0]: d.value for d in at.dataframe}
+    by_mode = {d.value.columns[0]: d.value for d in at.dataframe if "p_e2e" in d.value}
     assert {"pair", "mode", "topology", "protocol", "capability"} <= set(by_mode)
     mode = by_mode["mode"]
     expected = analytics.funnel(chdb_client, database=store_env, window=_window(), by=("mode",))
     assert sorted(mode["mode"]) == sorted(expected["mode"])
     rates = list(mode["p_e2e"].dropna())
     assert rates == sorted(rates)  # worst first
+    # the tables rolled up from the page's one split equal analytics.funnel per dimension
+    for dim in ("pair", "mode", "topology", "protocol", "capability"):
+        want = analytics.funnel(chdb_client, database=store_env, window=_window(), by=(dim,))
+        shown = by_mode[dim]
+        assert len(want) > 0
+        for col in ("volume", "settled", "in_flight", "p_e2e", "p_accept", "unknown_rate"):
+            scale = 100 if col.startswith("p_") or col.endswith("_rate") else 1
+            names = [str(v).replace(" → ", "->") for v in shown[dim]]  # the page's arrow
+            got = dict(zip(names, shown[col], strict=True))
+            exp = {k: v * scale for k, v in zip(want[dim], want[col], strict=True)}
+            assert got.keys() == exp.keys(), dim
+            for k, v in exp.items():
+                assert got[k] == pytest.approx(v, nan_ok=True), (dim, k, col)
 
 
 def test_slices_topology_cards_lag_and_fan_out_equal_analytics(store_env, chdb_client):
@@ -253,7 +266,7 @@ def test_rollup_of_the_tenant_split_equals_analytics(store_env, chdb_client):
     """The Overview's one split query, rolled up, gives exactly analytics.funnel's numbers."""
     import pandas as pd
 
-    from dashboard._rollup import rollup
+    from analytics.rollup import rollup
 
     w = _window()
     split = analytics.funnel(

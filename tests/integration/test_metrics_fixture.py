@@ -209,6 +209,23 @@ def test_anomalies_match_hand_computed_list(reader, db):
     assert dict(zip(df["kind"], df["count"], strict=True)) == {k: len(v) for k, v in got.items()}
 
 
+def test_a_window_without_creates_counts_only_its_orphans(chdb_client, reader, db):
+    """No handoff was created in the window: every kind is 0 without running its pass, but
+    the orphan pass still runs (an orphan has no create) and finds the one first seen in it."""
+    late = T0 + timedelta(days=3)
+    seed(chdb_client, db, [T("h-late", "accept", "created", "accepted", late + timedelta(seconds=1)),
+                           T("h-late", "start", "accepted", "running", late + timedelta(seconds=2))])  # fmt: skip
+    w = Window(start=late, end=late + timedelta(hours=1), as_of=late + timedelta(hours=2))
+    df = anomalies(reader, database=db, window=w, tenant="default")
+    assert dict(zip(df["kind"], df["count"], strict=True)) == {
+        k: int(k == "orphan_transition") for k in ANOMALY_KINDS
+    }
+    assert list(df.set_index("kind").loc["orphan_transition", "examples"]) == ["h-late"]
+    # the same with a tenant that sent nothing at all, and for a subset of kinds
+    none = anomalies(reader, database=db, window=WINDOW, tenant="nobody", kinds=["bounce"])
+    assert none.to_dict(orient="records")[0]["count"] == 0
+
+
 def test_slices_and_stages(reader, db):
     by_mode = funnel(reader, database=db, window=WINDOW, by=("mode",), tenant="default")
     modes = {r.mode: r for r in by_mode.itertuples()}

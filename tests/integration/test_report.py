@@ -13,6 +13,7 @@ import pytest
 from analytics_seed import T, create, seed
 
 from analytics import Window, funnel, weekly_report
+from analytics.report import fmt_rate
 from handoffs.cli import main
 
 W47 = datetime(2026, 11, 16, tzinfo=UTC)
@@ -71,6 +72,16 @@ def test_markdown_report_numbers_match_funnel(chdb_client, db):
     assert "## SLO status" in md and "| p_e2e | >= 90.0% |" in md and "breached" in md
     assert "## Anomalies" in md and "| unknown_unresolved |" in md
     assert re.search(r"P\(end to end\) \| [\d.]+% \| [\d.]+% \| [-+][\d.]+ pp", md)
+    # the pair and mode tables, rolled up from one split, equal funnel() by that dimension
+    week = Window(start=W47 + timedelta(days=7), end=AS_OF - timedelta(days=1), as_of=AS_OF)
+    for r in funnel(chdb_client, database=db, window=week, by=("mode",)).itertuples():
+        row = f"| {r.mode or '(none)'} | {r.settled} | {fmt_rate(r.p_e2e)} | {fmt_rate(r.escalation_rate)} |"
+        assert row in md
+    pairs = funnel(chdb_client, database=db, window=week, by=("pair",))
+    ranked = pairs[pairs["settled"] >= 5]
+    assert 0 < len(ranked) <= 10  # the report lists the 10 worst: here all of them
+    for r in ranked.itertuples():
+        assert f"| {r.pair} | {r.settled} | {fmt_rate(r.p_e2e)} | {fmt_rate(r.p_accept)} |" in md
 
 
 def test_html_report_is_self_contained(chdb_client, db, tmp_path):

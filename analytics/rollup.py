@@ -1,9 +1,12 @@
 """Roll a split funnel up to coarser groups: sum the counts, recompute the rates (pure).
 
-Why: one `funnel(by=("tenant",), bucket=...)` query gives the Overview its tiles, its trend
-and the tenant list, and switching tenant needs no new query. Every count column of
-analytics.funnel is a sum over handoffs, and each handoff lies in exactly one (tenant,
-bucket) group, so sums of groups are exact. Rates come from analytics.metrics.RATES, the
+Why: one split funnel query serves several views of the same cohort. The dashboard's
+Overview reads `funnel(by=("tenant",), bucket=...)` for its tiles, trend and tenant list
+(switching tenant needs no new query), the Slices page one split by pair, mode, topology
+and protocol, the weekly report one by pair, mode and day. Every count column of
+analytics.funnel is a sum over handoffs, and each handoff lies in exactly one group of a
+split by single-valued dimensions (not capability: one row per capability), so sums of
+groups are exact. Rates come from analytics.metrics.RATES, the
 metric contract's one table; tests compare the result with analytics.funnel itself.
 """
 
