@@ -8,6 +8,8 @@ arguments; rates with an empty denominator are NaN (shown "—"), never 0.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final
 
 import pandas as pd
@@ -22,6 +24,7 @@ from analytics._common import (
     check_dims,
     cohort_sql,
     dim_expr,
+    ts,
 )
 
 if TYPE_CHECKING:
@@ -35,6 +38,7 @@ __all__ = [
     "add_rates",
     "find_handoffs",
     "funnel",
+    "funnel_windows",
     "handoffs_behind",
     "latencies",
     "rate",
@@ -69,6 +73,19 @@ RATES: Final = {
 RATE_COLUMNS: Final = tuple(RATES)
 #: cohort-row condition of `verified`: K (committed with evidence) and read back (verified)
 _VERIFIED: Final = f"is_k AND {cs.has('tmask', cs.reached_mask('verified'))}"
+
+#: the funnel's count columns over cohort rows (analytics._common.cohort_sql flags)
+_COUNTS_SQL: Final = f"""count() AS volume,
+    countIf(is_settled) AS settled,
+    countIf(NOT is_settled) AS in_flight,
+    countIf(is_settled AND is_a) AS accepted,
+    countIf(is_settled AND is_e) AS executed,
+    countIf(is_settled AND is_v) AS evidenced,
+    countIf(is_settled AND is_k) AS committed,
+    countIf(is_settled AND {_VERIFIED}) AS verified,
+    countIf(is_settled AND is_unk) AS unknown,
+    countIf(is_settled AND is_esc) AS escalated,
+    countIf(is_unresolved) AS unresolved_now"""
 
 #: handoffs_behind stages -> SQL condition over the cohort flags (see analytics._common).
 STAGES: Final = {
@@ -185,17 +202,7 @@ def funnel(
     group = _group_clause(group_keys, keys)
     sql = f"""
 SELECT {"".join(s + ", " for s in sel)}
-    count() AS volume,
-    countIf(is_settled) AS settled,
-    countIf(NOT is_settled) AS in_flight,
-    countIf(is_settled AND is_a) AS accepted,
-    countIf(is_settled AND is_e) AS executed,
-    countIf(is_settled AND is_v) AS evidenced,
-    countIf(is_settled AND is_k) AS committed,
-    countIf(is_settled AND {_VERIFIED}) AS verified,
-    countIf(is_settled AND is_unk) AS unknown,
-    countIf(is_settled AND is_esc) AS escalated,
-    countIf(is_unresolved) AS unresolved_now
+    {_COUNTS_SQL}
 FROM ({cohort_sql(db, window, tenant_param=tenant is not None, extra=_dim_columns(by))})
 {group}
 """
@@ -205,6 +212,56 @@ FROM ({cohort_sql(db, window, tenant_param=tenant is not None, extra=_dim_column
     elif df.empty:  # the client returns no columns for an empty result: shape it
         df = _empty(keys, COUNT_COLUMNS)
     return _with_rates(df, keys)
+
+
+def funnel_windows(
+    client: Client,
+    *,
+    database: str | None = None,
+    as_of: datetime,
+    lengths: Iterable[timedelta],
+    by=(),
+    tenant: str | None = None,
+) -> dict[timedelta, pd.DataFrame]:
+    """funnel(window=[as_of - length, as_of) with clock as_of, by, tenant) for each length,
+    from one query: the longest window's cohort, each handoff counted in the shortest
+    window holding it (its ring), and each window the sum of the rings inside it (counts
+    are sums over handoffs, and the settle rule's clock is as_of for every window).
+    Columns as funnel's; ValueError for a length <= 0 or an unknown dimension."""
+    db = check_db(database)
+    by = check_dims(by)
+    if "capability" in by:
+        raise ValueError("funnel_windows: capability puts a handoff in several rows; use funnel")
+    rings = sorted(set(lengths))
+    if not rings or rings[0] <= timedelta(0):
+        raise ValueError(f"lengths must be > 0, got {sorted(rings)!r}")
+    sel, group_keys, keys = _group_select(by, None)
+    starts = [ts(as_of - r) for r in rings]
+    ring = "multiIf(" + "".join(f"created >= {t}, {i}, " for i, t in enumerate(starts)) + "-1)"
+    widest = Window(start=as_of - rings[-1], end=as_of, as_of=as_of)
+    cohort = cohort_sql(db, widest, tenant_param=tenant is not None, extra=_dim_columns(by))
+    sql = f"""
+SELECT {"".join(s + ", " for s in sel)} {ring} AS ring,
+    {_COUNTS_SQL}
+FROM ({cohort})
+GROUP BY {", ".join([*group_keys, "ring"])}
+"""
+    split = client.query_df(sql, parameters=_params(tenant))
+    out: dict[timedelta, pd.DataFrame] = {}
+    for i, length in enumerate(rings):
+        inside = split[split["ring"] <= i] if len(split) else split
+        if not len(inside):
+            df = (
+                pd.DataFrame([dict.fromkeys(COUNT_COLUMNS, 0)])
+                if not keys
+                else _empty(keys, COUNT_COLUMNS)
+            )
+        elif keys:
+            df = inside.groupby(keys, sort=True, as_index=False)[list(COUNT_COLUMNS)].sum()
+        else:
+            df = pd.DataFrame([{c: int(inside[c].sum()) for c in COUNT_COLUMNS}])
+        out[length] = _with_rates(df, keys)
+    return out
 
 
 def _empty(keys: list[str], columns) -> pd.DataFrame:

@@ -1,4 +1,4 @@
-"""The SLO counts from the store: the existing funnel and anomaly loaders, one window each.
+"""The SLO counts from the store: every window's funnel from one query, anomalies per window.
 
 Every window ends at as_of and is a created-time cohort [as_of - length, as_of) with as_of
 as the clock of the settle rule, so ratios and rates count settled handoffs only (a handoff
@@ -37,22 +37,27 @@ def _row(df, where: dict[str, str]) -> dict[str, float]:
 def window_counts(
     client: Client, rule: Rule, *, as_of: datetime, database: str | None = None
 ) -> dict[timedelta, Counts]:
-    """Counts of `rule`'s objective for each of rule.windows() ending at as_of (aware UTC)."""
-    from analytics.metrics import funnel, handoffs_behind
+    """Counts of `rule`'s objective for each of rule.windows() ending at as_of (aware UTC):
+    every window's funnel from one query (analytics.metrics.funnel_windows); an anomaly
+    objective's flagged handoffs one query per window."""
+    from analytics.metrics import funnel_windows, handoffs_behind
 
     where = dict(rule.where)
     tenant = where.pop("tenant", None)
     by = tuple(where)
+    lengths = rule.windows()
+    frames = funnel_windows(
+        client, database=database, as_of=as_of, lengths=lengths, by=by, tenant=tenant
+    )
     out: dict[timedelta, Counts] = {}
-    for length in rule.windows():
-        w = Window(start=as_of - length, end=as_of, as_of=as_of)
-        row = _row(funnel(client, database=database, window=w, by=by, tenant=tenant), where)
+    for length in lengths:
+        row = _row(frames[length], where)
         kind = rule.anomaly_kind
         if kind is not None:
             flagged = handoffs_behind(
                 client,
                 database=database,
-                window=w,
+                window=Window(start=as_of - length, end=as_of, as_of=as_of),
                 stage="all",
                 tenant=tenant,
                 filters=where or None,

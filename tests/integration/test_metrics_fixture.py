@@ -13,6 +13,7 @@ import re
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
+import pandas as pd
 import pytest
 from analytics_seed import T, create, seed
 
@@ -22,6 +23,7 @@ from analytics import (
     anomalies,
     find_handoffs,
     funnel,
+    funnel_windows,
     handoffs_behind,
     latencies,
     task_stats,
@@ -224,6 +226,29 @@ def test_a_window_without_creates_counts_only_its_orphans(chdb_client, reader, d
     # the same with a tenant that sent nothing at all, and for a subset of kinds
     none = anomalies(reader, database=db, window=WINDOW, tenant="nobody", kinds=["bounce"])
     assert none.to_dict(orient="records")[0]["count"] == 0
+
+
+@pytest.mark.parametrize(
+    ("by", "tenant"), [((), None), (("mode",), "default"), (("pair", "topology"), None)]
+)
+def test_funnel_windows_equal_one_funnel_per_window(reader, db, by, tenant):
+    """Every window ending at as_of from one query equals funnel() of that window: the
+    rings cut the fixture's handoffs (created over the first 50 s and 100 s before) apart."""
+    as_of = T0 + timedelta(seconds=60)
+    lengths = [timedelta(seconds=n) for n in (5, 30, 55, 58, 61, 3600)] + [timedelta(days=2)]
+    got = funnel_windows(reader, database=db, as_of=as_of, lengths=lengths, by=by, tenant=tenant)
+    assert list(got) == lengths
+    volumes = []
+    for length in lengths:
+        w = Window(start=as_of - length, end=as_of, as_of=as_of)
+        want = funnel(reader, database=db, window=w, by=by, tenant=tenant)
+        pd.testing.assert_frame_equal(got[length], want, check_dtype=False)
+        volumes.append(int(want["volume"].sum()))
+    assert len(set(volumes)) >= 4, volumes  # the windows differ
+    with pytest.raises(ValueError, match="lengths must be > 0"):
+        funnel_windows(reader, database=db, as_of=as_of, lengths=[timedelta(0)])
+    with pytest.raises(ValueError, match="capability"):
+        funnel_windows(reader, database=db, as_of=as_of, lengths=lengths, by=("capability",))
 
 
 def test_slices_and_stages(reader, db):
