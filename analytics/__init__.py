@@ -27,6 +27,7 @@ if TYPE_CHECKING:
         handoffs_behind,
         latencies,
         task_stats,
+        tenants,
     )
     from analytics.report import weekly_report
     from analytics.spikes import rejection_spikes
@@ -51,6 +52,7 @@ _LAZY: dict[str, str] = {
     "handoffs_behind": "analytics.metrics",
     "latencies": "analytics.metrics",
     "task_stats": "analytics.metrics",
+    "tenants": "analytics.metrics",
     "weekly_report": "analytics.report",
     "queue_lag": "analytics.topology",
     "task_fan_out": "analytics.topology",
@@ -82,6 +84,7 @@ __all__ = [
     "rejection_spikes",
     "task_fan_out",
     "task_stats",
+    "tenants",
     "topology_cards",
     "unknown_fields",
     "verify_package",

@@ -43,6 +43,7 @@ __all__ = [
     "latencies",
     "rate",
     "task_stats",
+    "tenants",
 ]
 
 COUNT_COLUMNS: Final = (
@@ -337,6 +338,17 @@ FROM ({cohort_sql(db, window, tenant_param=tenant is not None, extra=[*_dim_colu
             ]
         out[f"{name}_n"] = list(n)
     return out.reset_index(drop=True)
+
+
+def tenants(client: Client, *, database: str | None = None, window: Window) -> list[str]:
+    """Tenants with a handoff created in `window`, sorted: one read of handoff_summary's
+    tenant and created columns (no merge; a tenant whose only create row in the window
+    repeats an earlier create of the same handoff is listed too, with an empty funnel)."""
+    db = check_db(database)
+    sql = f"""SELECT DISTINCT tenant FROM {db}.handoff_summary
+WHERE created IS NOT NULL AND created >= {ts(window.start)} AND created < {ts(window.end)}
+ORDER BY tenant"""
+    return [str(r[0]) for r in client.query(sql).result_rows]
 
 
 def task_stats(

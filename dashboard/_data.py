@@ -42,6 +42,7 @@ __all__ = [
     "task_handoffs",
     "task_stats",
     "tenant_split",
+    "tenants",
     "verify_package",
     "weekly_report",
 ]
@@ -141,6 +142,12 @@ def tenant_split(
         if len(total) and int(total["volume"].sum()):
             raise
         return empty_split(("tenant", "bucket") if bucket else ("tenant",))
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False, max_entries=64)
+def tenants(store: str, database: str, start: str, end: str) -> list[str]:
+    """analytics.tenants: the tenant picker's list (one cheap read, no funnel)."""
+    return _call(analytics.tenants, store, database, window=_window(start, end, None))
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False, max_entries=64)

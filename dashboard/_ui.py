@@ -302,7 +302,7 @@ def pickers(src: _data.Source, page: str, *, tenant_picker: bool = True) -> Pick
     """Sidebar time-range and tenant pickers; query params from/to/as_of/tenant seed them.
 
     Shows a warning and stops the page on a bad custom time (naming the field) or an empty
-    range. The tenant list comes from the handoffs in the window.
+    range. The tenant list: the tenants with a handoff created in the window.
     """
     ss = st.session_state
     got = arrived_params(page, ("from", "to", "as_of", "tenant"))
@@ -340,11 +340,8 @@ def pickers(src: _data.Source, page: str, *, tenant_picker: bool = True) -> Pick
     tenant: str | None = None
     if tenant_picker:
         tenants: list[str] = []
-        span = Picked(start=start, end=end, as_of=as_of, tenant=None)
         try:
-            # the same cached query the Overview rolls up: the list costs nothing there
-            split = _data.tenant_split(src.store, src.database, *span.split_args())
-            tenants = sorted({str(t) for t in split["tenant"].tolist()})
+            tenants = _data.tenants(src.store, src.database, start.isoformat(), end.isoformat())
         except (_data.QueryFailed, ValueError, StoreUnavailable):
             # the list is a convenience: without it the page still works for all tenants
             sb.caption("(tenant list unavailable)")

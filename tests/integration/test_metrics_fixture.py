@@ -27,6 +27,7 @@ from analytics import (
     handoffs_behind,
     latencies,
     task_stats,
+    tenants,
 )
 
 T0 = datetime(2026, 11, 23, 10, 0, tzinfo=UTC)
@@ -249,6 +250,13 @@ def test_funnel_windows_equal_one_funnel_per_window(reader, db, by, tenant):
         funnel_windows(reader, database=db, as_of=as_of, lengths=[timedelta(0)])
     with pytest.raises(ValueError, match="capability"):
         funnel_windows(reader, database=db, as_of=as_of, lengths=lengths, by=("capability",))
+
+
+def test_tenants_are_those_with_a_handoff_created_in_the_window(reader, db):
+    assert tenants(reader, database=db, window=WINDOW) == ["acme", "default"]
+    before = Window(start=T0 - timedelta(seconds=200), end=T0)  # h26 only
+    assert tenants(reader, database=db, window=before) == ["default"]
+    assert tenants(reader, database=db, window=replace(WINDOW, start=WINDOW.end, end=WINDOW.end + timedelta(hours=1))) == []  # fmt: skip
 
 
 def test_slices_and_stages(reader, db):
