@@ -37,6 +37,7 @@ __all__ = [
     "SPIKE_MIN_SETTLED",
     "anomalies",
     "anomaly_handoff_ids",
+    "anomaly_sql",
     "backfill_task_index",
 ]
 
@@ -104,6 +105,14 @@ def _kind_sql(kind: str, db: str, window: Window, tenant: bool, sla_ms: int) -> 
         raise ValueError(f"unknown anomaly kind {kind!r}; choose from {', '.join(ANOMALY_KINDS)}")
     inner = pass_sql(KIND_PASS[kind], db, window, tenant=tenant, sla_ms=sla_ms)
     return f"SELECT handoff_id FROM ({inner}) WHERE {kind}"
+
+
+def anomaly_sql(
+    kind: str, db: str, window: Window, *, tenant: bool, unknown_sla_ms: int = UNKNOWN_SLA_MS
+) -> str:
+    """SQL of the handoff ids `kind` flags in the window's cohort (one row per flag, ids may
+    repeat; `{tenant:String}` a parameter when `tenant`). ValueError for an unknown kind."""
+    return _kind_sql(kind, check_db(db), window, tenant, unknown_sla_ms)
 
 
 def anomaly_handoff_ids(

@@ -418,13 +418,11 @@ def handoffs_behind(
     conds = [STAGES[stage], *_filters_sql(filters, params)]
     extra = ["task_id", "from_agent", "to_agent", *_dim_columns(tuple(filters or ()))]
     if anomaly is not None:
-        from analytics.anomalies import anomaly_handoff_ids
+        from analytics.anomalies import anomaly_sql
 
-        ids = anomaly_handoff_ids(
-            client, database=db, window=window, kind=anomaly, tenant=tenant, limit=100_000
-        )
-        params["anomaly_ids"] = ids
-        conds.append("handoff_id IN {anomaly_ids:Array(String)}")
+        # the kind's flagged ids as a set built in the same query (no id list round trip)
+        flagged = anomaly_sql(anomaly, db, window, tenant=tenant is not None)
+        conds.append(f"handoff_id IN ({flagged})")
     sql = f"""
 SELECT {", ".join(_LIST_COLUMNS)}
 FROM ({cohort_sql(db, window, tenant_param=tenant is not None, extra=extra, last_state=True)})
