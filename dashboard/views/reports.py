@@ -5,6 +5,7 @@ from datetime import UTC, date, datetime, timedelta
 
 import streamlit as st
 
+from analytics.rollup import rollup
 from dashboard import _charts, _data, _ui
 
 WEEKS_BACK = 12
@@ -47,14 +48,12 @@ if week == weeks[0]:
     st.caption("This week is not over yet: its numbers are partial.")
 
 with _ui.guard():
-    total = _data.funnel(src.store, src.database, start.isoformat(), end.isoformat(), None)
-if not len(total) or not total["volume"].sum():
-    st.info(f"No handoffs were created in {week}. Pick another week.", icon=":material/inbox:")
-    st.stop()
-with _ui.guard():
     daily = _data.funnel(
         src.store, src.database, start.isoformat(), end.isoformat(), None, bucket="day"
     )
+if not len(daily) or not rollup(daily)["volume"].sum():
+    st.info(f"No handoffs were created in {week}. Pick another week.", icon=":material/inbox:")
+    st.stop()
 st.plotly_chart(_charts.trend_figure(daily, bucket="day", x_range=(start, end)), key="rp_trend")
 
 with _ui.guard():

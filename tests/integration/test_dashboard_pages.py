@@ -229,6 +229,8 @@ def test_empty_store_says_so(monkeypatch, chdb_path, fresh_db):
     for page in ("views/slices.py", "views/anomalies.py", "views/reports.py", "views/graph.py"):
         at.switch_page(page).run()
         assert not at.exception, page
+        if page == "views/reports.py":
+            assert "No handoffs were created in 20" in _texts(at.info)
     assert "No handoffs were created in this window" in _texts(at.info)  # the graph page too
 
 
