@@ -6,7 +6,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-__all__ = ["key_value", "request_json", "request_protobuf", "span_json", "transition"]
+__all__ = [
+    "create_spans",
+    "key_value",
+    "request_json",
+    "request_protobuf",
+    "span_json",
+    "transition",
+]
 
 if TYPE_CHECKING:
     from opentelemetry.proto.common.v1.common_pb2 import KeyValue
@@ -98,6 +105,24 @@ def request_protobuf(spans: list[dict], *, service: str = "test-agent") -> bytes
                 for key in ("traceId", "spanId", "parentSpanId"):
                     sp[key] = base64.b64encode(bytes.fromhex(sp[key])).decode()
     return ParseDict(doc, ExportTraceServiceRequest()).SerializeToString()
+
+
+def create_spans(k: int, n: int, *, prefix: str = "h", start_ns: int = 0) -> list[dict]:
+    """Spans (span_json) of `n` create transitions, request `k` of a series: handoff ids
+    `{prefix}-{k}-{i}`, trace and span ids unique across the series (k < 2**32), start times
+    start_ns + i (0: now)."""
+    import time
+
+    t0 = start_ns or time.time_ns()
+    return [
+        span_json(
+            trace_id=f"{k + 1:08x}{i + 1:024x}",
+            span_id=f"{k + 1:08x}{i + 1:08x}",
+            attributes=transition(f"{prefix}-{k}-{i}", "create", "", "created"),
+            start_ns=t0 + i,
+        )
+        for i in range(n)
+    ]
 
 
 def transition(

@@ -5,29 +5,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 
 import pytest
 import requests
 
 from ingest import ingest_requests, verify_chain
-from ingest.testing import request_protobuf, span_json, transition
+from ingest.testing import create_spans, request_protobuf
 
 
 def _requests(n: int):
-    out = []
-    for k in range(n):
-        spans = [
-            span_json(
-                trace_id=f"{k + 1:08x}{i + 1:024x}",
-                span_id=f"{k + 1:08x}{i + 1:08x}",
-                attributes=transition(f"h-{k}-{i}", "create", "", "created"),
-                start_ns=time.time_ns(),
-            )
-            for i in range(3)
-        ]
-        out.append(("protobuf", request_protobuf(spans), f"request {k}"))
-    return out
+    return [("protobuf", request_protobuf(create_spans(k, 3)), f"request {k}") for k in range(n)]
 
 
 @pytest.fixture

@@ -21,24 +21,14 @@ from ingest._service import Ingestor
 from ingest._spool import Spool
 from ingest._verify import verify_chain
 from ingest.chdb import Stager
-from ingest.testing import request_protobuf, span_json, transition
+from ingest.testing import create_spans, request_protobuf
 from tests.integration._store_writers import Held
 
 _PER_REQUEST = 2_500  # 4 requests: 10,000 spans, above the planner's PAIR_MIN_SPANS
 
 
 def _body(k: int) -> bytes:
-    now = time.time_ns()
-    spans = [
-        span_json(
-            trace_id=f"{k + 1:08x}{i + 1:024x}",
-            span_id=f"{k + 1:08x}{i + 1:08x}",
-            attributes=transition(f"h-pair-{k}-{i}", "create", "", "created"),
-            start_ns=now + i,
-        )
-        for i in range(_PER_REQUEST)
-    ]
-    return request_protobuf(spans)
+    return request_protobuf(create_spans(k, _PER_REQUEST, prefix="h-pair"))
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ meanwhile are taken in one round (tests/integration/_store_writers.Gated).
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -17,25 +16,14 @@ from foundation.store import StoreSpec, connect
 from ingest import Ingestor, Spool, verify_chain
 from ingest._decode import PROTOBUF
 from ingest.chdb import Stager
-from ingest.testing import request_protobuf, span_json, transition
+from ingest.testing import create_spans, request_protobuf, transition
 from tests.integration._store_writers import Gated
 
 _SPANS = 4
 
 
 def _body(k: int) -> bytes:
-    now = time.time_ns()
-    return request_protobuf(
-        [
-            span_json(
-                trace_id=f"{k + 1:08x}{i + 1:024x}",
-                span_id=f"{k + 1:08x}{i + 1:08x}",
-                attributes=transition(f"h-ten-{k}-{i}", "create", "", "created"),
-                start_ns=now + i,
-            )
-            for i in range(_SPANS)
-        ]
-    )
+    return request_protobuf(create_spans(k, _SPANS, prefix="h-ten"))
 
 
 @pytest.fixture(params=["python", "chdb"])

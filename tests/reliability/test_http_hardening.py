@@ -13,7 +13,6 @@ import gzip
 import json
 import random
 import socket
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -24,7 +23,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from ingest.testing import request_json, request_protobuf, span_json, transition
+from ingest.testing import create_spans, request_json, request_protobuf
 from serve.testing import start_serve
 from tests.reliability._helpers import ACME, JS, PB, explains
 
@@ -48,16 +47,7 @@ def hard_serve(tmp_path_factory):
 
 
 def _spans(n: int, prefix: str) -> list[dict]:
-    now = time.time_ns()
-    return [
-        span_json(
-            trace_id=f"{_rng.getrandbits(128) | 1:032x}",
-            span_id=f"{_rng.getrandbits(64) | 1:016x}",
-            attributes=transition(f"{prefix}-{_rng.getrandbits(48):012x}", "create", "", "created"),
-            start_ns=now + i,
-        )
-        for i in range(n)
-    ]
+    return create_spans(_rng.getrandbits(31), n, prefix=prefix)  # ids new in every call
 
 
 def _ids(spans: list[dict]) -> list[str]:
