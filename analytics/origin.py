@@ -58,7 +58,8 @@ def origin_sql(db: str, window: Window, *, tenant_param: bool, adapters: bool = 
     """SQL of one row per handoff created in `window` that is not from the shim: tenant,
     handoff_id, origin (a handoff it leaves out is `shim`). Only the create rows that carry
     `handoff.derived_by`, or whose parent span is one of the window's adapter spans, are
-    grouped: the adapter spans are few (one run span per agent run), so they are found
+    grouped (`derived`: the typed flag of sql/012, so no other row's map is read); the
+    adapter spans are few (one run span per agent run), so they are found
     first and the create rows are matched against them by (trace, parent span), in PREWHERE:
     the attribute map's values are read for the matching rows only. `adapters` False: the
     window has no adapter span (the caller checked), so no create row's trace and parent
@@ -77,7 +78,7 @@ FROM (
         any(trace_id) AS create_trace, any(parent_span_id) AS create_parent
     FROM {db}.handoff_transitions
     PREWHERE event = 'create' AND time >= {start} AND time < {end} {tenant_and}
-        AND (mapContains(attributes, '{DERIVED_BY}'){matched if adapters else ""})
+        AND (derived{matched if adapters else ""})
     GROUP BY tenant, handoff_id
 ) AS t
 LEFT JOIN adapter_spans AS p ON p.TraceId = t.create_trace AND p.SpanId = t.create_parent
