@@ -26,6 +26,7 @@ from analytics._common import (
     dim_expr,
     ts,
 )
+from analytics.rollup import COUNT_COLUMNS, RATE_COLUMNS, RATES, add_rates, rate, rollup
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
@@ -46,32 +47,6 @@ __all__ = [
     "tenants",
 ]
 
-COUNT_COLUMNS: Final = (
-    "settled",
-    "in_flight",
-    "accepted",
-    "executed",
-    "evidenced",
-    "committed",
-    "verified",
-    "unknown",
-    "escalated",
-    "unresolved_now",
-    "volume",
-)
-#: rate column -> (numerator count, denominator count), the metric contract's one table
-#: (docs/metrics.md); an empty denominator gives NaN. The dashboard's roll-ups use it too.
-RATES: Final = {
-    "p_accept": ("accepted", "settled"),
-    "p_execute": ("executed", "accepted"),
-    "p_evidence": ("evidenced", "executed"),
-    "p_commit": ("committed", "evidenced"),
-    "p_e2e": ("committed", "settled"),
-    "p_verify": ("verified", "committed"),
-    "unknown_rate": ("unknown", "settled"),
-    "escalation_rate": ("escalated", "settled"),
-}
-RATE_COLUMNS: Final = tuple(RATES)
 #: cohort-row condition of `verified`: K (committed with evidence) and read back (verified)
 _VERIFIED: Final = f"is_k AND {cs.has('tmask', cs.reached_mask('verified'))}"
 
@@ -130,23 +105,6 @@ _LAT_COLUMNS: Final = (
 
 def _dim_columns(by: tuple[str, ...]) -> list[str]:
     return [c for d in by if d in DIM_COLUMNS for c in DIM_COLUMNS[d]]
-
-
-def rate(num: float, den: float) -> float:
-    """num/den, or NaN when den is 0 (an undefined rate is never shown as 0)."""
-    return float(num) / float(den) if den else math.nan
-
-
-def add_rates(df: pd.DataFrame) -> pd.DataFrame:
-    """Set every rate column of `df` (float64, NaN where undefined) from its count columns,
-    as RATES says; returns `df`."""
-    for col, (num, den) in RATES.items():
-        df[col] = pd.Series(
-            [rate(n, d) for n, d in zip(df[num], df[den], strict=True)],
-            index=df.index,
-            dtype="float64",
-        )
-    return df
 
 
 def _params(tenant: str | None) -> dict[str, Any]:
@@ -248,21 +206,10 @@ FROM ({cohort})
 GROUP BY {", ".join([*group_keys, "ring"])}
 """
     split = client.query_df(sql, parameters=_params(tenant))
-    out: dict[timedelta, pd.DataFrame] = {}
-    for i, length in enumerate(rings):
-        inside = split[split["ring"] <= i] if len(split) else split
-        if not len(inside):
-            df = (
-                pd.DataFrame([dict.fromkeys(COUNT_COLUMNS, 0)])
-                if not keys
-                else _empty(keys, COUNT_COLUMNS)
-            )
-        elif keys:
-            df = inside.groupby(keys, sort=True, as_index=False)[list(COUNT_COLUMNS)].sum()
-        else:
-            df = pd.DataFrame([{c: int(inside[c].sum()) for c in COUNT_COLUMNS}])
-        out[length] = _with_rates(df, keys)
-    return out
+    return {
+        length: rollup(split[split["ring"] <= i] if len(split) else split, tuple(keys))
+        for i, length in enumerate(rings)
+    }
 
 
 def _empty(keys: list[str], columns) -> pd.DataFrame:

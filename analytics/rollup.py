@@ -1,22 +1,69 @@
-"""Roll a split funnel up to coarser groups: sum the counts, recompute the rates (pure).
+"""The funnel's count and rate columns, the metric contract's one rate table, and roll-ups
+of a split funnel to coarser groups: sum the counts, recompute the rates (pure).
 
 Why: one split funnel query serves several views of the same cohort. The dashboard's
-Overview reads `funnel(by=("tenant",), bucket=...)` for its tiles, trend and tenant list
-(switching tenant needs no new query), the Slices page one split by pair, mode, topology
-and protocol, the weekly report one by pair, mode and day. Every count column of
+Overview reads `funnel(by=("tenant",), bucket=...)` for its tiles and trend (switching
+tenant needs no new query), the Slices page one split by pair, mode, topology and protocol,
+the weekly report one by pair, mode and day, and the SLO windows one split by ring
+(analytics.metrics.funnel_windows). Every count column of
 analytics.funnel is a sum over handoffs, and each handoff lies in exactly one group of a
 split by single-valued dimensions (not capability: one row per capability), so sums of
-groups are exact. Rates come from analytics.metrics.RATES, the
-metric contract's one table; tests compare the result with analytics.funnel itself.
+groups are exact. Rates come from RATES below (analytics.metrics re-exports the table);
+tests compare the result with analytics.funnel itself.
 """
 
 from __future__ import annotations
 
+import math
+from typing import Final
+
 import pandas as pd
 
-from analytics.metrics import COUNT_COLUMNS, RATE_COLUMNS, add_rates
+__all__ = ["COUNT_COLUMNS", "RATES", "RATE_COLUMNS", "add_rates", "empty_split", "rate", "rollup"]
 
-__all__ = ["empty_split", "rollup"]
+COUNT_COLUMNS: Final = (
+    "settled",
+    "in_flight",
+    "accepted",
+    "executed",
+    "evidenced",
+    "committed",
+    "verified",
+    "unknown",
+    "escalated",
+    "unresolved_now",
+    "volume",
+)
+#: rate column -> (numerator count, denominator count), the metric contract's one table
+#: (docs/metrics.md); an empty denominator gives NaN. funnel() and every roll-up use it.
+RATES: Final = {
+    "p_accept": ("accepted", "settled"),
+    "p_execute": ("executed", "accepted"),
+    "p_evidence": ("evidenced", "executed"),
+    "p_commit": ("committed", "evidenced"),
+    "p_e2e": ("committed", "settled"),
+    "p_verify": ("verified", "committed"),
+    "unknown_rate": ("unknown", "settled"),
+    "escalation_rate": ("escalated", "settled"),
+}
+RATE_COLUMNS: Final = tuple(RATES)
+
+
+def rate(num: float, den: float) -> float:
+    """num/den, or NaN when den is 0 (an undefined rate is never shown as 0)."""
+    return float(num) / float(den) if den else math.nan
+
+
+def add_rates(df: pd.DataFrame) -> pd.DataFrame:
+    """Set every rate column of `df` (float64, NaN where undefined) from its count columns,
+    as RATES says; returns `df`."""
+    for col, (num, den) in RATES.items():
+        df[col] = pd.Series(
+            [rate(n, d) for n, d in zip(df[num], df[den], strict=True)],
+            index=df.index,
+            dtype="float64",
+        )
+    return df
 
 
 def empty_split(keys: tuple[str, ...]) -> pd.DataFrame:

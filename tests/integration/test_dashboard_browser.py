@@ -196,9 +196,11 @@ def _click_an_edge(page) -> list[str]:
         return [
             f"graph: clicking an edge did not open the pair ({exc}):\n{page.inner_text('body')[:1500]}"
         ]
-    page.screenshot(path=str(SHOTS / "graph-pair.png"), full_page=True)
-    if not page.locator('[data-testid="stDataFrame"]').count():
+    try:  # the pair's handoffs come from a query of their own: wait for the table
+        page.locator('[data-testid="stDataFrame"]').first.wait_for(timeout=PAGE_TIMEOUT_MS)
+    except Exception:
         return ["graph: the clicked pair shows no handoffs table"]
+    page.screenshot(path=str(SHOTS / "graph-pair.png"), full_page=True)
     return []
 
 

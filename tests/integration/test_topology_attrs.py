@@ -13,6 +13,7 @@ from analytics import Window, anomalies
 from analytics._topology_sql import PASSES, TOPOLOGY_ATTRS_FILE, render_topology_attrs_ddl
 from collector import semconv as sc
 from foundation.store import SQL_DIR, apply_schema
+from tests.integration._schema_before import merge_transitions, store_before
 
 T0 = datetime(2026, 11, 20, 9, 0, tzinfo=UTC)
 W = Window(
@@ -91,22 +92,13 @@ def test_the_flag_marks_exactly_the_rows_with_topology_attributes(chdb_client, f
 def test_a_store_from_before_the_column_flags_its_old_rows(chdb_client, fresh_db):
     seed(chdb_client, fresh_db, _rows(), ledger=False)
     want = _kinds(chdb_client, fresh_db)
-    old = f"{fresh_db}_old"
-    apply_schema(chdb_client, old)
-    chdb_client.command(f"ALTER TABLE {old}.handoff_transitions DROP COLUMN topology_attrs")
-    chdb_client.command(
-        f"ALTER TABLE {old}.schema_version DELETE WHERE file = '{TOPOLOGY_ATTRS_FILE}' "
-        "SETTINGS mutations_sync = 2"
-    )
-    try:
+    with store_before(
+        chdb_client, fresh_db, file=TOPOLOGY_ATTRS_FILE, column="topology_attrs"
+    ) as old:
         seed(chdb_client, old, _rows(), ledger=False)
         assert apply_schema(chdb_client, old) == [TOPOLOGY_ATTRS_FILE]
         assert _kinds(chdb_client, old) == want  # before and after the mutation is done
-        chdb_client.command(
-            f"OPTIMIZE TABLE {old}.handoff_transitions FINAL SETTINGS mutations_sync = 2"
-        )
+        merge_transitions(chdb_client, old)
         assert _flags(chdb_client, old) == _flags(chdb_client, fresh_db)
         assert _kinds(chdb_client, old) == want
         assert want["consumer_lag"][0] == want["command_replayed"][0] == 1
-    finally:
-        chdb_client.command(f"DROP DATABASE IF EXISTS {old} SYNC")
