@@ -108,7 +108,7 @@ def rejections(
 ) -> list[Rejection]:
     """The cohort's rejected handoffs by error code (see the module doc), sliced by one
     dimension of DIMENSIONS when `by` is given (Rejection.group holds its value; with
-    `capability` a handoff counts under each of its capabilities). Two queries, no pandas.
+    `capability` a handoff counts under each of its capabilities). One query, no pandas.
     ValueError for an unknown dimension or examples < 0."""
     db = check_db(database)
     dims = check_dims(() if by is None else (by,))
@@ -119,29 +119,37 @@ def rejections(
     params: dict[str, Any] = {"tenant": tenant} if t else {}
     cohort = cohort_sql(db, window, tenant_param=t, extra=extra)
     grp = dim_expr(dims[0]) if dims else "''"
-    settled_rows = client.query(
-        f"SELECT {grp} AS grp, count() FROM ({cohort}) WHERE is_settled GROUP BY grp",
-        parameters=params,
-    ).result_rows
     keep = max(1, 2 * int(examples))
     rejected = f"is_settled AND {cs.has('tmask', cs.REJECTED_MASK)}"
-    sql = f"""SELECT grp, raw, count() AS n, groupArraySorted({keep})(handoff_id) AS ex
+    # one read of the cohort: per group its settled handoffs and its rejected ones, which
+    # alone (few) are then joined to their reject rows; a group without a rejected handoff
+    # keeps one row (LEFT ARRAY JOIN) for its settled count
+    sql = f"""SELECT grp, settled, raw, countIf(handoff_id != '') AS n,
+    groupArraySortedIf({keep})(handoff_id, handoff_id != '') AS ex
 FROM (
-    SELECT {grp} AS grp, c.handoff_id AS handoff_id, r.raw AS raw
-    FROM (SELECT * FROM ({cohort}) WHERE {rejected}) AS c
+    SELECT g.grp AS grp, g.settled AS settled, g.rej.2 AS handoff_id, r.raw AS raw
+    FROM (
+        SELECT grp, settled, rej FROM (
+            SELECT {grp} AS grp, countIf(is_settled) AS settled,
+                groupArrayIf((tenant, handoff_id), {rejected}) AS rejs
+            FROM ({cohort})
+            GROUP BY grp
+        ) LEFT ARRAY JOIN rejs AS rej
+    ) AS g
     LEFT JOIN (
-        -- every reject row (few: a reject is one row per rejected handoff): the join keeps
-        -- the cohort's; an IN on the cohort's ids would read the cohort a second time and
-        -- cost more than it saves (~3x at 10M transitions)
+        -- every reject row (few: a reject is one row per rejected handoff), joined to the
+        -- rejected handoffs only
         SELECT tenant, handoff_id, argMin(CAST(error_code, 'String'), (time, span_id)) AS raw
         FROM {db}.handoff_transitions
         PREWHERE event = 'reject'
         WHERE {_REJECT}
         GROUP BY tenant, handoff_id
-    ) AS r ON r.tenant = c.tenant AND r.handoff_id = c.handoff_id
+    ) AS r ON r.tenant = g.rej.1 AND r.handoff_id = g.rej.2
 )
-GROUP BY grp, raw"""
+GROUP BY grp, settled, raw
+SETTINGS join_use_nulls = 0"""
     rows = client.query(sql, parameters=params).result_rows
     key = (lambda g: str(g)) if dims else (lambda _g: None)
-    settled = {key(g): int(n) for g, n in settled_rows}
-    return group_codes(((key(g), raw, n, ex) for g, raw, n, ex in rows), settled, examples=examples)
+    settled = {key(g): int(n_settled) for g, n_settled, _raw, _n, _ex in rows}
+    found = ((key(g), raw, n, ex) for g, _s, raw, n, ex in rows if n)
+    return group_codes(found, settled, examples=examples)
