@@ -340,6 +340,10 @@ def test_bad_arguments_name_the_field(reader, db):
         Window(start=T0, end=T0)
     with pytest.raises(ValueError, match="database name"):
         funnel(reader, database="x; DROP", window=WINDOW)
+    with pytest.raises(ValueError, match="database name"):
+        tenants(reader, database="x; DROP", window=WINDOW)
+    with pytest.raises(ValueError, match="dimension 'colour'"):
+        funnel_windows(reader, database=db, as_of=T0, lengths=[timedelta(hours=1)], by=("colour",))
 
 
 def test_cli_metrics_and_anomalies(chdb_client, db, chdb_path, capsys):
