@@ -279,7 +279,9 @@ def _e2e(
     )
     print(
         f"requests decoded by chDB: {health['sql_decoded']} in {health['sql_decode_queries']} "
-        f"queries, declined: {health['sql_declined']}"
+        f"queries, {health.get('sql_decode_rounds', 0)} round trips "
+        f"({health['sql_decoded'] / max(health.get('sql_decode_rounds', 0), 1):.1f} requests "
+        f"per round), declined: {health['sql_declined']}"
     )
     return {
         "e2e": total / e2e_s,

@@ -356,8 +356,11 @@ def test_the_sql_decoder_took_the_clean_requests_and_declined_the_rest(serve, re
     if request.node.callspec.params["serve"] == "sql":
         # clean protobuf requests went through chDB; bad ones were declined to Python
         assert health["sql_decoded"] >= 3 and health["sql_declined"] >= 3, health
+        # each round trip decodes one request or several queued together
+        sent = health["sql_decoded"] + health["sql_declined"]
+        assert 1 <= health["sql_decode_rounds"] <= sent, health
     else:  # auto: these small requests stay in Python
-        assert health["sql_decoded"] == 0, health
+        assert health["sql_decoded"] == 0 and health["sql_decode_rounds"] == 0, health
 
 
 @pytest.mark.parametrize(
