@@ -53,15 +53,33 @@ def _iso(dt: datetime) -> str:
     return dt.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+_BACKFILL = timedelta(days=2)  # --backfill-days 2
+
+
+def _busy_hours(t0: datetime) -> tuple[datetime, datetime]:
+    """Six hours around the simulator's daily peak (14:00 UTC) inside the backfill, the last
+    that ends 3 h before t0. At night a group sees ~1 handoff an hour, below the spike
+    detector's minimum of 5 settled, so an outage there cannot show whatever the code does."""
+    peak = t0.replace(hour=14, minute=0, second=0, microsecond=0)
+    while peak + timedelta(hours=3) > t0 - timedelta(hours=3):
+        peak -= timedelta(days=1)
+    return peak - timedelta(hours=3), peak + timedelta(hours=3)
+
+
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory):
     data = tmp_path_factory.mktemp("demo") / "handoffs-data"
     t0 = datetime.now(UTC)
+    start, end = _busy_hours(t0)
+    lo, hi = ((t - (t0 - _BACKFILL)) / _BACKFILL for t in (start, end))
     cmd = _demo_cmd(data, "--backfill-handoffs", "1500", "--duration", "15", "--rate", "5",
-                    "--outage", "coder:code.test@0.5-0.75", "--workers", "2")  # fmt: skip
+                    "--outage", f"coder:code.test@{lo:.4f}-{hi:.4f}", "--workers", "2")  # fmt: skip
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stdout + r.stderr
-    return {"data": data, "t0": t0, "stdout": r.stdout, "store": f"chdb://{data}"}
+    return {
+        "data": data, "t0": t0, "outage": (start, end), "stdout": r.stdout,
+        "store": f"chdb://{data}",
+    }  # fmt: skip
 
 
 def test_demo_prints_what_it_did_and_everything_was_exported(demo_run):
@@ -121,12 +139,12 @@ def test_every_injected_failure_mode_shows_in_anomalies(demo_run):
     ):
         assert got[kind] > 0, (kind, got)
     # the skill removed from the coder's Agent Card: a rejection spike inside its slice
-    t0 = demo_run["t0"]
+    start, end = demo_run["outage"]
     slice_ = [
         "--from",
-        _iso(t0 - timedelta(hours=23, minutes=50)),
+        _iso(start + timedelta(minutes=10)),
         "--to",
-        _iso(t0 - timedelta(hours=12, minutes=10)),
+        _iso(end - timedelta(minutes=10)),
     ]
     spike = {
         r["kind"]: r for r in _cli("anomalies", "--store", demo_run["store"], "--json", *slice_)
