@@ -41,8 +41,13 @@ def test_bench_runs_and_prints_its_result_line() -> None:
     # anonymous and file-backed memory reported apart
     assert re.search(r"serve peak memory: anonymous \d+ MB \(RssAnon\); file-backed \d+ MB", text)
     # the measured requests (~700 KB) take the SQL path, as does the warm-up request
-    decoded = re.search(r"requests decoded by chDB: (\d+) in \d+ queries, declined: 0", text)
+    decoded = re.search(
+        r"requests decoded by chDB: (\d+) in \d+ queries, (\d+) round trips "
+        r"\([\d.]+ requests per round\), declined: 0",
+        text,
+    )
     assert decoded and int(decoded.group(1)) >= 3, text
+    assert 1 <= int(decoded.group(2)) <= int(decoded.group(1)), text
     split = re.search(r"serve CPU by thread: (.*)", text)
     assert split and "decoding streams" in split.group(1), text
     assert re.search(r"machine during the run: \d+% idle, \d+% stolen", text), text
