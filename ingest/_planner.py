@@ -24,6 +24,10 @@ Rules (each has a unit test in tests/unit/test_write_planner.py):
   chDB-decoded requests at the head of the queue (not known, not in the
   group, up to GROUP_MAX_SPANS) are taken and written at once, in two halves from
   PAIR_MIN_SPANS, unless serve has no memory headroom.
+* decoder (`use_chdb_decoder`): a protobuf body of SQL_MIN_BYTES or more is decoded by
+  chDB; a smaller one too while chDB is receiving or decoding larger ones, so that it joins
+  their decoding round and their write (one write per round instead of one per decoder); a
+  stream of small requests alone stays on the Python decoder, cheaper per request.
 * failures (`on_failure`): see ingest._refusals for which errors are about the data; a
   refused group of several requests is split before anything is parked.
 """
@@ -52,6 +56,7 @@ __all__ = [
     "plan_round",
     "shape",
     "split_in_two",
+    "use_chdb_decoder",
 ]
 
 # spans per insert: 4x 5,000 (fewer parts: less fixed cost per write and fewer merges)
@@ -217,6 +222,15 @@ def follower_parts(followers: Sequence[Request]) -> tuple[tuple[Request, ...], .
     if len(ordered) > 1 and sum(x.spans for x in ordered) >= PAIR_MIN_SPANS:
         return split_in_two(ordered)
     return (ordered,) if ordered else ()
+
+
+def use_chdb_decoder(nbytes: int, *, min_bytes: int, chdb_busy: bool) -> bool:
+    """Whether chDB decodes a protobuf body of `nbytes` bytes (`min_bytes`: the size from
+    which it always does; `chdb_busy`: a request chDB will decode is being received or
+    decoded now). A small body decoded by Python is written as a group of its own, one
+    write more in that round (~0.1 s of fixed cost before the next round starts); joined
+    to chDB's, it shares the round's one write."""
+    return nbytes >= min_bytes or (chdb_busy and nbytes > 0)
 
 
 def on_failure(

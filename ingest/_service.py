@@ -27,7 +27,15 @@ from typing import TYPE_CHECKING, Any
 from foundation.ledger_instances import source_with
 from foundation.store import StoreUnavailable  # the store failing: answer 503
 from ingest._decode import PROTOBUF, DecodedBatch, decode_request
-from ingest._planner import Shape, keep_lingering, next_take, plan_round, shape, split_in_two
+from ingest._planner import (
+    Shape,
+    keep_lingering,
+    next_take,
+    plan_round,
+    shape,
+    split_in_two,
+    use_chdb_decoder,
+)
 from ingest._purge import Purger, anon_rss_bytes
 from ingest._shell import Arrivals, Overlap
 from ingest._spool import Spool
@@ -237,7 +245,13 @@ class Ingestor:
         Both give the same stored rows; the Python decoder also gives the reject messages
         and raises DecodeError for a bad body.
         """
-        if self.stager is not None and fmt == PROTOBUF and len(body) >= self.sql_min_bytes:
+        if (
+            self.stager is not None
+            and fmt == PROTOBUF
+            and use_chdb_decoder(
+                len(body), min_bytes=self.sql_min_bytes, chdb_busy=self.stager.receiving()
+            )
+        ):
             staged = self.stager.stage(
                 body, batch_id=batch_id, received_at_ms=received, tenant=tenant
             )

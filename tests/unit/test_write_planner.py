@@ -21,6 +21,7 @@ from ingest._planner import (
     plan_round,
     shape,
     split_in_two,
+    use_chdb_decoder,
 )
 
 
@@ -217,3 +218,16 @@ def test_once_stopping_a_failed_write_is_left_in_the_spool():
     assert _fail(about_data=False, stopping=True) is Failure.GIVE_UP
     assert _fail(nothing_visible=False, stopping=True) is Failure.GIVE_UP
     assert _fail(stopping=True) is Failure.PARK  # a park is final either way
+
+
+# ------------------------------------------------------------------ decoder
+
+
+def test_large_bodies_go_to_chdb_and_small_ones_join_it_only_while_it_is_busy():
+    mb = 64 * 1024
+    assert use_chdb_decoder(mb, min_bytes=mb, chdb_busy=False)
+    assert use_chdb_decoder(10 * mb, min_bytes=mb, chdb_busy=True)
+    assert not use_chdb_decoder(mb - 1, min_bytes=mb, chdb_busy=False)  # a small stream alone
+    assert use_chdb_decoder(200, min_bytes=mb, chdb_busy=True)  # shares the round's write
+    assert not use_chdb_decoder(0, min_bytes=mb, chdb_busy=True)  # nothing to decode
+    assert use_chdb_decoder(1, min_bytes=0, chdb_busy=False)  # --decoder sql
