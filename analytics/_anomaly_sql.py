@@ -1,7 +1,8 @@
 """SQL of the anomaly kinds, grouped into passes: one query (one scan) per pass.
 
-Each pass returns one row per flagged-or-candidate handoff: `handoff_id` plus one Bool
-column per kind it computes (named after the kind). anomalies() aggregates a pass once for
+Each pass returns one row per flagged-or-candidate handoff: `tenant`, `handoff_id` plus one
+Bool column per kind it computes (named after the kind); every pass but those in
+REPEATING_PASSES returns at most one row per (tenant, handoff_id). anomalies() aggregates a pass once for
 all its kinds; anomaly_handoff_ids() selects one kind's column.
 
 Why passes (bench/analytics_queries.py, 10M transitions / 2.67M handoffs): a query per kind
@@ -68,6 +69,8 @@ PASSES: Final = {
     **topo.PASSES,
 }
 KIND_PASS: Final = {k: p for p, kinds in PASSES.items() for k in kinds}
+#: the passes that may return a handoff in several rows (retry: one row per pair of attempts)
+REPEATING_PASSES: Final = frozenset({"retry"})
 #: the passes that flag only cohort handoffs (created in the window): when no handoff was
 #: created in it, their kinds are all 0 without a query (orphans have no create at all)
 COHORT_PASSES: Final = frozenset(PASSES) - {"orphan"}
@@ -90,7 +93,7 @@ def _ids(cohort: str) -> str:
 def _cohort_pass(db: str, window: Window, tenant: bool, sla_ms: int) -> str:
     now_ns = f"toUnixTimestamp64Nano({ts(window.clock())})"
     cohort = cohort_sql(db, window, tenant_param=tenant, extra=("uncounted", "t_unknown_in"))
-    return f"""SELECT handoff_id,
+    return f"""SELECT tenant, handoff_id,
     uncounted > 0 OR {cs.fork_condition()} OR {cs.after_terminal_condition()}
         AS invalid_transition,
     {cs.has("tmask", cs.COMMITTED_MASK)} AND NOT is_v AS committed_without_evidence,
@@ -109,7 +112,7 @@ def _orphan_pass(db: str, window: Window, tenant: bool) -> str:
     rows are the candidates; the exact test then reads only their keys."""
     tw = "AND tenant = {tenant:String}" if tenant else ""
     lo, hi = ts(window.start), ts(window.end)
-    return f"""SELECT handoff_id, true AS orphan_transition FROM {db}.handoff_summary
+    return f"""SELECT tenant, handoff_id, true AS orphan_transition FROM {db}.handoff_summary
 WHERE (tenant, handoff_id) IN (
     SELECT tenant, handoff_id FROM {db}.handoff_summary
     WHERE created IS NULL AND first_seen >= {lo} AND first_seen < {hi} {tw})

@@ -125,7 +125,7 @@ def state_pass(db: str, window: Window, tenant: bool) -> str:
     tenant_claim_mismatch."""
     cohort = state_cohort(db, window, tenant, _STATE_PASS_COLUMNS)
     g_exp = iso_sql("grant_expires_at")
-    return f"""SELECT handoff_id,
+    return f"""SELECT tenant, handoff_id,
     length(arrayDistinct(arrayMap(x -> bitShiftRight(x, 32), copies))) < length(copies)
         AS duplicate_delivery,
     {_skew_sql()} AS clock_skew,
@@ -150,7 +150,7 @@ def fence_pass(db: str, window: Window, tenant: bool) -> str:
     cand = _candidates(db, window, tenant, "notEmpty(fences)", "groupUniqArrayArray(fences) AS fs")
     commits = f"arrayFilter(r -> r.4 IN {sql_tuple(RECEIPT_EVENTS)}, fs)"
     return f"""WITH c AS (SELECT tenant, handoff_id, arrayJoin({commits}).3 AS task FROM ({cand}))
-SELECT DISTINCT handoff_id, true AS stale_fence FROM (
+SELECT DISTINCT tenant, handoff_id, true AS stale_fence FROM (
     SELECT tenant, handoff_id, event, fence_token, state_version,
         max(fence_token) OVER w AS prev_fence, max(state_version) OVER w AS prev_version
     FROM (
@@ -180,7 +180,7 @@ def idempotency_pass(db: str, window: Window, tenant: bool) -> str:
         FROM {db}.{TABLE} WHERE notEmpty(idempotency_keys) {_tenant_and(tenant)})
     WHERE (tenant, key) IN ({conflicts})"""
     cand = _candidates(db, window, tenant, f"(tenant, handoff_id) IN ({holders})", "1 AS one")
-    return f"SELECT handoff_id, true AS idempotency_conflict FROM ({cand})"
+    return f"SELECT tenant, handoff_id, true AS idempotency_conflict FROM ({cand})"
 
 
 def _attempts_sql(db: str, where: str) -> str:
@@ -241,13 +241,13 @@ def retry_pass(db: str, window: Window, tenant: bool) -> str:
     retries AS ({retries}),
     b AS ({b}),
     peers AS ({peers})
-SELECT b.handoff_id AS handoff_id, {blind} AS blind_retry, false AS duplicate_execution
+SELECT b.tenant AS tenant, b.handoff_id AS handoff_id, {blind} AS blind_retry, false AS duplicate_execution
 FROM retries AS r
 JOIN b ON b.tenant = r.tenant AND b.handoff_id = r.handoff_id
 JOIN peers AS a ON a.tenant = r.tenant AND a.handoff_id = r.target
 WHERE a.handoff_id != b.handoff_id AND {blind}
 UNION ALL
-SELECT b.handoff_id AS handoff_id, b.task_id = a.task AND b.to_agent = a.target
+SELECT b.tenant AS tenant, b.handoff_id AS handoff_id, b.task_id = a.task AND b.to_agent = a.target
         AND {blind} AS blind_retry, {dup} AS duplicate_execution
 FROM (SELECT * FROM b WHERE idem != '') AS b
 JOIN (SELECT * FROM peers WHERE idem != '') AS a ON a.tenant = b.tenant AND a.idem = b.idem
@@ -261,7 +261,7 @@ def causation_pass(db: str, window: Window, tenant: bool) -> str:
     receipt expiry (the earliest `receipt.expires_at` on A's commit rows)."""
     consumers = _candidates(db, window, tenant, "causation_id != ''", "max(causation_id) AS cause")
     return f"""WITH c AS ({consumers})
-SELECT c.handoff_id AS handoff_id,
+SELECT c.tenant AS tenant, c.handoff_id AS handoff_id,
     a.t_verified IS NULL OR c.created < a.t_verified AS consumed_before_verified,
     a.r_exp IS NOT NULL AND c.created > a.r_exp AS expired_receipt_used
 FROM c JOIN (
@@ -281,7 +281,7 @@ def bounce_pass(db: str, window: Window, tenant: bool) -> str:
     tasks with two such rows or more (by task hash: a superset of the tasks with two
     transfers), one created in the window."""
     tw = _tenant_and(tenant)
-    return f"""SELECT handoff_id, true AS bounce FROM (
+    return f"""SELECT tenant, handoff_id, true AS bounce FROM (
     SELECT tenant, handoff_id, h_created, h_from, h_to,
         lagInFrame(h_from) OVER w AS prev_from, lagInFrame(h_to) OVER w AS prev_to,
         row_number() OVER w AS rn

@@ -104,9 +104,9 @@ def _judged_sql(db: str, window: Window, tenant: bool, bucket_s: int, baseline: 
     FROM (
         SELECT to_agent, capability, b, countIf(is_settled) AS n,
             countIf(is_settled AND is_rej) AS r,
-            groupArrayIf(handoff_id, is_settled AND is_rej AND {in_w}) AS ids
+            groupArrayIf((tenant, handoff_id), is_settled AND is_rej AND {in_w}) AS ids
         FROM (
-            SELECT handoff_id, to_agent, {cap} AS capability, is_settled, {rej} AS is_rej,
+            SELECT tenant, handoff_id, to_agent, {cap} AS capability, is_settled, {rej} AS is_rej,
                 toUnixTimestamp64Nano(created) AS created_ns,
                 intDiv(created_ns, {bucket_s * _NS}) AS b
             FROM ({cohort})
@@ -122,7 +122,8 @@ WHERE b >= {first} AND b <= {last} AND {spike_condition("n", "r", "bn", "br")}""
 def spike_pass(db: str, window: Window, tenant: bool) -> str:
     """The anomaly pass: handoff_id, rejection_spike (true) per flagged handoff."""
     inner = _judged_sql(db, window, tenant, SPIKE_BUCKET_S, SPIKE_BASELINE_BUCKETS)
-    return f"SELECT DISTINCT arrayJoin(ids) AS handoff_id, true AS rejection_spike FROM ({inner})"
+    return f"""SELECT DISTINCT h.1 AS tenant, h.2 AS handoff_id, true AS rejection_spike
+FROM (SELECT arrayJoin(ids) AS h FROM ({inner}))"""
 
 
 def spikes_sql(db: str, window: Window, *, tenant: bool, bucket_s: int, baseline: int) -> str:

@@ -228,7 +228,7 @@ flagged AS (
     WHERE time >= bounds.1 AND time <= bounds.2
     GROUP BY tenant, handoff_id
 )
-SELECT handoff_id,
+SELECT tenant, handoff_id,
     lag_hit AS consumer_lag,
     t_committed IS NOT NULL AND partial_hit AS partial_result_committed,
     mode = 'transfer' AND h_sens IS NOT NULL AND h_sens > coalesce(h_removed, 0)
@@ -267,7 +267,7 @@ def fan_out_pass(db: str, window: Window, tenant: bool) -> str:
     SELECT tenant, handoff_id, from_agent, to_agent, task_id FROM ({cohort})
     WHERE topology = 'agent_as_tool' AND to_agent != ''
 )
-SELECT arrayJoin(ids) AS handoff_id, true AS fan_out_all FROM (
+SELECT tenant, arrayJoin(ids) AS handoff_id, true AS fan_out_all FROM (
     SELECT tenant, from_agent, task_id, uniqExact(to_agent) AS n_task,
         groupArray(handoff_id) AS ids
     FROM tool

@@ -16,6 +16,7 @@ from analytics._anomaly_sql import (
     COHORT_PASSES,
     KIND_PASS,
     PASSES,
+    REPEATING_PASSES,
     SPIKE_BASELINE_FACTOR,
     SPIKE_MIN_RATE,
     SPIKE_MIN_SETTLED,
@@ -144,7 +145,7 @@ def anomalies(
     kinds: Iterable[str] | None = None,
 ) -> pd.DataFrame:
     """One row per kind in ANOMALY_KINDS, or of `kinds` in that order (zero counts
-    included): kind, count (handoffs), examples (up to `examples` handoff ids, sorted),
+    included): kind, count (distinct handoffs: tenant and id), examples (up to `examples` handoff ids, sorted),
     description. ValueError for an unknown kind.
 
     One query per pass needed (11 queries for all 29 kinds), after one that stops at the
@@ -173,9 +174,13 @@ def anomalies(
             found.update((k, (0, [])) for k in passes.pop(name))
     for name, pass_kinds in passes.items():
         inner = pass_sql(name, db, window, tenant=tenant is not None, sla_ms=unknown_sla_ms)
+        # a handoff is its tenant and id; a pass returning each at most once is counted by
+        # rows (a distinct count of millions of ids costs more than the pass itself)
+        count = (
+            "uniqExactIf((tenant, handoff_id), {k})" if name in REPEATING_PASSES else "countIf({k})"
+        )
         cols = ", ".join(
-            f"uniqExactIf(handoff_id, {k}), groupArraySortedIf({keep})(handoff_id, {k})"
-            for k in pass_kinds
+            f"{count.format(k=k)}, groupArraySortedIf({keep})(handoff_id, {k})" for k in pass_kinds
         )
         row = client.query(f"SELECT {cols} FROM ({inner})", parameters=_params(tenant))
         vals = row.result_rows[0]

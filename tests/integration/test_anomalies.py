@@ -67,3 +67,23 @@ def test_tenant_scoping_and_bad_kind(reader, db):
         anomaly_handoff_ids(reader, database=db, window=WINDOW, kind="gremlins")
     with pytest.raises(ValueError, match="examples"):
         anomalies(reader, database=db, window=WINDOW, examples=-1)
+
+
+def test_one_id_in_two_tenants_is_two_handoffs(reader, chdb_client, fresh_db):
+    """Over all tenants each kind counts handoffs (tenant and id), its examples list ids."""
+    rows = []
+    for tenant in ("acme", "globex"):
+        at = T0 + timedelta(minutes=5)
+        rows.append(create("h-same", at, task_id="t1", to_agent="worker", tenant=tenant))
+        # start without accept (implied_accept), by another actor (wrong_consumer)
+        rows.append(T("h-same", "start", "accepted", "running", at + timedelta(seconds=1),
+                      actor="intruder", tenant=tenant))  # fmt: skip
+    seed(chdb_client, fresh_db, rows, ledger=False)
+    every = anomalies(reader, database=fresh_db, window=WINDOW).set_index("kind")
+    for kind in ("implied_accept", "wrong_consumer"):
+        assert every.loc[kind, "count"] == 2 and list(every.loc[kind, "examples"]) == ["h-same"]
+        one = anomalies(reader, database=fresh_db, window=WINDOW, tenant="acme", kinds=[kind])
+        assert one["count"].tolist() == [1]
+        assert anomaly_handoff_ids(reader, database=fresh_db, window=WINDOW, kind=kind) == [
+            "h-same"
+        ]
