@@ -52,10 +52,13 @@ from ingest.chdb._stream import (
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
 
-__all__ = ["Staged", "Stager"]
+__all__ = ["STAGE_STREAMS", "Staged", "Stager"]
 
 _log = logging.getLogger(__name__)
-_STAGE_THREADS: Final = 2  # decoding streams, one per core; the writer runs alongside
+#: decoding streams (threads, each with its query). One: the round trip is shared by more
+#: requests (SDK batches of 512 spans from 8 senders: ~3.9 per round, against ~2.1 each with
+#: two streams), the same throughput on 2 cores and one query's buffers less (bench/RESULTS.md)
+STAGE_STREAMS: Final = 1
 _GLOB_CHARS: Final = frozenset("*?{}")
 #: spans a stream stages into one table before a new one (two 5,000-span requests, sixteen
 #: SDK batches of 512: the writer reads each table of a write with a subquery of its own)
@@ -107,7 +110,7 @@ class _Table:
 class Stager:
     """Decodes protobuf requests with chDB (see module doc) into Memory staging tables.
 
-    Each of two threads (one per core; the writer runs alongside) keeps one decoding query
+    Each of `streams` threads (STAGE_STREAMS by default) keeps one decoding query
     running for the life of serve (Stream): ClickHouse spends ~50 ms parsing, analysing and
     planning that query, paid once instead of for every request or group of requests (a query
     per group would be 11 such queries per 100,000 spans, and closed-loop senders would wait
@@ -130,7 +133,11 @@ class Stager:
         tmp_dir: Path,
         *,
         stream_query: Callable[[str], str] = stream_select,
+        streams: int = STAGE_STREAMS,
     ) -> None:
+        if streams < 1:
+            raise ValueError(f"streams must be >= 1, got {streams}")
+        self.streams = streams
         self._connect = connect
         self._stream_query = stream_query
         self.tmp_dir = tmp_dir
@@ -174,7 +181,7 @@ class Stager:
             self.disabled = True
             _log.warning("chDB decoding disabled (Python decodes): %s", e)
             return
-        while len(self._threads) < _STAGE_THREADS:
+        while len(self._threads) < self.streams:
             slot = len(self._threads)
             t = threading.Thread(target=self._run, args=(slot,), name="ingest-stager", daemon=True)
             self._threads.append(t)

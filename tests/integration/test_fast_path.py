@@ -239,13 +239,13 @@ def _stage_at_once(stager: Stager, bodies: list[bytes], prefix: str, tenants: li
 def test_requests_decoded_at_once_by_two_streams_store_what_python_stores(
     chdb_client, two_dbs, chdb_path, tmp_path, dir_name
 ):
-    """Requests arriving at once are decoded by the two long-lived decoding
-    queries (one per stager thread: `queries` stays 2 however many requests come), each
+    """Requests arriving at once are decoded by the long-lived decoding queries (here two
+    streams, one per stager thread: `queries` stays 2 however many requests come), each
     request's rows staged and stored as the Python decoder stores them. A stage directory
     whose name ClickHouse would read as a glob puts its FIFOs elsewhere (file() would fail
     on it). Nothing is left in the directory after close()."""
     spec = StoreSpec(kind="chdb", path=str(chdb_path), database="default")
-    stager = Stager(lambda: connect(spec, database=""), tmp_path / dir_name)
+    stager = Stager(lambda: connect(spec, database=""), tmp_path / dir_name, streams=2)
     stager.setup()
     try:
         rng = random.Random(23)
@@ -254,7 +254,7 @@ def test_requests_decoded_at_once_by_two_streams_store_what_python_stores(
         staged = _stage_at_once(stager, bodies, "grp", tenants)
         assert all(s is not None for s in staged)
         more = [build(rng, 2).SerializeToString() for _ in range(3)]
-        for i, body in enumerate(more):  # one after another: the same two queries
+        for i, body in enumerate(more):  # one after another: the same queries
             s = stager.stage(body, batch_id=f"one-{i}", received_at_ms=_at(i), tenant=TENANT)
             assert s is not None
             stager.release([s])
@@ -286,7 +286,7 @@ def test_requests_queued_together_are_decoded_in_one_round(
     Python decoder stores them. A request of the round the path declines (a double) goes
     the Python way alone; a second copy of a batch id waits for the next round."""
     spec = StoreSpec(kind="chdb", path=str(chdb_path), database="default")
-    stager = Stager(lambda: connect(spec, database=""), tmp_path / "stage-rounds")
+    stager = Stager(lambda: connect(spec, database=""), tmp_path / "stage-rounds", streams=2)
     gates, entered = [threading.Event(), threading.Event()], []
 
     def hold(_client) -> None:  # each stream's first round waits for its gate
