@@ -2,8 +2,8 @@
 
 Each pass returns one row per flagged-or-candidate handoff: `tenant`, `handoff_id` plus one
 Bool column per kind it computes (named after the kind); every pass but those in
-REPEATING_PASSES returns at most one row per (tenant, handoff_id). anomalies() aggregates a pass once for
-all its kinds; anomaly_handoff_ids() selects one kind's column.
+REPEATING_PASSES returns at most one row per (tenant, handoff_id). anomalies() aggregates a
+pass once for all its kinds; anomaly_handoff_ids() selects one kind's column.
 
 Why passes (bench/analytics_queries.py, 10M transitions / 2.67M handoffs): a query per kind
 re-reads the cohort (handoff_summary FINAL) every time, and some kinds would re-read all

@@ -145,8 +145,8 @@ def anomalies(
     kinds: Iterable[str] | None = None,
 ) -> pd.DataFrame:
     """One row per kind in ANOMALY_KINDS, or of `kinds` in that order (zero counts
-    included): kind, count (distinct handoffs: tenant and id), examples (up to `examples` handoff ids, sorted),
-    description. ValueError for an unknown kind.
+    included): kind, count (distinct handoffs: tenant and id), examples (up to `examples`
+    handoff ids, sorted), description. ValueError for an unknown kind.
 
     One query per pass needed (11 queries for all 29 kinds), after one that stops at the
     first handoff created in the window: without one, only the orphan pass runs (the other
