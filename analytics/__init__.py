@@ -12,6 +12,7 @@ from foundation.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from analytics._common import DIMENSIONS, Window
+    from analytics._settled import SettleResult, settle
     from analytics.anomalies import (
         ANOMALY_KINDS,
         anomalies,
@@ -59,6 +60,8 @@ _LAZY: dict[str, str] = {
     "topology_cards": "analytics.topology",
     "unknown_fields": "analytics.topology",
     "rejection_spikes": "analytics.spikes",
+    "SettleResult": "analytics._settled",
+    "settle": "analytics._settled",
 }
 
 
@@ -69,6 +72,7 @@ __all__ = [
     "ANOMALY_KINDS",
     "DIMENSIONS",
     "STAGES",
+    "SettleResult",
     "VerifyResult",
     "Window",
     "anomalies",
@@ -82,6 +86,7 @@ __all__ = [
     "latencies",
     "queue_lag",
     "rejection_spikes",
+    "settle",
     "task_fan_out",
     "task_stats",
     "tenants",

@@ -10,7 +10,8 @@ re-reads the cohort (handoff_summary FINAL) every time, and some kinds would re-
 transitions twice (clock skew self-join) or window-sort every task (stale fence); 24 h took
 ~37 s that way. The passes:
   cohort       five kinds that are bit tests over the cohort's summary rows
-  state*       duplicate delivery, clock skew, receiver actor, grant, tenant claim
+  state*       duplicate delivery, clock skew, receiver actor, grant, tenant claim: the
+               settled flags plus the handoffs touched since (_settled.py)
   fence*       stale fence over the fenced rows of the cohort's fenced commits' tasks
   idempotency* a create row's key created elsewhere with another payload hash
   retry*       blind retry, duplicate execution (the attempts from handoff_summary)
@@ -34,6 +35,7 @@ from analytics import _topology_sql as topo
 from analytics._anomaly_state_passes import STATE_PASSES
 from analytics._anomaly_state_sql import COPY_KEY  # noqa: F401 (re-exported)
 from analytics._common import Window, cohort_sql, ts
+from analytics._settled import settled_state_pass
 from analytics._spike_sql import (  # noqa: F401 (re-exported: the spike thresholds)
     SPIKE_BASELINE_FACTOR,
     SPIKE_MIN_RATE,
@@ -126,6 +128,7 @@ def pass_sql(name: str, db: str, window: Window, *, tenant: bool, sla_ms: int) -
         return _cohort_pass(db, window, tenant, sla_ms)
     builders = {
         **STATE_PASSES,
+        "state": settled_state_pass,
         "spike": spike_pass,
         "orphan": _orphan_pass,
         "topology": topo.topology_pass,

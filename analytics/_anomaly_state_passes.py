@@ -33,8 +33,11 @@ def _in_window(window: Window, col: str = "created") -> str:
     return f"{col} IS NOT NULL AND {col} >= {ts(window.start)} AND {col} < {ts(window.end)}"
 
 
-def state_cohort(db: str, window: Window, tenant: bool, cols: tuple[str, ...]) -> str:
-    """The cohort's state rows (created in the window), one per handoff, with `cols`.
+def state_cohort(
+    db: str, window: Window, tenant: bool, cols: tuple[str, ...], guard: str = "1"
+) -> str:
+    """The cohort's state rows (created in the window), one per handoff, with `cols`;
+    nothing is read unless the constant SQL condition `guard` holds.
 
     Not read `FINAL`: merging every row through the aggregate functions costs ~3x the read
     (minMap over first_times above all, even for a key with one row), and after merges, or
@@ -47,17 +50,21 @@ def state_cohort(db: str, window: Window, tenant: bool, cols: tuple[str, ...]) -
     create (only create rows carry `created`), so that handoff is what the first read saw."""
     tw = _tenant_and(tenant)
     key = "cityHash64(tenant, handoff_id)"
-    multi = f"SELECT {key} AS h FROM {db}.{TABLE} WHERE 1 {tw} GROUP BY h HAVING count() > 1"
+    multi = f"SELECT {key} AS h FROM {db}.{TABLE} WHERE {guard} {tw} GROUP BY h HAVING count() > 1"
     plain = ", ".join(cols)
-    merged = ", ".join(f"{MERGE_FN[c]}({c}) AS {c}" for c in cols)
     return f"""WITH (SELECT groupArray(h) FROM ({multi})) AS multi
     SELECT tenant, handoff_id, {plain} FROM {db}.{TABLE}
-    WHERE {_in_window(window)} {tw} AND {key} NOT IN (SELECT arrayJoin(multi))
+    WHERE {guard} AND {_in_window(window)} {tw} AND {key} NOT IN (SELECT arrayJoin(multi))
     UNION ALL
-    SELECT tenant, handoff_id, {merged} FROM {db}.{TABLE}
-    WHERE notEmpty(multi) AND {key} IN (SELECT arrayJoin(multi)) {tw}
+    SELECT tenant, handoff_id, {merged_columns(cols)} FROM {db}.{TABLE}
+    WHERE {guard} AND notEmpty(multi) AND {key} IN (SELECT arrayJoin(multi)) {tw}
     GROUP BY tenant, handoff_id
     HAVING {_in_window(window, "min(created)")}"""
+
+
+def merged_columns(cols: tuple[str, ...]) -> str:
+    """SQL of `cols` merged over a handoff's state rows (in a GROUP BY tenant, handoff_id)."""
+    return ", ".join(f"{MERGE_FN[c]}({c}) AS {c}" for c in cols)
 
 
 def _candidates(db: str, window: Window, tenant: bool, where: str, aggs: str) -> str:
@@ -97,7 +104,7 @@ def _skew_sql() -> str:
 
 
 #: the state columns the state pass reads, one row per cohort handoff
-_STATE_PASS_COLUMNS: Final = (
+STATE_PASS_COLUMNS: Final = (
     "copies",
     "first_times",
     "to_agent",
@@ -112,8 +119,9 @@ _STATE_PASS_COLUMNS: Final = (
 )
 
 
-def state_pass(db: str, window: Window, tenant: bool) -> str:
-    """The dense kinds, over every cohort handoff's state row (one read, state_cohort):
+def state_kinds() -> tuple[tuple[str, str], ...]:
+    """(kind, SQL Bool) of the state pass's kinds, over one merged state row per handoff
+    with STATE_PASS_COLUMNS, `tenant` and `c` (first_times as (k, time) pairs):
 
     duplicate_delivery: a transition (event, from, to) stored as more than one copy
     (COPY_KEY): more distinct (transition, copy) pairs than transitions (32-bit hashes each:
@@ -122,24 +130,47 @@ def state_pass(db: str, window: Window, tenant: bool) -> str:
     The envelope (the greatest value over its counted create rows) against the handoff's
     other rows: wrong_consumer, grant_expired, capability_outside_grant (the grant's
     capabilities are JSON text, an OTLP string[]), grant_tenant_mismatch,
-    tenant_claim_mismatch."""
-    cohort = state_cohort(db, window, tenant, _STATE_PASS_COLUMNS)
+    tenant_claim_mismatch. Each is a function of the handoff's own rows only."""
     g_exp = iso_sql("grant_expires_at")
-    return f"""SELECT tenant, handoff_id,
-    length(arrayDistinct(arrayMap(x -> bitShiftRight(x, 32), copies))) < length(copies)
-        AS duplicate_delivery,
-    {_skew_sql()} AS clock_skew,
-    to_agent != '' AND coalesce(receiver_min != to_agent OR receiver_max != to_agent, false)
-        AS wrong_consumer,
-    coalesce(t_grant_use > {g_exp}, false) AS grant_expired,
-    grant_capabilities IS NOT NULL
-        AND NOT hasAll(JSONExtract(assumeNotNull(grant_capabilities), 'Array(String)'),
-                       capabilities) AS capability_outside_grant,
-    grant_tenant != '' AND grant_tenant != tenant AS grant_tenant_mismatch,
-    claim_mismatch = 1 AS tenant_claim_mismatch
-FROM (SELECT *, arrayZip(first_times.1, first_times.2) AS c FROM ({cohort}))
-WHERE duplicate_delivery OR clock_skew OR wrong_consumer OR grant_expired
-   OR capability_outside_grant OR grant_tenant_mismatch OR tenant_claim_mismatch"""
+    return (
+        (
+            "duplicate_delivery",
+            "length(arrayDistinct(arrayMap(x -> bitShiftRight(x, 32), copies))) < length(copies)",
+        ),
+        ("clock_skew", _skew_sql()),
+        (
+            "wrong_consumer",
+            "to_agent != '' AND coalesce(receiver_min != to_agent OR receiver_max != to_agent,"
+            " false)",
+        ),
+        ("grant_expired", f"coalesce(t_grant_use > {g_exp}, false)"),
+        (
+            "capability_outside_grant",
+            "grant_capabilities IS NOT NULL AND NOT hasAll(JSONExtract("
+            "assumeNotNull(grant_capabilities), 'Array(String)'), capabilities)",
+        ),
+        ("grant_tenant_mismatch", "grant_tenant != '' AND grant_tenant != tenant"),
+        ("tenant_claim_mismatch", "claim_mismatch = 1"),
+    )
+
+
+def state_kinds_sql(rows: str, *, flagged_only: bool = True, carry: str = "") -> str:
+    """tenant, handoff_id, `carry` (extra columns of `rows`, e.g. ", created") and one Bool
+    per state kind over `rows` (one merged state row per handoff); only the flagged ones
+    when `flagged_only`."""
+    kinds = state_kinds()
+    cols = ",\n    ".join(f"{expr} AS {kind}" for kind, expr in kinds)
+    where = " OR ".join(kind for kind, _e in kinds) if flagged_only else "1"
+    return f"""SELECT tenant, handoff_id{carry},
+    {cols}
+FROM (SELECT *, arrayZip(first_times.1, first_times.2) AS c FROM ({rows}))
+WHERE {where}"""
+
+
+def state_pass(db: str, window: Window, tenant: bool, guard: str = "1") -> str:
+    """The dense kinds (state_kinds) over every cohort handoff's state row (one read,
+    state_cohort), recomputed by this query; nothing read unless `guard` holds."""
+    return state_kinds_sql(state_cohort(db, window, tenant, STATE_PASS_COLUMNS, guard))
 
 
 def fence_pass(db: str, window: Window, tenant: bool) -> str:
@@ -304,9 +335,9 @@ WHERE rn > 1 AND h_from != '' AND prev_from = h_to AND prev_to = h_from
   AND {_in_window(window, "h_created")}"""
 
 
-#: pass name -> builder of the passes built here (bounce reads handoff_summary only)
+#: pass name -> builder of the passes built here but the state pass (analytics._settled:
+#: from the settled flags and the live remainder); bounce reads handoff_summary only
 STATE_PASSES: Final = {
-    "state": state_pass,
     "idempotency": idempotency_pass,
     "fence": fence_pass,
     "retry": retry_pass,

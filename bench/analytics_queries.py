@@ -17,15 +17,19 @@ time excluded, which favours pandas).
             anomalies_7d_base_ms): what those kinds cost. The generated rows carry no
             retry, causation or grant attributes, and their actors are not the to_agent, so
             the audit passes do their full work on every cohort row
+  settle    before the queries, the anomaly flags settled as serve's settle thread keeps
+            them (analytics.settle over every handoff: settle_s); --no-settle removes the
+            watermark instead, so every query recomputes every flag (the same store's
+            figures without settled flags, for a ratio in one tree)
 
 Usage: python bench/analytics_queries.py [--handoffs 2000000] [--sample 100000] [--repeat 5]
-       [--path DIR --reuse] [--anomaly-repeat 3]
+       [--path DIR --reuse] [--anomaly-repeat 3] [--no-settle]
 Last line: RESULT funnel_ms=<n> slice_ms=<n> evidence_ms=<n> pandas_ratio=<pandas/ours>
 anomalies_ms=<24 h> anomalies_7d_ms=<n> plus
 funnel_merged_ms (after OPTIMIZE FINAL), *_cpu_ms (process CPU: chDB runs in this process, so
 this is the query's own work, unlike wall time on a shared machine), gen_s (the insert, every
 materialized view included), backfill_s (schema files applied to a --reuse store, their
-backfills included) and load_avg. Before the RESULT line: each anomaly pass alone over the 7
+backfills included), settle_s and load_avg. Before the RESULT line: each anomaly pass alone over the 7
 days (wall, CPU, granules each read selects).
 """
 
@@ -45,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import pandas as pd
 
-from analytics import Window, anomalies, backfill_task_index, evidence_package, funnel
+from analytics import Window, anomalies, backfill_task_index, evidence_package, funnel, settle
 from analytics._anomaly_sql import PASSES, pass_sql
 from analytics.anomalies import ANOMALY_KINDS
 from analytics.reference_audit import AUDIT_KINDS
@@ -128,6 +132,24 @@ def wait_mutations(client, poll_s: float = 0.5) -> float:
     ).result_rows[0][0]:
         time.sleep(poll_s)
     return time.perf_counter() - t
+
+
+def settle_store(client, *, recompute: bool) -> tuple[float, int]:
+    """Settle the anomaly flags as serve's settle thread does once the rows came in (seconds,
+    handoffs recomputed); with `recompute`, remove the watermark instead (every query then
+    recomputes every flag, as a store never settled)."""
+    wait_mutations(client)
+    if recompute:
+        client.command(f"TRUNCATE TABLE {DB}.anomaly_settle")
+        print("settle watermark removed: every anomaly flag recomputed by each query")
+        return 0.0, 0
+    t = time.perf_counter()
+    done = settle(client, database=DB, lag_s=0)
+    secs = time.perf_counter() - t
+    n = done.handoffs if done else 0
+    print(f"settled the anomaly flags of {n:,} handoffs in {secs:.1f} s "
+          f"({done.flagged if done else 0:,} flagged)")  # fmt: skip
+    return secs, n
 
 
 def timed(fn, repeat: int, label: str = "") -> tuple[float, object]:
@@ -236,6 +258,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--anomaly-repeat", type=int, default=3, help="timed anomalies() runs per window"
     )
+    ap.add_argument(
+        "--no-settle",
+        action="store_true",
+        help="time the anomalies with every flag recomputed (the store's settle watermark "
+        "removed) instead of settled as serve's settle thread keeps them",
+    )
     args = ap.parse_args(argv)
     if args.handoffs < 10 or not 10 <= args.sample <= args.handoffs:
         ap.error("need --handoffs >= 10 and 10 <= --sample <= --handoffs")
@@ -272,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         f"generated {rows:,} rows in {gen_s:.1f} s; handoff_summary has {parts} active parts (as inserted, not optimized)"
     )
 
+    settle_s, _settled = settle_store(client, recompute=args.no_settle)
     end = BASE + timedelta(days=DAYS)
     as_of = end + timedelta(hours=1)
     full = Window(start=BASE, end=end, as_of=as_of)
@@ -379,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
         f"evidence_cpu_ms={CPU['evidence']:.1f} anomalies_ms={an_ms['24h']:.0f} "
         f"anomalies_7d_ms={an_ms['7d']:.0f} anomalies_7d_cpu_ms={CPU['an7d']:.0f} "
         f"anomalies_cpu_ms={CPU['an24h']:.0f} anomalies_base_ms={an_ms['24h_base']:.0f} "
-        f"anomalies_7d_base_ms={an_ms['7d_base']:.0f} gen_s={gen_s:.1f} backfill_s={backfill_s:.1f} "
+        f"anomalies_7d_base_ms={an_ms['7d_base']:.0f} gen_s={gen_s:.1f} backfill_s={backfill_s:.1f} settle_s={settle_s:.1f} "
         f"load_avg={os.getloadavg()[0]:.1f}"
     )
     return 0 if same else 1

@@ -30,6 +30,8 @@ SHARDING_KEYS: Final = {
     "handoff_summary": "cityHash64(handoff_id)",
     "handoff_tasks": "cityHash64(handoff_id)",
     "handoff_anomaly_state": "cityHash64(handoff_id)",
+    "handoff_state_flags": "cityHash64(handoff_id)",
+    "anomaly_settle": "cityHash64(tenant)",
     "transition_ledger": "cityHash64(handoff_id)",
     "ingest_batches": "cityHash64(ingest_batch)",
     "ingest_rejects": "rand()",

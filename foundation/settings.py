@@ -165,6 +165,17 @@ METRICS_REFRESH_S: Final = Setting(
 DERIVE_EVERY_S: Final = Setting(
     "HANDOFFS_DERIVE_EVERY_S", "2", "seconds between two passes of handoff derivation"
 )
+SETTLE_EVERY_S: Final = Setting(
+    "HANDOFFS_SETTLE_EVERY_S",
+    "10",
+    "seconds between two settles of the anomaly flags (0 = serve does not settle them)",
+)
+SETTLE_LAG_S: Final = Setting(
+    "HANDOFFS_SETTLE_LAG_S",
+    "30",
+    "seconds a stored handoff waits before its anomaly flags are settled (recomputed by "
+    "each query until then)",
+)
 SIGNING_KEY: Final = Setting(
     "HANDOFFS_SIGNING_KEY",
     "",

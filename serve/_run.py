@@ -124,6 +124,19 @@ def _start_signer(cfg: ServeConfig, instance: str = ""):
     return signer
 
 
+def _start_settler(spec):
+    """The anomaly settle thread (serve._settler), or None when HANDOFFS_SETTLE_EVERY_S is 0."""
+    from foundation.settings import SETTLE_EVERY_S, SETTLE_LAG_S, resolve
+    from serve._settler import Settler
+
+    every, lag = float(resolve(SETTLE_EVERY_S)), float(resolve(SETTLE_LAG_S))
+    if every <= 0:
+        return None
+    settler = Settler(lambda: connect(spec), spec.database, every_s=every, lag_s=lag)
+    settler.start()
+    return settler
+
+
 def run_serve(
     cfg: ServeConfig, *, ready: threading.Event | None = None, stop: threading.Event | None = None
 ) -> int:
@@ -256,6 +269,7 @@ def run_serve(
         )
         deriver.start()
         telemetry.registry.register(deriver)  # handoffs_derive_* on GET /metrics
+    settler = _start_settler(spec)
     if ready is not None:
         ready.set()
     merges = MergePriority(tuned.merge_nice)
@@ -264,6 +278,8 @@ def run_serve(
     print("serve: stopping: no new requests; storing what is spooled", file=sys.stderr, flush=True)
     if deriver is not None:
         deriver.stop()
+    if settler is not None:
+        settler.stop()
     otlp.shutdown()
     otlp.server_close()
     if funnel is not None:

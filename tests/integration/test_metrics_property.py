@@ -34,6 +34,7 @@ from analytics import (
     anomaly_handoff_ids,
     evidence_package,
     funnel,
+    settle,
     verify_package,
 )
 from analytics import reference as ref
@@ -379,18 +380,22 @@ def scenario(draw, linked_max: int = 2, topology_groups: bool = True):
 
 @st.composite
 def inserted_in_blocks(draw):
-    """A scenario and the insert (1 to 3) each of its rows goes in: a handoff whose rows go
-    in two inserts has a row per insert in the per-handoff tables until a merge."""
+    """A scenario, the insert (1 to 3) each of its rows goes in, and after which inserts the
+    anomaly flags are settled: a handoff whose rows go in two inserts has a row per insert in
+    the per-handoff tables until a merge, and its flags settled from the first insert's rows
+    are recomputed live after the second until the next settle."""
     tenant, rows, as_of = draw(scenario())
     # each row's task as the reference reads it (span_rows would give a row without one its
     # handoff's task only from rows of the same insert)
     rows = [replace(t, task_id=span_rows([t])[0][5]["handoff.task_id"]) for t in rows]
     n = draw(st.integers(1, 3))
     blocks = draw(st.lists(st.integers(0, n - 1), min_size=len(rows), max_size=len(rows)))
+    settles = draw(st.lists(st.booleans(), min_size=n, max_size=n))
     return (
         tenant,
         [[r for r, b in zip(rows, blocks, strict=True) if b == i] for i in range(n)],
         as_of,
+        settles,
     )
 
 
@@ -403,10 +408,12 @@ def inserted_in_blocks(draw):
 )
 @given(inserted_in_blocks())
 def test_sql_funnel_and_anomalies_equal_reference(chdb_client, fresh_db, sc):
-    tenant, inserts, as_of = sc
-    for block in inserts:
+    tenant, inserts, as_of, settles = sc
+    for block, settled in zip(inserts, settles, strict=True):
         if block:
             seed(chdb_client, fresh_db, block, ledger=False)
+        if settled:
+            settle(chdb_client, database=fresh_db, lag_s=0)
     rows = [r for block in inserts for r in block]
     w = Window(start=T0, end=WINDOW_END, as_of=as_of)
     got = funnel(chdb_client, database=fresh_db, window=w, tenant=tenant).iloc[0].to_dict()

@@ -25,7 +25,7 @@ from clickhouse_connect.driver.exceptions import DatabaseError
 from ingest.testing import request_protobuf, span_json, transition
 from serve._query_http import HEADER_TIMEOUT_S
 from serve._query_policy import ReadAccess, Unauthorized, read_access, tenant_filters
-from serve.testing import ServeHandle, start_serve
+from serve.testing import ServeHandle, start_serve, wait_until
 
 TOKENS = {"ra": "acme", "rg": "globex", "op": "*"}
 #: every table of the schema with a tenant column, and that column
@@ -35,6 +35,8 @@ TENANT_TABLES = {
     "handoff_summary": "tenant",
     "handoff_tasks": "tenant",
     "handoff_anomaly_state": "tenant",
+    "handoff_state_flags": "tenant",
+    "anomaly_settle": "tenant",
     "transition_ledger": "tenant",
     "ingest_batches": "tenant",
     "ingest_rejects": "tenant",
@@ -144,6 +146,7 @@ def serve(tmp_path_factory):
         tmp_path_factory.mktemp("qp-auth"),
         "ia=acme,ig=globex",
         query_tokens=",".join(f"{k}={v}" for k, v in TOKENS.items()),
+        env={"HANDOFFS_SETTLE_EVERY_S": "0.2", "HANDOFFS_SETTLE_LAG_S": "0"},
     )
     for token, tenant, n, offset in (("ia", "acme", 4, 0), ("ig", "globex", 6, 1000)):
         r = requests.post(
@@ -154,6 +157,18 @@ def serve(tmp_path_factory):
         )
         assert r.status_code == 200, r.text
     h.wait_stored()
+    # the settle thread has settled both tenants' flags (each tenant's two handoffs were
+    # created more than once: duplicate delivery)
+    op = _client(h, "op")
+    settled = "SELECT uniqExact(tenant) FROM {t}"
+    wait_until(
+        lambda: all(
+            op.command(settled.format(t=t)) == 2 for t in ("anomaly_settle", "handoff_state_flags")
+        ),
+        30,
+        "both tenants' anomaly flags settled",
+    )
+    op.close()
     yield h
     assert h.stop() == 0, h.log()
 

@@ -1,0 +1,223 @@
+"""The state pass from settled flags (sql/013) plus the live remainder, and the settle job.
+
+The state pass's kinds (analytics._anomaly_state_passes.state_kinds) are functions of one
+handoff's own state rows. So they are computed once the rows came in and kept:
+
+  settle      every `touched` state row (sql/013: its insert time) in [watermark, until)
+              names a handoff whose kinds may have changed: its rows are merged, its kinds
+              computed and written to handoff_state_flags (a row when a kind is set, or
+              was set before: a flag cleared by a later row is written as 0), then every
+              tenant's watermark moves to `until`. Flags are written before the watermark,
+              so a reader seeing the new watermark sees the flags.
+  state pass  the flags of the cohort (created in the window) whose rows were all touched
+              before the watermark, plus the kinds recomputed over the handoffs touched
+              since (the live remainder: what came in after the last settle), so a query
+              is as fresh as the rows it can read. With no watermark (a store never
+              settled, or a tenant reader of a tenant no settle has seen) the whole pass
+              is recomputed, as before.
+
+`until` lags the store's clock by SETTLE_LAG_S: a row's `touched` is taken when its insert
+block is formed, and the row is readable once the part is committed, a moment later; a
+settle reads only rows whose insert ended long enough ago that none can still appear.
+
+Any watermark at or below the true one gives the same result (more handoffs recomputed
+live), so the all-tenant pass takes the least of the tenants' watermarks.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
+
+from analytics._anomaly_state_passes import (
+    STATE_PASS_COLUMNS,
+    merged_columns,
+    state_kinds,
+    state_kinds_sql,
+    state_pass,
+)
+from analytics._anomaly_state_sql import TABLE
+from analytics._common import Window, check_db, ts
+
+if TYPE_CHECKING:
+    from clickhouse_connect.driver.client import Client
+
+__all__ = [
+    "FLAGS_TABLE",
+    "SETTLE_LAG_S",
+    "STATE_KIND_BITS",
+    "WATERMARK_TABLE",
+    "SettleResult",
+    "settle",
+    "settle_bounds",
+    "settled_state_pass",
+]
+
+log = logging.getLogger("handoffs.analytics.settle")
+
+FLAGS_TABLE: Final = "handoff_state_flags"
+WATERMARK_TABLE: Final = "anomaly_settle"
+#: seconds the settle's upper bound stays behind the store's clock (see module doc)
+SETTLE_LAG_S: Final = 30
+#: kind -> its bit in handoff_state_flags.flags
+STATE_KIND_BITS: Final = {kind: i for i, (kind, _e) in enumerate(state_kinds())}
+#: handoffs merged per settle query (a first settle of a big store runs in slices by hash)
+_KEYS_PER_SLICE: Final = 500_000
+_EPOCH_MS: Final = 0
+#: a mutation of the state table not done yet: a store from before sql/013 while its rows
+#: get `touched` (until then they read as just touched; a part rewritten by it becomes
+#: readable after its time was taken, so no settle runs meanwhile)
+_PENDING_SQL: Final = (
+    "SELECT count() FROM system.mutations WHERE database = '{db}'"
+    " AND startsWith(table, '{table}') AND NOT is_done"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SettleResult:
+    """One settle: the watermark before and after (ms since the epoch; 0 = never settled),
+    the handoffs recomputed, the handoffs flagged after it (all settled ones) and how long
+    it took (ms)."""
+
+    since_ms: int
+    until_ms: int
+    handoffs: int
+    flagged: int
+    elapsed_ms: float
+
+
+def settle_bounds(watermark_ms: int, now_ms: int, lag_s: float) -> tuple[int, int] | None:
+    """[since, until) of the next settle: from the watermark to `lag_s` before the store's
+    clock, or None when that is not after the watermark (nothing new can be settled)."""
+    if lag_s < 0:
+        raise ValueError(f"lag_s must be >= 0, got {lag_s}")
+    until = now_ms - int(lag_s * 1000)
+    return (watermark_ms, until) if until > watermark_ms else None
+
+
+def slices_for(handoffs: int) -> int:
+    """Hash slices a settle of `handoffs` runs in (bounded memory per query)."""
+    return max(1, -(-handoffs // _KEYS_PER_SLICE))
+
+
+def _ms(expr_ms: int) -> str:
+    return f"fromUnixTimestamp64Milli(toInt64({expr_ms}), 'UTC')"
+
+
+def _touched_keys(db: str, since_ms: int, until_ms: int) -> str:
+    """Keys with a state row touched in [since, until) (the skip index on `touched` keeps
+    parts and granules written before `since` unread)."""
+    lo = "" if since_ms <= _EPOCH_MS else f"touched >= {_ms(since_ms)} AND "
+    return (
+        f"SELECT DISTINCT tenant, handoff_id FROM {db}.{TABLE} WHERE {lo}touched < {_ms(until_ms)}"
+    )
+
+
+def _flags_expr() -> str:
+    return " + ".join(f"toUInt8({kind}) * {1 << bit}" for kind, bit in STATE_KIND_BITS.items())
+
+
+def settle_sql(
+    db: str, since_ms: int, until_ms: int, until_text: str, part: tuple[int, int]
+) -> str:
+    """INSERT of the flags of the handoffs touched in [since, until), slice `part` = (i, n)
+    of them by key hash."""
+    i, n = part
+    keys = _touched_keys(db, since_ms, until_ms)
+    if n > 1:
+        keys += f" AND cityHash64(tenant, handoff_id) % {n} = {i}"
+    rows = f"""SELECT tenant, handoff_id, min(created) AS created, {merged_columns(STATE_PASS_COLUMNS)}
+    FROM {db}.{TABLE}
+    WHERE (tenant, handoff_id) IN ({keys})
+    GROUP BY tenant, handoff_id"""
+    kinds = state_kinds_sql(rows, flagged_only=False, carry=", created")
+    return f"""INSERT INTO {db}.{FLAGS_TABLE} (tenant, handoff_id, created, flags, settled_at)
+SELECT tenant, handoff_id, assumeNotNull(created), {_flags_expr()} AS flags, {until_text}
+FROM ({kinds})
+WHERE created IS NOT NULL AND (flags != 0
+    OR (tenant, handoff_id) IN (SELECT tenant, handoff_id FROM {db}.{FLAGS_TABLE} WHERE flags != 0))"""
+
+
+def watermark_sql(db: str, tenant: bool) -> str:
+    """Scalar SQL: the watermark (DateTime64(3)) a query may use, the epoch when none: the
+    tenant's, or over all tenants the least of each tenant's latest."""
+    if tenant:
+        return f"SELECT max(watermark) FROM {db}.{WATERMARK_TABLE} WHERE tenant = {{tenant:String}}"
+    return f"SELECT min(w) FROM (SELECT max(watermark) AS w FROM {db}.{WATERMARK_TABLE} GROUP BY tenant)"
+
+
+def settled_state_pass(db: str, window: Window, tenant: bool) -> str:
+    """The state pass (same rows as analytics._anomaly_state_passes.state_pass): the settled
+    flags of the cohort, and the kinds of the handoffs touched since the watermark
+    recomputed; with no watermark, the whole pass recomputed."""
+    tw = "AND tenant = {tenant:String}" if tenant else ""
+    settled = "wm > toDateTime64(0, 3, 'UTC')"
+    bits = ", ".join(f"bitTest(flags, {bit}) AS {kind}" for kind, bit in STATE_KIND_BITS.items())
+    live = f"SELECT tenant, handoff_id FROM {db}.{TABLE} WHERE {settled} AND touched >= wm {tw}"
+    in_window = f"created >= {ts(window.start)} AND created < {ts(window.end)}"
+    live_rows = f"""SELECT tenant, handoff_id, min(created) AS created, {merged_columns(STATE_PASS_COLUMNS)}
+    FROM {db}.{TABLE}
+    WHERE {settled} AND (tenant, handoff_id) IN (SELECT arrayJoin(live_keys)) {tw}
+    GROUP BY tenant, handoff_id
+    HAVING created IS NOT NULL AND {in_window}"""
+    return f"""WITH ({watermark_sql(db, tenant)}) AS wm,
+    (SELECT groupArray((tenant, handoff_id)) FROM ({live})) AS live_keys
+SELECT * FROM (
+    SELECT tenant, handoff_id, {bits} FROM {db}.{FLAGS_TABLE} FINAL
+    WHERE {settled} AND flags != 0 AND {in_window} {tw}
+      AND (tenant, handoff_id) NOT IN (SELECT arrayJoin(live_keys))
+    UNION ALL
+    {state_kinds_sql(live_rows)}
+    UNION ALL
+    {state_pass(db, window, tenant, guard=f"NOT ({settled})")}
+)"""
+
+
+def _count(client: Client, sql: str) -> int:
+    return int(client.query(sql).result_rows[0][0])
+
+
+def settle(
+    client: Client,
+    *,
+    database: str | None = None,
+    lag_s: float = SETTLE_LAG_S,
+    progress: Callable[[int, int], None] | None = None,
+) -> SettleResult | None:
+    """Settle the state flags of every handoff touched since the watermark up to `lag_s`
+    before the store's clock; None when there is nothing to settle yet, or while the
+    mutation that fills `touched` on a store from before sql/013 runs. `progress(done, n)`
+    is called after each slice. Safe to run again after a failure (flags are replaced by
+    the latest settle's; the watermark only moves once all flags are written)."""
+    db = check_db(database)
+    t0 = time.perf_counter()
+    if _count(client, _PENDING_SQL.format(db=db, table=TABLE)):
+        log.info("settle: waiting for the %s.%s mutation that fills `touched`", db, TABLE)
+        return None
+    row = client.query(
+        f"SELECT toUnixTimestamp64Milli(now64(3)),"
+        f" (SELECT toUnixTimestamp64Milli(max(watermark)) FROM {db}.{WATERMARK_TABLE})"
+    ).result_rows[0]
+    bounds = settle_bounds(int(row[1] or 0), int(row[0]), lag_s)
+    if bounds is None:
+        return None
+    since, until = bounds
+    handoffs = _count(client, f"SELECT count() FROM ({_touched_keys(db, since, until)})")
+    until_text = _ms(until)
+    if handoffs:
+        n = slices_for(handoffs)
+        for i in range(n):
+            client.command(settle_sql(db, since, until, until_text, (i, n)))
+            if progress is not None:
+                progress(i + 1, n)
+    flagged = _count(client, f"SELECT count() FROM {db}.{FLAGS_TABLE} FINAL WHERE flags != 0")
+    client.command(
+        f"INSERT INTO {db}.{WATERMARK_TABLE} (tenant, watermark)"
+        f" SELECT DISTINCT tenant, {until_text} FROM {db}.{TABLE}"
+    )
+    elapsed = (time.perf_counter() - t0) * 1000
+    log.debug("settled %d handoffs up to %d ms (%.0f ms)", handoffs, until, elapsed)
+    return SettleResult(since, until, handoffs, flagged, elapsed)

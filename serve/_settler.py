@@ -1,0 +1,73 @@
+"""serve's settle thread: keeps the anomaly flags of stored handoffs settled (sql/013,
+analytics._settled), so an anomaly query recomputes only what came in since.
+
+Every `every_s` seconds it runs one settle: the handoffs touched since the watermark, up to
+`lag_s` before the store's clock. Errors of the store are logged and retried at the next
+tick (the watermark only moves once a settle's flags are written); the thread never dies.
+`stats` counts settles, handoffs recomputed and errors, and keeps the last settle's time.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from analytics import settle
+
+if TYPE_CHECKING:
+    from clickhouse_connect.driver.client import Client
+
+__all__ = ["Settler"]
+
+log = logging.getLogger("handoffs.serve.settle")
+
+
+class Settler:
+    """The settle thread; `start()`, `stop()`, `stats`. ValueError on a non-positive
+    interval or a negative lag."""
+
+    def __init__(
+        self, connect: Callable[[], Client], database: str, *, every_s: float, lag_s: float
+    ) -> None:
+        if every_s <= 0 or lag_s < 0:
+            raise ValueError(f"settle every_s must be > 0 and lag_s >= 0, got {every_s}, {lag_s}")
+        self._connect = connect
+        self._db = database
+        self.every_s = every_s
+        self.lag_s = lag_s
+        self._client: Client | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="anomaly-settle", daemon=True)
+        self.stats = {"settles": 0, "handoffs": 0, "errors": 0, "last_ms": 0.0}
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout)
+        if self._client is not None:
+            self._client.close()
+
+    def tick(self) -> None:
+        """One settle; raises what the store raised."""
+        if self._client is None:
+            self._client = self._connect()
+        done = settle(self._client, database=self._db, lag_s=self.lag_s)
+        if done is not None:
+            self.stats["settles"] += 1
+            self.stats["handoffs"] += done.handoffs
+            self.stats["last_ms"] = round(done.elapsed_ms, 1)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            try:
+                self.tick()
+            except Exception as exc:  # the store failing: retried at the next tick
+                self.stats["errors"] += 1
+                log.warning("settle: %s", str(exc).splitlines()[0][:300] if str(exc) else exc)
+                if self._client is not None:
+                    self._client.close()
+                self._client = None

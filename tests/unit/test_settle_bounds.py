@@ -1,0 +1,35 @@
+"""analytics._settled's pure decisions: the next settle's bounds and its slices."""
+
+from __future__ import annotations
+
+import pytest
+
+from analytics._anomaly_sql import PASSES
+from analytics._settled import STATE_KIND_BITS, settle_bounds, slices_for
+
+
+def test_a_settle_runs_from_the_watermark_to_the_lag_before_the_clock():
+    assert settle_bounds(0, 100_000, 30) == (0, 70_000)
+    assert settle_bounds(50_000, 100_000, 30) == (50_000, 70_000)
+    assert settle_bounds(70_000, 100_000, 30) is None  # nothing new behind the lag
+    assert settle_bounds(90_000, 100_000, 30) is None
+    assert settle_bounds(99_999, 100_000, 0) == (99_999, 100_000)
+    assert settle_bounds(0, 100_000, 0.5) == (0, 99_500)
+
+
+def test_a_negative_lag_is_refused():
+    with pytest.raises(ValueError, match="lag_s must be >= 0"):
+        settle_bounds(0, 100_000, -1)
+
+
+def test_a_big_backlog_is_settled_in_bounded_slices():
+    assert slices_for(0) == 1
+    assert slices_for(500_000) == 1
+    assert slices_for(500_001) == 2
+    assert slices_for(2_666_666) == 6
+
+
+def test_every_state_kind_has_its_own_bit_in_one_byte():
+    assert tuple(STATE_KIND_BITS) == PASSES["state"]
+    assert sorted(STATE_KIND_BITS.values()) == list(range(len(PASSES["state"])))
+    assert max(STATE_KIND_BITS.values()) < 8  # handoff_state_flags.flags is a UInt8
