@@ -5,9 +5,9 @@ handoff's own state rows. So they are computed once the rows came in and kept:
 
   settle      every `touched` state row (sql/013: its insert time) in [watermark, until)
               names a handoff whose kinds may have changed: its rows are merged, its kinds
-              computed and written to handoff_state_flags (a row when a kind is set, or
-              was set before: a flag cleared by a later row is written as 0), then every
-              tenant's watermark moves to `until`. Flags are written before the watermark,
+              computed and written to handoff_state_flags (a row when a kind is set; its
+              row of an earlier settle replaced by 0 first), then every tenant's watermark
+              moves to `until`. Flags are written before the watermark,
               so a reader seeing the new watermark sees the flags.
   state pass  the flags of the cohort (created in the window) whose rows were all touched
               before the watermark, plus the kinds recomputed over the handoffs touched
@@ -120,11 +120,11 @@ def _flags_expr() -> str:
     return " + ".join(f"toUInt8({kind}) * {1 << bit}" for kind, bit in STATE_KIND_BITS.items())
 
 
-def settle_sql(
-    db: str, since_ms: int, until_ms: int, until_text: str, part: tuple[int, int]
-) -> str:
+def settle_sql(db: str, since_ms: int, until_ms: int, part: tuple[int, int]) -> str:
     """INSERT of the flags of the handoffs touched in [since, until), slice `part` = (i, n)
-    of them by key hash."""
+    of them by key hash: a row per flagged one (version 2 x until + 1), and a 0 (version
+    2 x until) over each one's row of an earlier settle, which the new row replaces when its
+    created time is the same and which stays 0 when it moved or no kind is set now."""
     i, n = part
     keys = _touched_keys(db, since_ms, until_ms)
     if n > 1:
@@ -134,11 +134,15 @@ def settle_sql(
     WHERE (tenant, handoff_id) IN ({keys})
     GROUP BY tenant, handoff_id"""
     kinds = state_kinds_sql(rows, flagged_only=False, carry=", created")
-    return f"""INSERT INTO {db}.{FLAGS_TABLE} (tenant, handoff_id, created, flags, settled_at)
-SELECT tenant, handoff_id, assumeNotNull(created), {_flags_expr()} AS flags, {until_text}
+    return f"""INSERT INTO {db}.{FLAGS_TABLE} (tenant, handoff_id, created, flags, version)
+SELECT tenant, handoff_id, assumeNotNull(created), {_flags_expr()} AS flags,
+    toUInt64({2 * until_ms + 1})
 FROM ({kinds})
-WHERE created IS NOT NULL AND (flags != 0
-    OR (tenant, handoff_id) IN (SELECT tenant, handoff_id FROM {db}.{FLAGS_TABLE} WHERE flags != 0))"""
+WHERE created IS NOT NULL AND flags != 0
+UNION ALL
+SELECT tenant, handoff_id, created, 0, toUInt64({2 * until_ms})
+FROM {db}.{FLAGS_TABLE} FINAL
+WHERE flags != 0 AND (tenant, handoff_id) IN ({keys})"""
 
 
 def watermark_sql(db: str, tenant: bool) -> str:
@@ -210,7 +214,7 @@ def settle(
     if handoffs:
         n = slices_for(handoffs)
         for i in range(n):
-            client.command(settle_sql(db, since, until, until_text, (i, n)))
+            client.command(settle_sql(db, since, until, (i, n)))
             if progress is not None:
                 progress(i + 1, n)
     flagged = _count(client, f"SELECT count() FROM {db}.{FLAGS_TABLE} FINAL WHERE flags != 0")

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 __all__ = ["Settler"]
 
 log = logging.getLogger("handoffs.serve.settle")
+#: a settle taking this long (ms) is logged
+_SAY_ABOVE_MS = 5_000
 
 
 class Settler:
@@ -60,6 +62,9 @@ class Settler:
             self.stats["settles"] += 1
             self.stats["handoffs"] += done.handoffs
             self.stats["last_ms"] = round(done.elapsed_ms, 1)
+            if done.elapsed_ms >= _SAY_ABOVE_MS:  # a first settle of a big store, a backlog
+                log.warning("settle: %d handoffs' anomaly flags settled in %.1f s (%d flagged)",
+                            done.handoffs, done.elapsed_ms / 1000, done.flagged)  # fmt: skip
 
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):

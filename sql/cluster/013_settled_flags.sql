@@ -11,9 +11,12 @@
 --                         stored before this file get it from MATERIALIZE COLUMN (a
 --                         background mutation; meanwhile a read gives the read's time, so
 --                         those handoffs count as just touched: recomputed, never stale)
---   handoff_state_flags   per settled handoff with a kind set (or set before): its created
---                         time and one bit per kind (analytics._settled.STATE_KIND_BITS);
---                         the row of the latest settle wins (ReplacingMergeTree)
+--   handoff_state_flags   per settled handoff with a kind set: its created time and one bit
+--                         per kind (analytics._settled.STATE_KIND_BITS), ordered by created
+--                         time so a window reads only its own; the row of the latest settle
+--                         wins (ReplacingMergeTree by `version`: 2 x the settle's time in ms,
+--                         +1 for a handoff's flags, +0 for the 0 that first replaces its row
+--                         of an earlier settle, whose created time may have moved)
 --   anomaly_settle        per tenant, the watermarks the settle job reached: every handoff
 --                         whose state rows were all touched before a tenant's latest
 --                         watermark has its flags settled. A query takes the flags of those
@@ -27,9 +30,12 @@ ALTER TABLE {db}.handoff_anomaly_state_local ON CLUSTER '{cluster}' ADD COLUMN I
 --                         stored before this file get it from MATERIALIZE COLUMN (a
 --                         background mutation; meanwhile a read gives the read's time, so
 --                         those handoffs count as just touched: recomputed, never stale)
---   handoff_state_flags   per settled handoff with a kind set (or set before): its created
---                         time and one bit per kind (analytics._settled.STATE_KIND_BITS);
---                         the row of the latest settle wins (ReplacingMergeTree)
+--   handoff_state_flags   per settled handoff with a kind set: its created time and one bit
+--                         per kind (analytics._settled.STATE_KIND_BITS), ordered by created
+--                         time so a window reads only its own; the row of the latest settle
+--                         wins (ReplacingMergeTree by `version`: 2 x the settle's time in ms,
+--                         +1 for a handoff's flags, +0 for the 0 that first replaces its row
+--                         of an earlier settle, whose created time may have moved)
 --   anomaly_settle        per tenant, the watermarks the settle job reached: every handoff
 --                         whose state rows were all touched before a tenant's latest
 --                         watermark has its flags settled. A query takes the flags of those
@@ -46,10 +52,10 @@ CREATE TABLE IF NOT EXISTS {db}.handoff_state_flags_local ON CLUSTER '{cluster}'
     `handoff_id` String,
     `created` DateTime64(9, 'UTC'),
     `flags` UInt8,
-    `settled_at` DateTime64(3, 'UTC')
+    `version` UInt64
 )
-ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/{database}/handoff_state_flags_local', '{replica}')(settled_at)
-ORDER BY (tenant, handoff_id);
+ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/{database}/handoff_state_flags_local', '{replica}')(version)
+ORDER BY (tenant, created, handoff_id);
 
 CREATE TABLE IF NOT EXISTS {db}.handoff_state_flags ON CLUSTER '{cluster}' AS {db}.handoff_state_flags_local
 ENGINE = Distributed('{cluster}', '{db}', 'handoff_state_flags_local', cityHash64(handoff_id));

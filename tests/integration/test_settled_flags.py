@@ -45,7 +45,10 @@ def _table(client, db: str, tenant: str | None = None) -> dict[str, tuple[int, l
 
 
 def _flags(client, db: str) -> dict[tuple[str, str], int]:
-    rows = client.query(f"SELECT tenant, handoff_id, flags FROM {db}.{FLAGS_TABLE} FINAL")
+    """The settled flags set, per handoff."""
+    rows = client.query(
+        f"SELECT tenant, handoff_id, flags FROM {db}.{FLAGS_TABLE} FINAL WHERE flags != 0"
+    )
     return {(t, h): int(f) for t, h, f in rows.result_rows}
 
 
@@ -99,8 +102,17 @@ def test_rows_after_a_settle_set_and_clear_flags_live_and_once_settled(chdb_clie
     assert done is not None and done.handoffs == 2  # only the two touched
     assert _table(chdb_client, store, "acme") == live
     bits = _flags(chdb_client, store)
-    # the settled row replaces the one before (the skew bit cleared), it is not OR-ed in
+    # the settled row replaces the one before (the skew bit cleared), it is not OR-ed in;
+    # the earlier create moved the handoff's created time: its row there is now 0
     assert bits[("acme", "skew")] == 1 << STATE_KIND_BITS["duplicate_delivery"]
+    rows = chdb_client.query(
+        f"SELECT created, flags FROM {store}.{FLAGS_TABLE} FINAL"
+        " WHERE tenant = 'acme' AND handoff_id = 'skew' ORDER BY created"
+    ).result_rows
+    assert [(c.replace(tzinfo=UTC), f) for c, f in rows] == [
+        (_s(3), 1 << STATE_KIND_BITS["duplicate_delivery"]),
+        (_s(10), 0),
+    ]
     assert bits[("globex", "skew")] == 1 << STATE_KIND_BITS["clock_skew"]
     assert _table(chdb_client, store)["clock_skew"] == (1, ["skew"])
 
