@@ -270,6 +270,8 @@ def run_serve(
         deriver.start()
         telemetry.registry.register(deriver)  # handoffs_derive_* on GET /metrics
     settler = _start_settler(spec)
+    if settler is not None:
+        telemetry.registry.register(settler)  # handoffs_settle_* on GET /metrics
     if ready is not None:
         ready.set()
     merges = MergePriority(tuned.merge_nice)

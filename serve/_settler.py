@@ -4,15 +4,16 @@ analytics._settled), so an anomaly query recomputes only what came in since.
 Every `every_s` seconds it runs one settle: the handoffs touched since the watermark, up to
 `lag_s` before the store's clock. Errors of the store are logged and retried at the next
 tick (the watermark only moves once a settle's flags are written); the thread never dies.
-`stats` counts settles, handoffs recomputed and errors, and keeps the last settle's time.
+`stats` counts settles, handoffs recomputed and errors, and keeps the last settle's time and
+watermark; `collect` gives them to serve's /metrics (handoffs_settle_*).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from analytics import settle
 
@@ -42,10 +43,33 @@ class Settler:
         self._client: Client | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="anomaly-settle", daemon=True)
-        self.stats = {"settles": 0, "handoffs": 0, "errors": 0, "last_ms": 0.0}
+        self.stats: dict[str, float] = {
+            "settles": 0, "handoffs": 0, "errors": 0, "last_ms": 0.0, "watermark_ms": 0,
+        }  # fmt: skip
 
     def start(self) -> None:
         self._thread.start()
+
+    def collect(self) -> Iterator[Any]:
+        """prometheus-client collector: the settle counters (registered on serve's /metrics)."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        for key, doc in (
+            ("settles", "settles of the anomaly flags run"),
+            ("handoffs", "handoffs whose anomaly flags a settle recomputed"),
+            ("errors", "settles that failed (retried at the next tick)"),
+        ):
+            yield CounterMetricFamily(f"handoffs_settle_{key}", doc, value=self.stats[key])
+        yield GaugeMetricFamily(
+            "handoffs_settle_last_seconds",
+            "duration of the last settle",
+            value=float(self.stats["last_ms"]) / 1000,
+        )
+        yield GaugeMetricFamily(
+            "handoffs_settle_watermark_timestamp_seconds",
+            "Unix time before which every stored handoff's anomaly flags are settled (0 = none)",
+            value=float(self.stats["watermark_ms"]) / 1000,
+        )
 
     def stop(self, timeout: float = 30.0) -> None:
         self._stop.set()
@@ -62,6 +86,7 @@ class Settler:
             self.stats["settles"] += 1
             self.stats["handoffs"] += done.handoffs
             self.stats["last_ms"] = round(done.elapsed_ms, 1)
+            self.stats["watermark_ms"] = done.until_ms
             if done.elapsed_ms >= _SAY_ABOVE_MS:  # a first settle of a big store, a backlog
                 log.warning("settle: %d handoffs' anomaly flags settled in %.1f s (%d flagged)",
                             done.handoffs, done.elapsed_ms / 1000, done.flagged)  # fmt: skip
