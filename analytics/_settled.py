@@ -192,8 +192,9 @@ def settle(
     progress: Callable[[int, int], None] | None = None,
 ) -> SettleResult | None:
     """Settle the state flags of every handoff touched since the watermark up to `lag_s`
-    before the store's clock; None when there is nothing to settle yet, or while the
-    mutation that fills `touched` on a store from before sql/013 runs. `progress(done, n)`
+    before the store's clock; None when there is nothing to settle yet (no handoff touched
+    since the watermark: it stays, and an idle store gains no rows), or while the mutation
+    that fills `touched` on a store from before sql/013 runs. `progress(done, n)`
     is called after each slice. Safe to run again after a failure (flags are replaced by
     the latest settle's; the watermark only moves once all flags are written)."""
     db = check_db(database)
@@ -210,13 +211,14 @@ def settle(
         return None
     since, until = bounds
     handoffs = _count(client, f"SELECT count() FROM ({_touched_keys(db, since, until)})")
+    if not handoffs:  # the watermark may stay: no handoff is live that was not before
+        return None
     until_text = _ms(until)
-    if handoffs:
-        n = slices_for(handoffs)
-        for i in range(n):
-            client.command(settle_sql(db, since, until, (i, n)))
-            if progress is not None:
-                progress(i + 1, n)
+    n = slices_for(handoffs)
+    for i in range(n):
+        client.command(settle_sql(db, since, until, (i, n)))
+        if progress is not None:
+            progress(i + 1, n)
     flagged = _count(client, f"SELECT count() FROM {db}.{FLAGS_TABLE} FINAL WHERE flags != 0")
     client.command(
         f"INSERT INTO {db}.{WATERMARK_TABLE} (tenant, watermark)"

@@ -67,7 +67,8 @@ class Settler:
         )
         yield GaugeMetricFamily(
             "handoffs_settle_watermark_timestamp_seconds",
-            "Unix time before which every stored handoff's anomaly flags are settled (0 = none)",
+            "Unix time before which every stored handoff's anomaly flags are settled (0 = none; "
+            "not moved while nothing new is stored)",
             value=float(self.stats["watermark_ms"]) / 1000,
         )
 

@@ -75,9 +75,10 @@ def test_settled_flags_give_the_kinds_a_recomputation_gives(chdb_client, store):
     assert _table(chdb_client, store) == want
     assert _table(chdb_client, store, "acme") == {k: (n // 2, v) for k, (n, v) in want.items()}
 
-    # nothing touched since: the next settle recomputes nothing
-    again = settle(chdb_client, database=store, lag_s=0)
-    assert again is None or again.handoffs == 0
+    # nothing touched since: the next settle recomputes and writes nothing
+    marks = chdb_client.command(f"SELECT count() FROM {store}.anomaly_settle")
+    assert settle(chdb_client, database=store, lag_s=0) is None
+    assert chdb_client.command(f"SELECT count() FROM {store}.anomaly_settle") == marks
 
 
 def test_rows_after_a_settle_set_and_clear_flags_live_and_once_settled(chdb_client, store):
@@ -119,9 +120,9 @@ def test_rows_after_a_settle_set_and_clear_flags_live_and_once_settled(chdb_clie
 
 def test_rows_younger_than_the_lag_stay_live(chdb_client, store):
     want = _table(chdb_client, store)
-    early = settle(chdb_client, database=store, lag_s=3600)
-    assert early is not None and early.handoffs == 0 and early.flagged == 0
+    assert settle(chdb_client, database=store, lag_s=3600) is None  # none touched an hour ago
     assert _flags(chdb_client, store) == {}
+    assert chdb_client.command(f"SELECT count() FROM {store}.anomaly_settle") == 0
     assert _table(chdb_client, store) == want  # all touched after the watermark: recomputed
     with pytest.raises(ValueError, match="lag_s"):
         settle(chdb_client, database=store, lag_s=-1)

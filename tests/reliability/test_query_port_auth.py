@@ -158,12 +158,20 @@ def serve(tmp_path_factory):
         assert r.status_code == 200, r.text
     h.wait_stored()
     # the settle thread has settled both tenants' flags (each tenant's two handoffs were
-    # created more than once: duplicate delivery)
+    # created more than once: duplicate delivery) and nothing is left for it to write
     op = _client(h, "op")
     settled = "SELECT uniqExact(tenant) FROM {t}"
+    behind = (
+        "SELECT count() FROM handoff_anomaly_state"
+        " WHERE touched >= (SELECT max(watermark) FROM anomaly_settle)"
+    )
     wait_until(
-        lambda: all(
-            op.command(settled.format(t=t)) == 2 for t in ("anomaly_settle", "handoff_state_flags")
+        lambda: (
+            all(
+                op.command(settled.format(t=t)) == 2
+                for t in ("anomaly_settle", "handoff_state_flags")
+            )
+            and op.command(behind) == 0
         ),
         30,
         "both tenants' anomaly flags settled",
