@@ -79,13 +79,11 @@ _PENDING_SQL: Final = (
 @dataclass(frozen=True, slots=True)
 class SettleResult:
     """One settle: the watermark before and after (ms since the epoch; 0 = never settled),
-    the handoffs recomputed, the handoffs flagged after it (all settled ones) and how long
-    it took (ms)."""
+    the handoffs recomputed and how long it took (ms)."""
 
     since_ms: int
     until_ms: int
     handoffs: int
-    flagged: int
     elapsed_ms: float
 
 
@@ -219,11 +217,10 @@ def settle(
         client.command(settle_sql(db, since, until, (i, n)))
         if progress is not None:
             progress(i + 1, n)
-    flagged = _count(client, f"SELECT count() FROM {db}.{FLAGS_TABLE} FINAL WHERE flags != 0")
     client.command(
         f"INSERT INTO {db}.{WATERMARK_TABLE} (tenant, watermark)"
         f" SELECT DISTINCT tenant, {until_text} FROM {db}.{TABLE}"
     )
     elapsed = (time.perf_counter() - t0) * 1000
     log.debug("settled %d handoffs up to %d ms (%.0f ms)", handoffs, until, elapsed)
-    return SettleResult(since, until, handoffs, flagged, elapsed)
+    return SettleResult(since, until, handoffs, elapsed)

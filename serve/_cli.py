@@ -176,6 +176,18 @@ def _metrics_refresh_s(args: argparse.Namespace) -> float:
     return seconds
 
 
+def _seconds(setting: settings.Setting) -> float:
+    """A setting in seconds, 0 or more; ValueError naming its variable otherwise."""
+    raw = settings.resolve(setting)
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:
+        raise ValueError(f"{setting.env} must be 0 or more seconds, got {raw!r}")
+    return seconds
+
+
 def _signing(args: argparse.Namespace) -> dict:
     """signing_key and sign_every_s of ServeConfig; ValueError for an unreadable key."""
     from foundation.keys import load_private_key
@@ -237,6 +249,8 @@ def _serve(args: argparse.Namespace) -> int:
             metrics_refresh_s=_metrics_refresh_s(args),
             **_signing(args),
             derive=args.derive,
+            settle_every_s=_seconds(settings.SETTLE_EVERY_S),
+            settle_lag_s=_seconds(settings.SETTLE_LAG_S),
         )
     except (ValueError, StoreError) as exc:
         print(f"handoffs serve: {exc}", file=sys.stderr)

@@ -77,6 +77,9 @@ class ServeConfig:
     instance_id: str | None = None
     #: derive handoffs from framework spans (derive/): a pass every HANDOFFS_DERIVE_EVERY_S s
     derive: bool = True
+    #: anomaly settle thread (serve._settler): seconds between settles (0 = none) and lag
+    settle_every_s: float = 10.0
+    settle_lag_s: float = 30.0
 
 
 #: seconds serve's shutdown lets running OTLP/gRPC calls finish (decode, spool, answer)
@@ -124,15 +127,16 @@ def _start_signer(cfg: ServeConfig, instance: str = ""):
     return signer
 
 
-def _start_settler(spec):
-    """The anomaly settle thread (serve._settler), or None when HANDOFFS_SETTLE_EVERY_S is 0."""
-    from foundation.settings import SETTLE_EVERY_S, SETTLE_LAG_S, resolve
+def _start_settler(cfg: ServeConfig):
+    """The anomaly settle thread (serve._settler), or None when settle_every_s is 0."""
     from serve._settler import Settler
 
-    every, lag = float(resolve(SETTLE_EVERY_S)), float(resolve(SETTLE_LAG_S))
-    if every <= 0:
+    if cfg.settle_every_s <= 0:
         return None
-    settler = Settler(lambda: connect(spec), spec.database, every_s=every, lag_s=lag)
+    spec = cfg.store
+    settler = Settler(
+        lambda: connect(spec), spec.database, every_s=cfg.settle_every_s, lag_s=cfg.settle_lag_s
+    )
     settler.start()
     return settler
 
@@ -269,7 +273,7 @@ def run_serve(
         )
         deriver.start()
         telemetry.registry.register(deriver)  # handoffs_derive_* on GET /metrics
-    settler = _start_settler(spec)
+    settler = _start_settler(cfg)
     if settler is not None:
         telemetry.registry.register(settler)  # handoffs_settle_* on GET /metrics
     if ready is not None:

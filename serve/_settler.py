@@ -89,8 +89,8 @@ class Settler:
             self.stats["last_ms"] = round(done.elapsed_ms, 1)
             self.stats["watermark_ms"] = done.until_ms
             if done.elapsed_ms >= _SAY_ABOVE_MS:  # a first settle of a big store, a backlog
-                log.warning("settle: %d handoffs' anomaly flags settled in %.1f s (%d flagged)",
-                            done.handoffs, done.elapsed_ms / 1000, done.flagged)  # fmt: skip
+                log.warning("settle: %d handoffs' anomaly flags settled in %.1f s",
+                            done.handoffs, done.elapsed_ms / 1000)  # fmt: skip
 
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):

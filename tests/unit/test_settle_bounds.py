@@ -33,3 +33,20 @@ def test_every_state_kind_has_its_own_bit_in_one_byte():
     assert tuple(STATE_KIND_BITS) == PASSES["state"]
     assert sorted(STATE_KIND_BITS.values()) == list(range(len(PASSES["state"])))
     assert max(STATE_KIND_BITS.values()) < 8  # handoff_state_flags.flags is a UInt8
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [("HANDOFFS_SETTLE_EVERY_S", "often"), ("HANDOFFS_SETTLE_EVERY_S", "-1"),
+     ("HANDOFFS_SETTLE_LAG_S", "-0.5"), ("HANDOFFS_SETTLE_LAG_S", "nan")],
+)  # fmt: skip
+def test_serve_refuses_a_bad_settle_setting_before_opening_the_store(
+    tmp_path, monkeypatch, capsys, variable, value
+):
+    from handoffs.cli import main
+
+    monkeypatch.setenv(variable, value)
+    assert main(["serve", "--store", f"chdb://{tmp_path / 'never-opened'}"]) == 2
+    err = capsys.readouterr().err
+    assert f"{variable} must be 0 or more seconds, got {value!r}" in err
+    assert not (tmp_path / "never-opened").exists()
