@@ -114,6 +114,16 @@ def _touched_keys(db: str, since_ms: int, until_ms: int) -> str:
     )
 
 
+def _merged_state(db: str, where: str, having: str = "1") -> str:
+    """One merged state row per handoff with a row matching `where` (all its rows merged):
+    tenant, handoff_id, created and STATE_PASS_COLUMNS."""
+    return f"""SELECT tenant, handoff_id, min(created) AS created, {merged_columns(STATE_PASS_COLUMNS)}
+    FROM {db}.{TABLE}
+    WHERE {where}
+    GROUP BY tenant, handoff_id
+    HAVING {having}"""
+
+
 def _flags_expr() -> str:
     return " + ".join(f"toUInt8({kind}) * {1 << bit}" for kind, bit in STATE_KIND_BITS.items())
 
@@ -127,10 +137,7 @@ def settle_sql(db: str, since_ms: int, until_ms: int, part: tuple[int, int]) -> 
     keys = _touched_keys(db, since_ms, until_ms)
     if n > 1:
         keys += f" AND cityHash64(tenant, handoff_id) % {n} = {i}"
-    rows = f"""SELECT tenant, handoff_id, min(created) AS created, {merged_columns(STATE_PASS_COLUMNS)}
-    FROM {db}.{TABLE}
-    WHERE (tenant, handoff_id) IN ({keys})
-    GROUP BY tenant, handoff_id"""
+    rows = _merged_state(db, f"(tenant, handoff_id) IN ({keys})")
     kinds = state_kinds_sql(rows, flagged_only=False, carry=", created")
     return f"""INSERT INTO {db}.{FLAGS_TABLE} (tenant, handoff_id, created, flags, version)
 SELECT tenant, handoff_id, assumeNotNull(created), {_flags_expr()} AS flags,
@@ -160,11 +167,11 @@ def settled_state_pass(db: str, window: Window, tenant: bool) -> str:
     bits = ", ".join(f"bitTest(flags, {bit}) AS {kind}" for kind, bit in STATE_KIND_BITS.items())
     live = f"SELECT tenant, handoff_id FROM {db}.{TABLE} WHERE {settled} AND touched >= wm {tw}"
     in_window = f"created >= {ts(window.start)} AND created < {ts(window.end)}"
-    live_rows = f"""SELECT tenant, handoff_id, min(created) AS created, {merged_columns(STATE_PASS_COLUMNS)}
-    FROM {db}.{TABLE}
-    WHERE {settled} AND (tenant, handoff_id) IN (SELECT arrayJoin(live_keys)) {tw}
-    GROUP BY tenant, handoff_id
-    HAVING created IS NOT NULL AND {in_window}"""
+    live_rows = _merged_state(
+        db,
+        f"{settled} AND (tenant, handoff_id) IN (SELECT arrayJoin(live_keys)) {tw}",
+        f"created IS NOT NULL AND {in_window}",
+    )
     return f"""WITH ({watermark_sql(db, tenant)}) AS wm,
     (SELECT groupArray((tenant, handoff_id)) FROM ({live})) AS live_keys
 SELECT * FROM (
