@@ -9,6 +9,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Final
 
 from analytics import _contract_sql as cs
+from analytics._watermarks import (
+    COHORT_TABLE,
+    COHORT_WATERMARK_TABLE,
+    EPOCH,
+    live_keys_sql,
+    watermark_sql,
+)
 from collector import semconv
 from collector.semconv import DEFAULT_DEADLINE_MS, SETTLE_GRACE_MS
 from foundation import settings
@@ -123,10 +130,12 @@ def bucket_expr(bucket: str | None) -> str | None:
     return f"{fn}(toDateTime(created, 'UTC'))"
 
 
-#: Per-handoff columns cohort_sql can add. The cohort reads handoff_summary FINAL: parts
-#: that do not overlap are not merged at read time (cheap once background merges caught
-#: up); WHERE on non-key columns is applied after FINAL (optimize_move_to_prewhere_if_final
-#: is off by default), so a handoff's create row and its later rows are combined first.
+#: Per-handoff columns cohort_sql can add. The cohort reads the settled copy
+#: (handoff_settled FINAL, ordered by created time: only the window's rows) of the handoffs
+#: settled before the copy's watermark, and handoff_summary FINAL of the rest: parts that do
+#: not overlap are not merged at read time (cheap once background merges caught up); WHERE
+#: on non-key columns is applied after FINAL (optimize_move_to_prewhere_if_final is off),
+#: so a handoff's create row and its later rows are combined first.
 _EXTRA_COLUMNS: Final = {
     "task_id": "max(task_id)",
     "protocol": "max(protocol)",
@@ -195,6 +204,17 @@ def cohort_sql(
             raise ValueError(f"unknown cohort column {c!r}")
     extra_sql = "".join(f"        {c},\n" for c in cols)
     last = f",\n    {cs.last_state_expr('tmask')} AS last_state" if last_state else ""
+    columns = f"""SELECT tenant, handoff_id, created,
+        coalesce(deadline_ms, {DEFAULT_DEADLINE_MS}) AS deadline_eff,
+        mode,
+{extra_sql}        tmask, first_result"""
+    in_window = f"created >= {ts(window.start)} AND created < {ts(window.end)} {tenant_and}" + (
+        f"\n       AND (tenant, handoff_id) IN ({within})" if within else ""
+    )
+    wm = f"({watermark_sql(db, tenant_param, COHORT_WATERMARK_TABLE)})"
+    live = f"(tenant, handoff_id) IN ({live_keys_sql(db, wm, tenant_and)})"
+    # the created and alive filters must see merged rows (a server may default this on)
+    final = "SETTINGS optimize_move_to_prewhere_if_final = 0"
     return f"""
 SELECT *,
     {cs.has("tmask", cs.TERMINAL_MASK)}
@@ -208,16 +228,26 @@ SELECT *,
     is_unk AND NOT {cs.has("tmask", cs.UNKNOWN_OUT_MASK)} AS is_unresolved,
     mode = 'escalate' OR {cs.has("tmask", cs.ESCALATED_MASK)} AS is_esc{last}
 FROM (
-    SELECT tenant, handoff_id, created,
-        coalesce(deadline_ms, {DEFAULT_DEADLINE_MS}) AS deadline_eff,
-        mode,
-{extra_sql}        tmask, first_result
+    SELECT * FROM (
+    {columns}
+    FROM {db}.{COHORT_TABLE} FINAL
+    WHERE {wm} > {EPOCH} AND alive AND {in_window}
+       AND NOT {live}
+    {final})
+    UNION ALL
+    SELECT * FROM (
+    {columns}
     FROM {db}.handoff_summary FINAL
-    WHERE created IS NOT NULL
-       AND created >= {ts(window.start)} AND created < {ts(window.end)}
-       {tenant_and}{f"{chr(10)}       AND (tenant, handoff_id) IN ({within})" if within else ""}
-    -- the created filter must see merged rows (a server may default this on)
-    SETTINGS optimize_move_to_prewhere_if_final = 0
+    WHERE {wm} > {EPOCH} AND {live}
+       AND created IS NOT NULL AND {in_window}
+    {final})
+    UNION ALL
+    SELECT * FROM (
+    {columns}
+    FROM {db}.handoff_summary FINAL
+    WHERE NOT ({wm} > {EPOCH})
+       AND created IS NOT NULL AND {in_window}
+    {final})
 ){_create_attrs_join(db, window, tenant_and, attr_cols)}
 """
 

@@ -4,11 +4,15 @@ The state pass's kinds (analytics._anomaly_state_passes.state_kinds) are functio
 handoff's own state rows. So they are computed once the rows came in and kept:
 
   settle      every `touched` state row (sql/013: its insert time) in [watermark, until)
-              names a handoff whose kinds may have changed: its rows are merged, its kinds
-              computed and written to handoff_state_flags (a row when a kind is set; its
-              row of an earlier settle replaced by 0 first), then every tenant's watermark
-              moves to `until`. Flags are written before the watermark,
-              so a reader seeing the new watermark sees the flags.
+              names a handoff whose kinds or summary may have changed: its rows are
+              merged, its kinds computed and written to handoff_state_flags (a row when a
+              kind is set; its row of an earlier settle replaced by 0 first), its merged
+              handoff_summary row copied to handoff_settled (sql/014, ordered by created
+              time, read by analytics._common.cohort_sql; its row of an earlier settle
+              marked not alive first), then every tenant's watermarks move to `until`. Rows
+              are written before the watermarks, so a reader seeing a new watermark sees
+              them. The two tables keep their own watermark (a store settled before sql/014
+              has flags and no copy): a settle starts from the lesser.
   state pass  the flags of the cohort (created in the window) whose rows were all touched
               before the watermark, plus the kinds recomputed over the handoffs touched
               since (the live remainder: what came in after the last settle), so a query
@@ -41,6 +45,16 @@ from analytics._anomaly_state_passes import (
 )
 from analytics._anomaly_state_sql import TABLE
 from analytics._common import Window, check_db, ts
+from analytics._watermarks import (
+    COHORT_COLUMNS,
+    COHORT_TABLE,
+    COHORT_WATERMARK_TABLE,
+    EPOCH,
+    FLAGS_TABLE,
+    WATERMARK_TABLE,
+    live_keys_sql,
+    watermark_sql,
+)
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
@@ -49,8 +63,8 @@ __all__ = [
     "FLAGS_TABLE",
     "SETTLE_LAG_S",
     "STATE_KIND_BITS",
-    "WATERMARK_TABLE",
     "SettleResult",
+    "cohort_settle_sql",
     "settle",
     "settle_bounds",
     "settled_state_pass",
@@ -58,8 +72,6 @@ __all__ = [
 
 log = logging.getLogger("handoffs.analytics.settle")
 
-FLAGS_TABLE: Final = "handoff_state_flags"
-WATERMARK_TABLE: Final = "anomaly_settle"
 #: seconds the settle's upper bound stays behind the store's clock (see module doc)
 SETTLE_LAG_S: Final = 30
 #: kind -> its bit in handoff_state_flags.flags
@@ -150,12 +162,30 @@ FROM {db}.{FLAGS_TABLE} FINAL
 WHERE flags != 0 AND (tenant, handoff_id) IN ({keys})"""
 
 
-def watermark_sql(db: str, tenant: bool) -> str:
-    """Scalar SQL: the watermark (DateTime64(3)) a query may use, the epoch when none: the
-    tenant's, or over all tenants the least of each tenant's latest."""
-    if tenant:
-        return f"SELECT max(watermark) FROM {db}.{WATERMARK_TABLE} WHERE tenant = {{tenant:String}}"
-    return f"SELECT min(w) FROM (SELECT max(watermark) AS w FROM {db}.{WATERMARK_TABLE} GROUP BY tenant)"
+def cohort_settle_sql(db: str, since_ms: int, until_ms: int, part: tuple[int, int]) -> str:
+    """INSERT of the merged handoff_summary rows of the handoffs touched in [since, until),
+    slice `part` = (i, n) of them by key hash, into handoff_settled: a row per handoff with
+    a created time (alive, version 2 x until + 1), and a row not alive (version 2 x until)
+    at each created time an earlier settle stored the handoff under, which the new row
+    replaces when its created time is the same."""
+    i, n = part
+    keys = _touched_keys(db, since_ms, until_ms)
+    if n > 1:
+        keys += f" AND cityHash64(tenant, handoff_id) % {n} = {i}"
+    names = ", ".join(COHORT_COLUMNS)
+    fresh = ", ".join("assumeNotNull(created)" if c == "created" else c for c in COHORT_COLUMNS)
+    return f"""INSERT INTO {db}.{COHORT_TABLE} ({names}, alive, version)
+SELECT {fresh}, 1, toUInt64({2 * until_ms + 1})
+FROM (
+    SELECT * FROM {db}.handoff_summary FINAL WHERE (tenant, handoff_id) IN ({keys})
+    -- the created filter must see merged rows (a server may default this on)
+    SETTINGS optimize_move_to_prewhere_if_final = 0
+)
+WHERE created IS NOT NULL
+UNION ALL
+SELECT {names}, 0, toUInt64({2 * until_ms})
+FROM {db}.{COHORT_TABLE}
+WHERE alive AND (tenant, handoff_id) IN ({keys})"""
 
 
 def settled_state_pass(db: str, window: Window, tenant: bool) -> str:
@@ -163,9 +193,9 @@ def settled_state_pass(db: str, window: Window, tenant: bool) -> str:
     flags of the cohort, and the kinds of the handoffs touched since the watermark
     recomputed; with no watermark, the whole pass recomputed."""
     tw = "AND tenant = {tenant:String}" if tenant else ""
-    settled = "wm > toDateTime64(0, 3, 'UTC')"
+    settled = f"wm > {EPOCH}"
     bits = ", ".join(f"bitTest(flags, {bit}) AS {kind}" for kind, bit in STATE_KIND_BITS.items())
-    live = f"SELECT tenant, handoff_id FROM {db}.{TABLE} WHERE {settled} AND touched >= wm {tw}"
+    live = live_keys_sql(db, "wm", tw)
     in_window = f"created >= {ts(window.start)} AND created < {ts(window.end)}"
     live_rows = _merged_state(
         db,
@@ -208,8 +238,12 @@ def settle(
         log.info("settle: waiting for the %s.%s mutation that fills `touched`", db, TABLE)
         return None
     row = client.query(
-        f"SELECT toUnixTimestamp64Milli(now64(3)),"
-        f" (SELECT toUnixTimestamp64Milli(max(watermark)) FROM {db}.{WATERMARK_TABLE})"
+        "SELECT toUnixTimestamp64Milli(now64(3)), least("
+        + ", ".join(
+            f"(SELECT toUnixTimestamp64Milli(max(watermark)) FROM {db}.{t})"
+            for t in (WATERMARK_TABLE, COHORT_WATERMARK_TABLE)
+        )
+        + ")"
     ).result_rows[0]
     bounds = settle_bounds(int(row[1] or 0), int(row[0]), lag_s)
     if bounds is None:
@@ -222,12 +256,14 @@ def settle(
     n = slices_for(handoffs)
     for i in range(n):
         client.command(settle_sql(db, since, until, (i, n)))
+        client.command(cohort_settle_sql(db, since, until, (i, n)))
         if progress is not None:
             progress(i + 1, n)
-    client.command(
-        f"INSERT INTO {db}.{WATERMARK_TABLE} (tenant, watermark)"
-        f" SELECT DISTINCT tenant, {until_text} FROM {db}.{TABLE}"
-    )
+    for table in (WATERMARK_TABLE, COHORT_WATERMARK_TABLE):
+        client.command(
+            f"INSERT INTO {db}.{table} (tenant, watermark)"
+            f" SELECT DISTINCT tenant, {until_text} FROM {db}.{TABLE}"
+        )
     elapsed = (time.perf_counter() - t0) * 1000
     log.debug("settled %d handoffs up to %d ms (%.0f ms)", handoffs, until, elapsed)
     return SettleResult(since, until, handoffs, elapsed)

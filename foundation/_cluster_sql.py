@@ -32,6 +32,8 @@ SHARDING_KEYS: Final = {
     "handoff_anomaly_state": "cityHash64(handoff_id)",
     "handoff_state_flags": "cityHash64(handoff_id)",
     "anomaly_settle": "cityHash64(tenant)",
+    "handoff_settled": "cityHash64(handoff_id)",
+    "cohort_settle": "cityHash64(tenant)",
     "transition_ledger": "cityHash64(handoff_id)",
     "ingest_batches": "cityHash64(ingest_batch)",
     "ingest_rejects": "rand()",

@@ -37,6 +37,8 @@ TENANT_TABLES = {
     "handoff_anomaly_state": "tenant",
     "handoff_state_flags": "tenant",
     "anomaly_settle": "tenant",
+    "handoff_settled": "tenant",
+    "cohort_settle": "tenant",
     "transition_ledger": "tenant",
     "ingest_batches": "tenant",
     "ingest_rejects": "tenant",
@@ -158,7 +160,8 @@ def serve(tmp_path_factory):
         assert r.status_code == 200, r.text
     h.wait_stored()
     # the settle thread has settled both tenants' flags (each tenant's two handoffs were
-    # created more than once: duplicate delivery) and nothing is left for it to write
+    # created more than once: duplicate delivery) and cohort rows, and nothing is left
+    # for it to write
     op = _client(h, "op")
     settled = "SELECT uniqExact(tenant) FROM {t}"
     behind = (
@@ -169,7 +172,12 @@ def serve(tmp_path_factory):
         lambda: (
             all(
                 op.command(settled.format(t=t)) == 2
-                for t in ("anomaly_settle", "handoff_state_flags")
+                for t in (
+                    "anomaly_settle",
+                    "handoff_state_flags",
+                    "cohort_settle",
+                    "handoff_settled",
+                )
             )
             and op.command(behind) == 0
         ),

@@ -1,0 +1,81 @@
+"""Where the settle job stands (analytics._settled; sql/013, sql/014): the watermark tables
+and the SQL a query uses to tell the settled handoffs from the live ones.
+
+A handoff is settled for a watermark when every one of its handoff_anomaly_state rows was
+touched (inserted) before it: the settle job wrote its state flags and its cohort row for
+that watermark. The handoffs touched at or after it are live: a query reads their rows as
+they are now. Any watermark at or below the true one gives the same result (more handoffs
+read live), so an all-tenant query takes the least of the tenants' watermarks.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from analytics._anomaly_state_sql import TABLE as STATE_TABLE
+
+__all__ = [
+    "COHORT_COLUMNS",
+    "COHORT_TABLE",
+    "COHORT_WATERMARK_TABLE",
+    "EPOCH",
+    "FLAGS_TABLE",
+    "WATERMARK_TABLE",
+    "live_keys_sql",
+    "watermark_sql",
+]
+
+FLAGS_TABLE: Final = "handoff_state_flags"
+#: per tenant, the watermark of the state flags
+WATERMARK_TABLE: Final = "anomaly_settle"
+#: per settled handoff its merged handoff_summary row, ordered by created time
+COHORT_TABLE: Final = "handoff_settled"
+#: handoff_summary's columns, which handoff_settled holds besides `alive` and `version`
+COHORT_COLUMNS: Final = (
+    "tenant",
+    "handoff_id",
+    "task_id",
+    "created",
+    "first_seen",
+    "last_seen",
+    "deadline_ms",
+    "protocol",
+    "mode",
+    "from_agent",
+    "to_agent",
+    "topology",
+    "idempotency_key",
+    "capabilities",
+    "tmask",
+    "first_result",
+    "t_accepted",
+    "t_running",
+    "t_result",
+    "t_committed",
+    "t_unknown_in",
+    "t_unknown_out",
+    "transitions",
+    "uncounted",
+)
+#: per tenant, the watermark of the settled cohort rows
+COHORT_WATERMARK_TABLE: Final = "cohort_settle"
+#: the watermark of a store (or tenant) no settle has reached
+EPOCH: Final = "toDateTime64(0, 3, 'UTC')"
+
+
+def watermark_sql(db: str, tenant: bool, table: str = WATERMARK_TABLE) -> str:
+    """Scalar SQL: the watermark (DateTime64(3)) a query may use from `table`, the epoch
+    when none: the tenant's, or over all tenants the least of each tenant's latest."""
+    if tenant:
+        return f"SELECT max(watermark) FROM {db}.{table} WHERE tenant = {{tenant:String}}"
+    return f"SELECT min(w) FROM (SELECT max(watermark) AS w FROM {db}.{table} GROUP BY tenant)"
+
+
+def live_keys_sql(db: str, wm: str, tenant_and: str = "") -> str:
+    """The (tenant, handoff_id) of the handoffs live for watermark `wm` (a SQL expression):
+    none when `wm` is the epoch (nothing is settled, so the caller reads every handoff as
+    it is); the skip index on `touched` leaves the parts written before `wm` unread."""
+    return (
+        f"SELECT tenant, handoff_id FROM {db}.{STATE_TABLE}"
+        f" WHERE {wm} > {EPOCH} AND touched >= {wm} {tenant_and}"
+    )
