@@ -4,21 +4,26 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from analytics import _contract_sql as cs
 from analytics._watermarks import (
     COHORT_TABLE,
     COHORT_WATERMARK_TABLE,
     EPOCH,
+    Settled,
     live_keys_sql,
+    read_settled,
     watermark_sql,
 )
 from collector import semconv
 from collector.semconv import DEFAULT_DEADLINE_MS, SETTLE_GRACE_MS
 from foundation import settings
+
+if TYPE_CHECKING:
+    from clickhouse_connect.driver.client import Client
 
 #: Dimensions every metric can be sliced by (`pair` is "from_agent->to_agent";
 #: `capability` counts a handoff once under each capability it was granted, "" when none;
@@ -45,11 +50,15 @@ class Window:
 
     The cohort is every handoff whose `create` transition time is in [start, end). `as_of`
     fixes the clock of the settle rule and of SLA ages, so a result is reproducible.
+    `settled` is the store's settled-cohort state a query reads against
+    (analytics._watermarks.read_settled; see `against`): None, the cohort's SQL finds it
+    itself (the same rows, at a few more reads per query).
     """
 
     start: datetime
     end: datetime
     as_of: datetime | None = None
+    settled: Settled | None = None
 
     def __post_init__(self) -> None:
         for name in ("start", "end", "as_of"):
@@ -78,7 +87,20 @@ class Window:
             start=self.start + delta,
             end=self.end + delta,
             as_of=None if self.as_of is None else self.as_of + delta,
+            settled=self.settled,
         )
+
+    def against(self, settled: Settled) -> Window:
+        """This window read against the store's settled-cohort state `settled`."""
+        return replace(self, settled=settled)
+
+
+def settled_window(client: Client, db: str, window: Window, tenant: str | None) -> Window:
+    """`window` read against the store's settled-cohort state as it is now (one small query;
+    two when something is settled), unless it already is."""
+    if window.settled is not None:
+        return window
+    return window.against(read_settled(client, db, tenant))
 
 
 def check_db(database: str | None) -> str:
@@ -211,10 +233,33 @@ def cohort_sql(
     in_window = f"created >= {ts(window.start)} AND created < {ts(window.end)} {tenant_and}" + (
         f"\n       AND (tenant, handoff_id) IN ({within})" if within else ""
     )
-    wm = f"({watermark_sql(db, tenant_param, COHORT_WATERMARK_TABLE)})"
-    live = f"(tenant, handoff_id) IN ({live_keys_sql(db, wm, tenant_and)})"
     # the created and alive filters must see merged rows (a server may default this on)
     final = "SETTINGS optimize_move_to_prewhere_if_final = 0"
+    copy = f"FROM {db}.{COHORT_TABLE} FINAL\n    WHERE alive AND {in_window}"
+    summary = f"FROM {db}.handoff_summary FINAL\n    WHERE created IS NOT NULL AND {in_window}"
+    st = window.settled
+    if st is None:  # found by the SQL: each source guarded by the watermark
+        wm = f"({watermark_sql(db, tenant_param, COHORT_WATERMARK_TABLE)})"
+        keys = live_keys_sql(db, wm, tenant_and)
+        live = f"(tenant, handoff_id) IN ({keys})"
+        # a constant once the scalar is read: with no live handoff (a settled store) no row
+        # is looked up in the live set
+        no_live = f"(SELECT count() FROM ({keys})) = 0"
+        sources = [
+            f"{copy}\n       AND {wm} > {EPOCH} AND ({no_live} OR NOT {live})",
+            f"{summary}\n       AND {wm} > {EPOCH} AND NOT {no_live} AND {live}",
+            f"{summary}\n       AND NOT ({wm} > {EPOCH})",
+        ]
+    elif st.watermark_ms == 0:  # never settled
+        sources = [summary]
+    elif st.live == 0:  # everything settled
+        sources = [copy]
+    else:
+        live = f"(tenant, handoff_id) IN ({live_keys_sql(db, st.wm_sql, tenant_and)})"
+        sources = [f"{copy}\n       AND NOT {live}", f"{summary}\n       AND {live}"]
+    union = "\n    UNION ALL\n".join(
+        f"    SELECT * FROM (\n    {columns}\n    {src}\n    {final})" for src in sources
+    )
     return f"""
 SELECT *,
     {cs.has("tmask", cs.TERMINAL_MASK)}
@@ -228,26 +273,7 @@ SELECT *,
     is_unk AND NOT {cs.has("tmask", cs.UNKNOWN_OUT_MASK)} AS is_unresolved,
     mode = 'escalate' OR {cs.has("tmask", cs.ESCALATED_MASK)} AS is_esc{last}
 FROM (
-    SELECT * FROM (
-    {columns}
-    FROM {db}.{COHORT_TABLE} FINAL
-    WHERE {wm} > {EPOCH} AND alive AND {in_window}
-       AND NOT {live}
-    {final})
-    UNION ALL
-    SELECT * FROM (
-    {columns}
-    FROM {db}.handoff_summary FINAL
-    WHERE {wm} > {EPOCH} AND {live}
-       AND created IS NOT NULL AND {in_window}
-    {final})
-    UNION ALL
-    SELECT * FROM (
-    {columns}
-    FROM {db}.handoff_summary FINAL
-    WHERE NOT ({wm} > {EPOCH})
-       AND created IS NOT NULL AND {in_window}
-    {final})
+{union}
 ){_create_attrs_join(db, window, tenant_and, attr_cols)}
 """
 

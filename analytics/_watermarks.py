@@ -10,9 +10,13 @@ read live), so an all-tenant query takes the least of the tenants' watermarks.
 
 from __future__ import annotations
 
-from typing import Final
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
 
 from analytics._anomaly_state_sql import TABLE as STATE_TABLE
+
+if TYPE_CHECKING:
+    from clickhouse_connect.driver.client import Client
 
 __all__ = [
     "COHORT_COLUMNS",
@@ -21,7 +25,9 @@ __all__ = [
     "EPOCH",
     "FLAGS_TABLE",
     "WATERMARK_TABLE",
+    "Settled",
     "live_keys_sql",
+    "read_settled",
     "watermark_sql",
 ]
 
@@ -79,3 +85,30 @@ def live_keys_sql(db: str, wm: str, tenant_and: str = "") -> str:
         f"SELECT tenant, handoff_id FROM {db}.{STATE_TABLE}"
         f" WHERE {wm} > {EPOCH} AND touched >= {wm} {tenant_and}"
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """The settled cohort's state as one query found it: the copy's watermark (ms since the
+    epoch; 0 = none) and how many handoffs were live for it (touched since)."""
+
+    watermark_ms: int
+    live: int
+
+    @property
+    def wm_sql(self) -> str:
+        return f"fromUnixTimestamp64Milli(toInt64({self.watermark_ms}), 'UTC')"
+
+
+def read_settled(client: Client, db: str, tenant: str | None) -> Settled:
+    """The settled cohort's state for a query by `tenant` (None = all tenants): with it a
+    cohort reads only the sources it needs (analytics._common.cohort_sql); a settle
+    after this read only makes the copy fresher."""
+    params: dict[str, Any] = {} if tenant is None else {"tenant": tenant}
+    wm = f"({watermark_sql(db, tenant is not None, COHORT_WATERMARK_TABLE)})"
+    tenant_and = "" if tenant is None else "AND tenant = {tenant:String}"
+    live = live_keys_sql(db, wm, tenant_and)
+    ms, n = client.query(
+        f"SELECT toUnixTimestamp64Milli({wm}), (SELECT count() FROM ({live}))", parameters=params
+    ).result_rows[0]
+    return Settled(int(ms or 0), int(n or 0)) if (ms or 0) > 0 else Settled(0, 0)

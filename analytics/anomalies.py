@@ -23,7 +23,7 @@ from analytics._anomaly_sql import (
     created_in_sql,
     pass_sql,
 )
-from analytics._common import Window, check_db
+from analytics._common import Window, check_db, settled_window
 from analytics._tasks_sql import backfill_sql
 from analytics.reference import UNKNOWN_SLA_MS
 
@@ -162,6 +162,7 @@ def anomalies(
     # the sorted example list keeps the 2n smallest ids, so n distinct survive duplicates
     # (one id flagged under two tenants)
     keep = max(1, 2 * int(examples))
+    window = settled_window(client, db, window, tenant)
     found: dict[str, tuple[int, list[str]]] = {}
     passes = {n: ks for n, ks in PASSES.items() if set(ks) & set(wanted)}
     if (

@@ -24,6 +24,7 @@ from analytics._common import (
     check_dims,
     cohort_sql,
     dim_expr,
+    settled_window,
     ts,
 )
 from analytics.rollup import COUNT_COLUMNS, RATE_COLUMNS, RATES, add_rates, rate, rollup
@@ -157,6 +158,7 @@ def funnel(
     """
     db = check_db(database)
     by = check_dims(by)
+    window = settled_window(client, db, window, tenant)
     sel, group_keys, keys = _group_select(by, bucket)
     group = _group_clause(group_keys, keys)
     sql = f"""
@@ -197,7 +199,9 @@ def funnel_windows(
     sel, group_keys, keys = _group_select(by, None)
     starts = [ts(as_of - r) for r in rings]
     ring = "multiIf(" + "".join(f"created >= {t}, {i}, " for i, t in enumerate(starts)) + "-1)"
-    widest = Window(start=as_of - rings[-1], end=as_of, as_of=as_of)
+    widest = settled_window(
+        client, db, Window(start=as_of - rings[-1], end=as_of, as_of=as_of), tenant
+    )
     cohort = cohort_sql(db, widest, tenant_param=tenant is not None, extra=_dim_columns(by))
     sql = f"""
 SELECT {"".join(s + ", " for s in sel)} {ring} AS ring,
@@ -247,6 +251,7 @@ def latencies(
     """
     db = check_db(database)
     by = check_dims(by)
+    window = settled_window(client, db, window, tenant)
     sel, group_keys, keys = _group_select(by, None)
     pairs = {
         "accept": ("created", "t_accepted"),
@@ -304,6 +309,7 @@ def task_stats(
     """Task level over the cohort: tasks, tasks_committed (≥1 handoff committed with evidence,
     i.e. K), task_success_rate (NaN without tasks), attempts_per_task (handoffs per task)."""
     db = check_db(database)
+    window = settled_window(client, db, window, tenant)
     sql = f"""
 SELECT count() AS tasks, countIf(ok) AS tasks_committed, sum(n) AS handoffs
 FROM (
@@ -361,6 +367,7 @@ def handoffs_behind(
         raise ValueError(f"unknown stage {stage!r}; choose from {', '.join(STAGES)}")
     if not isinstance(limit, int) or limit < 1:
         raise ValueError(f"limit must be a positive int, got {limit!r}")
+    window = settled_window(client, db, window, tenant)
     params = _params(tenant)
     conds = [STAGES[stage], *_filters_sql(filters, params)]
     extra = ["task_id", "from_agent", "to_agent", *_dim_columns(tuple(filters or ()))]

@@ -14,8 +14,15 @@ import pytest
 from analytics_seed import T, create, seed
 
 from analytics import Window, anomalies, funnel
+from analytics._common import cohort_sql
 from analytics._settled import settle
-from analytics._watermarks import COHORT_COLUMNS, COHORT_TABLE, COHORT_WATERMARK_TABLE
+from analytics._watermarks import (
+    COHORT_COLUMNS,
+    COHORT_TABLE,
+    COHORT_WATERMARK_TABLE,
+    Settled,
+    read_settled,
+)
 
 T0 = datetime(2026, 11, 20, 9, 0, tzinfo=UTC)
 CLOCK = T0 + timedelta(hours=1)
@@ -61,6 +68,19 @@ def _numbers(client, db: str, tenant: str | None = None) -> dict[str, object]:
     }
 
 
+def _cohort(client, db: str, tenant: str | None = None) -> list[tuple]:
+    """The cohort's rows, read with the settle state found by the SQL itself, and the same
+    with it read first (the shells' way): both must be equal."""
+    sql = cohort_sql(db, W, tenant_param=tenant is not None)
+    params = {} if tenant is None else {"tenant": tenant}
+    found = client.query(f"SELECT * FROM ({sql}) ORDER BY tenant, handoff_id", parameters=params)
+    settled = read_settled(client, db, tenant)
+    sql = cohort_sql(db, W.against(settled), tenant_param=tenant is not None)
+    read = client.query(f"SELECT * FROM ({sql}) ORDER BY tenant, handoff_id", parameters=params)
+    assert found.result_rows == read.result_rows, settled
+    return found.result_rows
+
+
 def _copy(client, db: str, handoff: str) -> list[tuple[datetime, int]]:
     rows = client.query(
         f"SELECT created, alive FROM {db}.{COHORT_TABLE} FINAL"
@@ -97,12 +117,16 @@ def test_a_settled_cohort_gives_what_the_summary_gives(chdb_client, store):
     assert want["funnel"][0]["volume"] == 6
     assert want["early"][0]["volume"] == 4 and want["late"][0]["volume"] == 2
     acme = _numbers(chdb_client, store, "acme")
+    rows = _cohort(chdb_client, store)
+    assert read_settled(chdb_client, store, None) == Settled(0, 0)
 
     done = settle(chdb_client, database=store, lag_s=0)
     assert done is not None and done.handoffs == 6
     assert chdb_client.command(f"SELECT count() FROM {store}.{COHORT_TABLE} FINAL") == 6
+    assert read_settled(chdb_client, store, "acme") == Settled(done.until_ms, 0)
     assert _numbers(chdb_client, store) == want
     assert _numbers(chdb_client, store, "acme") == acme
+    assert _cohort(chdb_client, store) == rows
 
 
 def test_rows_after_a_settle_are_read_live_and_the_next_settle_moves_the_copy(chdb_client, store):
@@ -122,6 +146,10 @@ def test_rows_after_a_settle_are_read_live_and_the_next_settle_moves_the_copy(ch
         ledger=False,
     )
     live = _numbers(chdb_client, store, "acme")
+    assert read_settled(chdb_client, store, "acme").live == 2
+    assert read_settled(chdb_client, store, "globex").live == 0
+    rows = _cohort(chdb_client, store)
+    assert rows == sorted(rows) and len(rows) == 6
     assert live["early"][0]["volume"] == 3 and live["late"][0]["volume"] == 0
     assert live["funnel"][0]["accepted"] == 3  # 2 when settled: "open" read live
     both = _numbers(chdb_client, store)
@@ -131,6 +159,7 @@ def test_rows_after_a_settle_are_read_live_and_the_next_settle_moves_the_copy(ch
     assert again is not None and again.handoffs == 2  # only the two touched
     assert _numbers(chdb_client, store, "acme") == live
     assert _numbers(chdb_client, store) == both
+    assert _cohort(chdb_client, store) == rows
     # the copy at the old created time is no longer the handoff's
     assert _copy(chdb_client, store, "moved") == [(_s(3), 1), (_s(10), 0)]
 
@@ -141,9 +170,12 @@ def test_a_store_settled_before_the_copy_reads_the_summary_until_it_is_copied(ch
     # as a store whose flags were settled before sql/014: no copy, no copy watermark
     chdb_client.command(f"TRUNCATE TABLE {store}.{COHORT_TABLE}")
     chdb_client.command(f"TRUNCATE TABLE {store}.{COHORT_WATERMARK_TABLE}")
+    assert read_settled(chdb_client, store, None) == Settled(0, 0)
     assert _numbers(chdb_client, store) == want
+    rows = _cohort(chdb_client, store)
     # the next settle starts from the copy's watermark (none): every handoff is copied
     done = settle(chdb_client, database=store, lag_s=0)
     assert done is not None and done.since_ms == 0 and done.handoffs == 6
     assert chdb_client.command(f"SELECT count() FROM {store}.{COHORT_TABLE} FINAL") == 6
     assert _numbers(chdb_client, store) == want
+    assert _cohort(chdb_client, store) == rows
