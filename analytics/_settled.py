@@ -167,11 +167,17 @@ def cohort_settle_sql(db: str, since_ms: int, until_ms: int, part: tuple[int, in
     slice `part` = (i, n) of them by key hash, into handoff_settled: a row per handoff with
     a created time (alive, version 2 x until + 1), and a row not alive (version 2 x until)
     at each created time an earlier settle stored the handoff under, which the new row
-    replaces when its created time is the same."""
+    replaces when its created time is the same (the copy's rows before the touched
+    handoffs' earliest created time are not read)."""
     i, n = part
     keys = _touched_keys(db, since_ms, until_ms)
     if n > 1:
         keys += f" AND cityHash64(tenant, handoff_id) % {n} = {i}"
+    # a created time only moves earlier (the least create seen), so a handoff's earlier rows
+    # are at or after its created time now: the copy is read from the earliest of those on
+    earliest = (
+        f"SELECT min(created) FROM {db}.handoff_summary WHERE (tenant, handoff_id) IN ({keys})"
+    )
     names = ", ".join(COHORT_COLUMNS)
     fresh = ", ".join("assumeNotNull(created)" if c == "created" else c for c in COHORT_COLUMNS)
     return f"""INSERT INTO {db}.{COHORT_TABLE} ({names}, alive, version)
@@ -185,7 +191,7 @@ WHERE created IS NOT NULL
 UNION ALL
 SELECT {names}, 0, toUInt64({2 * until_ms})
 FROM {db}.{COHORT_TABLE}
-WHERE alive AND (tenant, handoff_id) IN ({keys})"""
+WHERE alive AND created >= ({earliest}) AND (tenant, handoff_id) IN ({keys})"""
 
 
 def settled_state_pass(db: str, window: Window, tenant: bool) -> str:

@@ -5,8 +5,9 @@ Per size (`--sizes`, transitions; five per handoff, spread evenly over `--days` 
 generator of bench/analytics_queries.py straight into handoff_transitions, so the real
 materialized views fill handoff_summary, handoff_anomaly_state and handoff_tasks):
 generation time, disk used (active parts' bytes on disk), whether the merges have settled
-(active parts of the aggregate tables when timing starts; no OPTIMIZE is run), then the
-median of `--repeat` warm runs of: the funnel over the last 24 h and the last 7 days, a
+(active parts of the aggregate tables when timing starts; no OPTIMIZE is run), the settle
+that serve's settle thread would have run by then (analytics.settle over every handoff:
+state flags and the settled cohort copy; settle_s), then the median of `--repeat` warm runs of: the funnel over the last 24 h and the last 7 days, a
 pair x mode x capability slice over 7 days, one evidence package (a different handoff each
 run), every anomaly kind over 24 h and over 7 days, and the weekly report (Markdown) of the
 last full ISO week.
@@ -17,7 +18,7 @@ rest of the store.
 
 Prints a table and a last line `RESULT sizes=<> gen_s=<> disk_mb=<> funnel_7d_ms=<>
 funnel_24h_ms=<> slice_ms=<> evidence_ms=<> anomalies_24h_ms=<> anomalies_7d_ms=<>
-report_s=<>` (comma lists, one value per size).
+report_s=<> settle_s=<>` (comma lists, one value per size).
 
     .venv/bin/python bench/scale.py --sizes 1000000,10000000 --days 30
     .venv/bin/python bench/scale.py --sizes 1000000,10000000,100000000 --days 30   # ~1 h
@@ -39,11 +40,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from analytics_queries import BASE, DB, generate
 
-from analytics import Window, anomalies, evidence_package, funnel
+from analytics import Window, anomalies, evidence_package, funnel, settle
 from analytics.report import weekly_report
 from foundation.store import StoreSpec, apply_schema, connect
 
-AGGREGATES = ("handoff_summary", "handoff_anomaly_state")
+AGGREGATES = ("handoff_summary", "handoff_anomaly_state", "handoff_settled")
 QUERIES = ("funnel_7d", "funnel_24h", "slice", "evidence", "anomalies_24h", "anomalies_7d")
 
 
@@ -93,6 +94,11 @@ def one_size(
         client.command(f"DROP DATABASE IF EXISTS {DB} SYNC")
         apply_schema(client, DB)
         gen_s = generate(client, handoffs, days=days)
+    t = time.perf_counter()
+    settled = settle(client, database=DB, lag_s=0)
+    settle_s = time.perf_counter() - t
+    print(f"  settled {settled.handoffs if settled else 0:,} handoffs in {settle_s:.1f} s"
+          " (as serve's settle thread would have)", flush=True)  # fmt: skip
     disk = _disk_mb(client)
     parts = _parts(client)
     print(f"  generated in {gen_s:.1f} s; {disk:,.0f} MB on disk; active parts when timing "
@@ -112,7 +118,7 @@ def one_size(
         "anomalies_24h": lambda: anomalies(client, database=DB, window=day),
         "anomalies_7d": lambda: anomalies(client, database=DB, window=week),
     }
-    out: dict[str, float] = {"gen_s": gen_s, "disk_mb": disk}
+    out: dict[str, float] = {"gen_s": gen_s, "disk_mb": disk, "settle_s": settle_s}
     for name in QUERIES:
         out[name] = _median_ms(fns[name], repeat)
         print(f"  {name:14s} {out[name]:9.1f} ms", flush=True)
@@ -150,7 +156,7 @@ def main() -> int:
         if not a.reuse:
             shutil.rmtree(store, ignore_errors=True)
         results.append(_child(n, a.days, a.repeat, store, a.reuse))
-    keys = ["gen_s", "disk_mb", *QUERIES, "report_s"]
+    keys = ["gen_s", "settle_s", "disk_mb", *QUERIES, "report_s"]
     print(f"\ncost growth against {sizes[0]:,} transitions (value, then x the smallest):")
     print("| measure | " + " | ".join(f"{n:,}" for n in sizes) + " |")
     print("|---|" + "---|" * len(sizes))
