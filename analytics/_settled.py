@@ -32,8 +32,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import TYPE_CHECKING, Final
 
 from analytics._anomaly_state_passes import (
@@ -63,8 +64,10 @@ __all__ = [
     "FLAGS_TABLE",
     "SETTLE_LAG_S",
     "STATE_KIND_BITS",
+    "KeyRange",
     "SettleResult",
     "cohort_settle_sql",
+    "key_ranges",
     "settle",
     "settle_bounds",
     "settled_state_pass",
@@ -77,7 +80,7 @@ SETTLE_LAG_S: Final = 30
 #: kind -> its bit in handoff_state_flags.flags
 STATE_KIND_BITS: Final = {kind: i for i, (kind, _e) in enumerate(state_kinds())}
 #: handoffs merged per settle query (a first settle of a big store runs in slices by hash)
-_KEYS_PER_SLICE: Final = 500_000
+KEYS_PER_SLICE: Final = 500_000
 _EPOCH_MS: Final = 0
 #: a mutation of the state table not done yet: a store from before sql/013 while its rows
 #: get `touched` (until then they read as just touched; a part rewritten by it becomes
@@ -108,9 +111,50 @@ def settle_bounds(watermark_ms: int, now_ms: int, lag_s: float) -> tuple[int, in
     return (watermark_ms, until) if until > watermark_ms else None
 
 
-def slices_for(handoffs: int) -> int:
-    """Hash slices a settle of `handoffs` runs in (bounded memory per query)."""
-    return max(1, -(-handoffs // _KEYS_PER_SLICE))
+def slices_for(handoffs: int, per: int = KEYS_PER_SLICE) -> int:
+    """Slices a settle of `handoffs` runs in, `per` handoffs each (bounded memory per query)."""
+    return max(1, -(-handoffs // per))
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRange:
+    """A slice of a settle: the keys (tenant, handoff_id) in [lo, hi), None = unbounded.
+    A range of the tables' primary key, so each slice reads only its own granules."""
+
+    lo: tuple[str, str] | None = None
+    hi: tuple[str, str] | None = None
+
+    def sql(self) -> str:
+        """The condition on (tenant, handoff_id), with the bounds as query parameters."""
+        conds = []
+        if self.lo is not None:
+            conds.append(
+                "(tenant > {lo_t:String} OR (tenant = {lo_t:String} AND handoff_id >= {lo_h:String}))"
+            )
+        if self.hi is not None:
+            conds.append(
+                "(tenant < {hi_t:String} OR (tenant = {hi_t:String} AND handoff_id < {hi_h:String}))"
+            )
+        return " AND ".join(conds) or "1"
+
+    def params(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        if self.lo is not None:
+            out |= {"lo_t": self.lo[0], "lo_h": self.lo[1]}
+        if self.hi is not None:
+            out |= {"hi_t": self.hi[0], "hi_h": self.hi[1]}
+        return out
+
+
+def key_ranges(sample: Sequence[tuple[str, str]], slices: int) -> list[KeyRange]:
+    """`slices` ranges of about equal size cut at evenly spaced keys of `sample` (a sample
+    of the keys to settle, any order); one unbounded range when there is one slice."""
+    keys = sorted(set(sample))
+    if slices <= 1 or not keys:
+        return [KeyRange()]
+    cuts = sorted({keys[len(keys) * j // slices] for j in range(1, slices)} - {keys[0]})
+    bounds: list[tuple[str, str] | None] = [None, *cuts, None]
+    return [KeyRange(lo, hi) for lo, hi in pairwise(bounds)]
 
 
 def _ms(expr_ms: int) -> str:
@@ -140,16 +184,16 @@ def _flags_expr() -> str:
     return " + ".join(f"toUInt8({kind}) * {1 << bit}" for kind, bit in STATE_KIND_BITS.items())
 
 
-def settle_sql(db: str, since_ms: int, until_ms: int, part: tuple[int, int]) -> str:
-    """INSERT of the flags of the handoffs touched in [since, until), slice `part` = (i, n)
-    of them by key hash: a row per flagged one (version 2 x until + 1), and a 0 (version
-    2 x until) over each one's row of an earlier settle, which the new row replaces when its
-    created time is the same and which stays 0 when it moved or no kind is set now."""
-    i, n = part
-    keys = _touched_keys(db, since_ms, until_ms)
-    if n > 1:
-        keys += f" AND cityHash64(tenant, handoff_id) % {n} = {i}"
-    rows = _merged_state(db, f"(tenant, handoff_id) IN ({keys})")
+def settle_sql(
+    db: str, since_ms: int, until_ms: int, part: KeyRange = KeyRange(), replaces: bool = True
+) -> str:
+    """INSERT of the flags of the handoffs touched in [since, until) in the key range
+    `part` (its bounds are query parameters): a row per flagged one (version 2 x until + 1),
+    and unless `replaces` is False (the table holds no row yet) a 0 (version 2 x until) over
+    each one's row of an earlier settle, which the new row replaces when its created time is
+    the same and which stays 0 when it moved or no kind is set now."""
+    keys = f"{_touched_keys(db, since_ms, until_ms)} AND {part.sql()}"
+    rows = _merged_state(db, f"{part.sql()} AND (tenant, handoff_id) IN ({keys})")
     kinds = state_kinds_sql(rows, flagged_only=False, carry=", created")
     return f"""INSERT INTO {db}.{FLAGS_TABLE} (tenant, handoff_id, created, flags, version)
 SELECT tenant, handoff_id, assumeNotNull(created), {_flags_expr()} AS flags,
@@ -159,20 +203,19 @@ WHERE created IS NOT NULL AND flags != 0
 UNION ALL
 SELECT tenant, handoff_id, created, 0, toUInt64({2 * until_ms})
 FROM {db}.{FLAGS_TABLE} FINAL
-WHERE flags != 0 AND (tenant, handoff_id) IN ({keys})"""
+WHERE {"flags != 0" if replaces else "0"} AND (tenant, handoff_id) IN ({keys})"""
 
 
-def cohort_settle_sql(db: str, since_ms: int, until_ms: int, part: tuple[int, int]) -> str:
+def cohort_settle_sql(
+    db: str, since_ms: int, until_ms: int, part: KeyRange = KeyRange(), replaces: bool = True
+) -> str:
     """INSERT of the merged handoff_summary rows of the handoffs touched in [since, until),
-    slice `part` = (i, n) of them by key hash, into handoff_settled: a row per handoff with
+    in the key range `part`, into handoff_settled (as settle_sql): a row per handoff with
     a created time (alive, version 2 x until + 1), and a row not alive (version 2 x until)
     at each created time an earlier settle stored the handoff under, which the new row
     replaces when its created time is the same (the copy's rows before the touched
     handoffs' earliest created time are not read)."""
-    i, n = part
-    keys = _touched_keys(db, since_ms, until_ms)
-    if n > 1:
-        keys += f" AND cityHash64(tenant, handoff_id) % {n} = {i}"
+    keys = f"{_touched_keys(db, since_ms, until_ms)} AND {part.sql()}"
     # a created time only moves earlier (the least create seen), so a handoff's earlier rows
     # are at or after its created time now: the copy is read from the earliest of those on
     earliest = (
@@ -183,7 +226,8 @@ def cohort_settle_sql(db: str, since_ms: int, until_ms: int, part: tuple[int, in
     return f"""INSERT INTO {db}.{COHORT_TABLE} ({names}, alive, version)
 SELECT {fresh}, 1, toUInt64({2 * until_ms + 1})
 FROM (
-    SELECT * FROM {db}.handoff_summary FINAL WHERE (tenant, handoff_id) IN ({keys})
+    SELECT * FROM {db}.handoff_summary FINAL
+    WHERE {part.sql()} AND (tenant, handoff_id) IN ({keys})
     -- the created filter must see merged rows (a server may default this on)
     SETTINGS optimize_move_to_prewhere_if_final = 0
 )
@@ -191,7 +235,8 @@ WHERE created IS NOT NULL
 UNION ALL
 SELECT {names}, 0, toUInt64({2 * until_ms})
 FROM {db}.{COHORT_TABLE}
-WHERE alive AND created >= ({earliest}) AND (tenant, handoff_id) IN ({keys})"""
+WHERE {"alive" if replaces else "0"} AND created >= ({earliest})
+    AND (tenant, handoff_id) IN ({keys})"""
 
 
 def settled_state_pass(db: str, window: Window, tenant: bool) -> str:
@@ -231,14 +276,18 @@ def settle(
     database: str | None = None,
     lag_s: float = SETTLE_LAG_S,
     progress: Callable[[int, int], None] | None = None,
+    keys_per_slice: int = KEYS_PER_SLICE,
 ) -> SettleResult | None:
     """Settle the state flags of every handoff touched since the watermark up to `lag_s`
     before the store's clock; None when there is nothing to settle yet (no handoff touched
     since the watermark: it stays, and an idle store gains no rows), or while the mutation
-    that fills `touched` on a store from before sql/013 runs. `progress(done, n)`
-    is called after each slice. Safe to run again after a failure (flags are replaced by
+    that fills `touched` on a store from before sql/013 runs. A big backlog (the first
+    settle of a store) runs in slices of `keys_per_slice` handoffs, each a range of the
+    primary key; `progress(done, n)` is called after each slice. Safe to run again after a failure (flags are replaced by
     the latest settle's; the watermark only moves once all flags are written)."""
     db = check_db(database)
+    if keys_per_slice < 1:
+        raise ValueError(f"keys_per_slice must be >= 1, got {keys_per_slice}")
     t0 = time.perf_counter()
     if _count(client, _PENDING_SQL.format(db=db, table=TABLE)):
         log.info("settle: waiting for the %s.%s mutation that fills `touched`", db, TABLE)
@@ -259,12 +308,24 @@ def settle(
     if not handoffs:  # the watermark may stay: no handoff is live that was not before
         return None
     until_text = _ms(until)
-    n = slices_for(handoffs)
-    for i in range(n):
-        client.command(settle_sql(db, since, until, (i, n)))
-        client.command(cohort_settle_sql(db, since, until, (i, n)))
+    ranges = [KeyRange()]
+    n = slices_for(handoffs, keys_per_slice)
+    if n > 1:  # cut at a sample of ~200 keys per slice
+        every = max(1, handoffs // (200 * n))
+        sample = client.query(
+            f"SELECT tenant, handoff_id FROM ({_touched_keys(db, since, until)})"
+            f" WHERE cityHash64(tenant, handoff_id) % {every} = 0"
+        ).result_rows
+        ranges = key_ranges([(str(t), str(h)) for t, h in sample], n)
+    # a table with no row yet has none to replace (the first settle of a store)
+    flags, copy = (
+        _count(client, f"SELECT count() > 0 FROM {db}.{t}") > 0 for t in (FLAGS_TABLE, COHORT_TABLE)
+    )
+    for i, part in enumerate(ranges):
+        client.command(settle_sql(db, since, until, part, flags), parameters=part.params())
+        client.command(cohort_settle_sql(db, since, until, part, copy), parameters=part.params())
         if progress is not None:
-            progress(i + 1, n)
+            progress(i + 1, len(ranges))
     for table in (WATERMARK_TABLE, COHORT_WATERMARK_TABLE):
         client.command(
             f"INSERT INTO {db}.{table} (tenant, watermark)"

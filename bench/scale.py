@@ -94,6 +94,7 @@ def one_size(
         client.command(f"DROP DATABASE IF EXISTS {DB} SYNC")
         apply_schema(client, DB)
         gen_s = generate(client, handoffs, days=days)
+    print(f"  generated in {gen_s:.1f} s", flush=True)
     t = time.perf_counter()
     settled = settle(client, database=DB, lag_s=0)
     settle_s = time.perf_counter() - t
@@ -101,7 +102,7 @@ def one_size(
           " (as serve's settle thread would have)", flush=True)  # fmt: skip
     disk = _disk_mb(client)
     parts = _parts(client)
-    print(f"  generated in {gen_s:.1f} s; {disk:,.0f} MB on disk; active parts when timing "
+    print(f"  {disk:,.0f} MB on disk; active parts when timing "
           f"starts: {', '.join(f'{t} {n}' for t, n in parts.items())} (no OPTIMIZE)", flush=True)  # fmt: skip
     end = BASE + timedelta(days=days)
     as_of = end + timedelta(hours=1)

@@ -20,6 +20,7 @@ from analytics._watermarks import (
     COHORT_COLUMNS,
     COHORT_TABLE,
     COHORT_WATERMARK_TABLE,
+    FLAGS_TABLE,
     Settled,
     read_settled,
 )
@@ -179,3 +180,41 @@ def test_a_store_settled_before_the_copy_reads_the_summary_until_it_is_copied(ch
     assert chdb_client.command(f"SELECT count() FROM {store}.{COHORT_TABLE} FINAL") == 6
     assert _numbers(chdb_client, store) == want
     assert _cohort(chdb_client, store) == rows
+
+
+def _settled_rows(client, db: str) -> dict[str, list[tuple]]:
+    return {
+        t: client.query(
+            f"SELECT * EXCEPT version FROM {db}.{t} FINAL ORDER BY tenant, handoff_id, created"
+        ).result_rows
+        for t in (COHORT_TABLE, FLAGS_TABLE)
+    }
+
+
+def test_a_settle_in_key_range_slices_writes_what_one_slice_writes(chdb_client, store, fresh_db):
+    want = _numbers(chdb_client, store)
+    progress: list[tuple[int, int]] = []
+    done = settle(
+        chdb_client, database=store, lag_s=0, keys_per_slice=2,
+        progress=lambda i, n: progress.append((i, n)),
+    )  # fmt: skip
+    assert done is not None and done.handoffs == 6
+    assert progress[-1][0] == progress[-1][1] > 1  # several slices, each reported
+    sliced = _settled_rows(chdb_client, store)
+    assert len(sliced[COHORT_TABLE]) == 6
+    assert _numbers(chdb_client, store) == want
+    # the same store settled in one slice (after a copy of the rows) holds the same rows
+    chdb_client.command(f"DROP DATABASE IF EXISTS {fresh_db}_one SYNC")
+    from foundation.store import apply_schema
+
+    apply_schema(chdb_client, f"{fresh_db}_one")
+    try:
+        chdb_client.command(
+            f"INSERT INTO {fresh_db}_one.otel_traces SELECT * FROM {store}.otel_traces"
+        )
+        assert settle(chdb_client, database=f"{fresh_db}_one", lag_s=0) is not None
+        assert _settled_rows(chdb_client, f"{fresh_db}_one") == sliced
+    finally:
+        chdb_client.command(f"DROP DATABASE IF EXISTS {fresh_db}_one SYNC")
+    with pytest.raises(ValueError, match="keys_per_slice"):
+        settle(chdb_client, database=store, keys_per_slice=0)

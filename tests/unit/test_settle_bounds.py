@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from analytics._anomaly_sql import PASSES
-from analytics._settled import STATE_KIND_BITS, settle_bounds, slices_for
+from analytics._settled import STATE_KIND_BITS, KeyRange, key_ranges, settle_bounds, slices_for
 
 
 def test_a_settle_runs_from_the_watermark_to_the_lag_before_the_clock():
@@ -27,6 +29,40 @@ def test_a_big_backlog_is_settled_in_bounded_slices():
     assert slices_for(500_000) == 1
     assert slices_for(500_001) == 2
     assert slices_for(2_666_666) == 6
+
+
+def _in(r: KeyRange, key: tuple[str, str]) -> bool:
+    return (r.lo is None or key >= r.lo) and (r.hi is None or key < r.hi)
+
+
+def test_a_backlog_is_cut_into_key_ranges_that_cover_every_key_once():
+    keys = [(t, f"h{i:05d}") for t in ("acme", "globex") for i in range(1000)]
+    sample = keys[::7][::-1]  # any order
+    ranges = key_ranges(sample, 4)
+    assert len(ranges) == 4
+    assert ranges[0].lo is None and ranges[-1].hi is None
+    assert all(a.hi == b.lo for a, b in itertools.pairwise(ranges))
+    for key in keys:
+        assert sum(_in(r, key) for r in ranges) == 1
+    sizes = [sum(_in(r, k) for k in keys) for r in ranges]
+    assert min(sizes) > 400 and max(sizes) < 600  # about equal
+
+
+def test_one_slice_or_no_sample_is_one_unbounded_range():
+    assert key_ranges([("a", "x")], 1) == [KeyRange()]
+    assert key_ranges([], 5) == [KeyRange()]
+    assert KeyRange().sql() == "1" and KeyRange().params() == {}
+    # a sample smaller than the slices asked for gives fewer, still covering ranges
+    assert key_ranges([("a", "x"), ("a", "y")], 10) == [
+        KeyRange(None, ("a", "y")),
+        KeyRange(("a", "y"), None),
+    ]
+
+
+def test_a_key_range_is_bound_through_parameters():
+    r = KeyRange(("ac'me", "h1"), ("globex", "h2"))
+    assert "'" not in r.sql()
+    assert r.params() == {"lo_t": "ac'me", "lo_h": "h1", "hi_t": "globex", "hi_h": "h2"}
 
 
 def test_every_state_kind_has_its_own_bit_in_one_byte():
