@@ -51,6 +51,7 @@ import pandas as pd
 
 from analytics import Window, anomalies, backfill_task_index, evidence_package, funnel, settle
 from analytics._anomaly_sql import PASSES, pass_sql
+from analytics._common import settled_window
 from analytics.anomalies import ANOMALY_KINDS
 from analytics.reference_audit import AUDIT_KINDS
 from foundation.integrity import row_hash
@@ -140,15 +141,16 @@ def settle_store(client, *, recompute: bool) -> tuple[float, int]:
     recomputes every flag, as a store never settled)."""
     wait_mutations(client)
     if recompute:
-        client.command(f"TRUNCATE TABLE {DB}.anomaly_settle")
-        print("settle watermark removed: every anomaly flag recomputed by each query")
+        for table in ("anomaly_settle", "cohort_settle"):
+            client.command(f"TRUNCATE TABLE {DB}.{table}")
+        print("settle watermark removed: every anomaly flag and the cohort read live by each query")
         return 0.0, 0
     t = time.perf_counter()
     done = settle(client, database=DB, lag_s=0)
     secs = time.perf_counter() - t
     n = done.handoffs if done else 0
     flagged = client.command(f"SELECT count() FROM {DB}.handoff_state_flags FINAL WHERE flags != 0")
-    print(f"settled the anomaly flags of {n:,} handoffs in {secs:.1f} s "
+    print(f"settled the anomaly flags and cohort rows of {n:,} handoffs in {secs:.1f} s "
           f"({flagged:,} flagged)")  # fmt: skip
     return secs, n
 
@@ -186,6 +188,7 @@ def pass_costs(client, window: Window) -> dict[str, tuple[float, float, str]]:
     """Each anomaly pass alone (analytics._anomaly_sql.PASSES), one warm run after one
     cold: wall ms, process CPU ms and the granules each of its reads selects."""
     out = {}
+    window = settled_window(client, DB, window, None)  # as anomalies() reads it
     for name in PASSES:
         sql = f"SELECT count() FROM ({pass_sql(name, DB, window, tenant=False, sla_ms=900_000)})"
         client.query(sql)
@@ -348,9 +351,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"anomalies without the protocol audit, {len(bdf)} kinds, {label} window: "
               f"{an_ms[label + '_base']:.0f} ms (CPU {CPU['an' + label + '_base']:.0f} ms)")  # fmt: skip
-    print("anomaly passes, 7-day window (wall ms, process CPU ms, granules read per table):")
-    for name, (wall, cpu, read) in pass_costs(client, full).items():
-        print(f"  {name:12s} {wall:7.0f} {cpu:7.0f}  {read}")
+    for label, w in (("7-day", full), ("24 h", day)):
+        print(f"anomaly passes, {label} window (wall ms, process CPU ms, granules read per table):")
+        for name, (wall, cpu, read) in pass_costs(client, w).items():
+            print(f"  {name:12s} {wall:7.0f} {cpu:7.0f}  {read}")
     row = f.iloc[0]
     print(f"funnel (7 days, {int(row['volume']):,} handoffs): {funnel_ms:.0f} ms  "
           f"[settled {int(row['settled']):,}, committed {int(row['committed']):,}, p_e2e {row['p_e2e']:.3f}]")  # fmt: skip

@@ -123,15 +123,20 @@ def _settle(client, db: str, *, recompute: bool) -> float:
     pending = f"SELECT count() FROM system.mutations WHERE database = '{db}' AND NOT is_done"
     wait_until(lambda: client.command(pending) == 0, 3600, "the schema mutations", every=0.5)
     if recompute:
-        client.command(f"TRUNCATE TABLE {db}.anomaly_settle")
-        print("settle watermark removed: every anomaly flag recomputed by each render")
+        for table in ("anomaly_settle", "cohort_settle"):
+            client.command(f"TRUNCATE TABLE {db}.{table}")
+        print(
+            "settle watermark removed: every anomaly flag and the cohort read live by each render"
+        )
         return 0.0
     t = time.perf_counter()
     done = settle(client, database=db, lag_s=0)
     secs = time.perf_counter() - t
     n = done.handoffs if done else 0
     flagged = client.command(f"SELECT count() FROM {db}.handoff_state_flags FINAL WHERE flags != 0")
-    print(f"settled the anomaly flags of {n:,} handoffs in {secs:.1f} s ({flagged:,} flagged)")
+    print(
+        f"settled the anomaly flags and cohort rows of {n:,} handoffs in {secs:.1f} s ({flagged:,} flagged)"
+    )
     return secs
 
 
