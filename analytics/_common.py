@@ -250,9 +250,9 @@ def cohort_sql(
             f"{summary}\n       AND {wm} > {EPOCH} AND NOT {no_live} AND {live}",
             f"{summary}\n       AND NOT ({wm} > {EPOCH})",
         ]
-    elif st.watermark_ms == 0:  # never settled
+    elif st.source == "summary":  # never settled, or most of the summary is live
         sources = [summary]
-    elif st.live == 0:  # everything settled
+    elif st.source == "copy":  # everything settled
         sources = [copy]
     else:
         live = f"(tenant, handoff_id) IN ({live_keys_sql(db, st.wm_sql, tenant_and)})"

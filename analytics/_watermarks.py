@@ -24,6 +24,7 @@ __all__ = [
     "COHORT_WATERMARK_TABLE",
     "EPOCH",
     "FLAGS_TABLE",
+    "GRANULE_ROWS",
     "WATERMARK_TABLE",
     "Settled",
     "live_keys_sql",
@@ -87,17 +88,38 @@ def live_keys_sql(db: str, wm: str, tenant_and: str = "") -> str:
     )
 
 
+#: rows per granule of the per-handoff tables (ClickHouse's default index_granularity)
+GRANULE_ROWS: Final = 8192
+
+
 @dataclass(frozen=True, slots=True)
 class Settled:
     """The settled cohort's state as one query found it: the copy's watermark (ms since the
-    epoch; 0 = none) and how many handoffs were live for it (touched since)."""
+    epoch; 0 = none), how many handoffs were live for it (touched since) and how many rows
+    the copy holds (about the store's handoffs)."""
 
     watermark_ms: int
     live: int
+    stored: int = 0
 
     @property
     def wm_sql(self) -> str:
         return f"fromUnixTimestamp64Milli(toInt64({self.watermark_ms}), 'UTC')"
+
+    @property
+    def source(self) -> str:
+        """What a cohort reads: "summary" (nothing settled; or so many live handoffs that
+        their summary rows, spread over the summary's granules by their random ids, are
+        most of its granules, and the copy would be read on top for little), "copy"
+        (nothing live), else "both" (the copy but the live handoffs, and their summary
+        rows)."""
+        if self.watermark_ms <= 0:
+            return "summary"
+        if self.live == 0:
+            return "copy"
+        if self.live * 2 * GRANULE_ROWS > max(self.stored, 1):
+            return "summary"
+        return "both"
 
 
 def read_settled(client: Client, db: str, tenant: str | None) -> Settled:
@@ -108,7 +130,11 @@ def read_settled(client: Client, db: str, tenant: str | None) -> Settled:
     wm = f"({watermark_sql(db, tenant is not None, COHORT_WATERMARK_TABLE)})"
     tenant_and = "" if tenant is None else "AND tenant = {tenant:String}"
     live = live_keys_sql(db, wm, tenant_and)
-    ms, n = client.query(
-        f"SELECT toUnixTimestamp64Milli({wm}), (SELECT count() FROM ({live}))", parameters=params
+    ms, n, stored = client.query(
+        f"SELECT toUnixTimestamp64Milli({wm}), (SELECT count() FROM ({live})),"
+        f" (SELECT count() FROM {db}.{COHORT_TABLE})",
+        parameters=params,
     ).result_rows[0]
-    return Settled(int(ms or 0), int(n or 0)) if (ms or 0) > 0 else Settled(0, 0)
+    if (ms or 0) <= 0:
+        return Settled(0, 0)
+    return Settled(int(ms), int(n or 0), int(stored or 0))

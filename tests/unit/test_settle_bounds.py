@@ -65,6 +65,21 @@ def test_a_key_range_is_bound_through_parameters():
     assert r.params() == {"lo_t": "ac'me", "lo_h": "h1", "hi_t": "globex", "hi_h": "h2"}
 
 
+def test_a_cohort_reads_the_copy_unless_its_live_handoffs_cover_the_summary():
+    from analytics._watermarks import GRANULE_ROWS, Settled
+
+    assert Settled(0, 0).source == "summary"  # nothing settled
+    assert Settled(0, 5, 10**6).source == "summary"
+    assert Settled(1, 0, 10**6).source == "copy"  # nothing live
+    assert Settled(1, 0, 0).source == "copy"
+    # live handoffs spread over the summary's granules: a few are read with the copy, many
+    # touch most granules, and the summary alone is read
+    stored = 1000 * GRANULE_ROWS
+    assert Settled(1, 499, stored).source == "both"
+    assert Settled(1, 501, stored).source == "summary"
+    assert Settled(1, 1, 6).source == "summary"
+
+
 def test_every_state_kind_has_its_own_bit_in_one_byte():
     assert tuple(STATE_KIND_BITS) == PASSES["state"]
     assert sorted(STATE_KIND_BITS.values()) == list(range(len(PASSES["state"])))
