@@ -69,6 +69,10 @@ class Window:
                 raise TypeError(f"Window.{name} must be a datetime, got {type(v).__name__}")
             if v.tzinfo is None or v.utcoffset() is None:
                 raise ValueError(f"Window.{name} must be timezone-aware (UTC), got naive {v}")
+        if self.settled is not None and not isinstance(self.settled, Settled):
+            raise TypeError(
+                f"Window.settled must be an analytics._watermarks.Settled or None, got {type(self.settled).__name__}"
+            )
         if self.end <= self.start:
             raise ValueError(f"Window.end ({self.end}) must be after Window.start ({self.start})")
 
@@ -96,8 +100,8 @@ class Window:
 
 
 def settled_window(client: Client, db: str, window: Window, tenant: str | None) -> Window:
-    """`window` read against the store's settled-cohort state as it is now (one small query;
-    two when something is settled), unless it already is."""
+    """`window` read against the store's settled-cohort state as it is now (one small query),
+    unless it already is."""
     if window.settled is not None:
         return window
     return window.against(read_settled(client, db, tenant))

@@ -80,6 +80,21 @@ def test_a_cohort_reads_the_copy_unless_its_live_handoffs_cover_the_summary():
     assert Settled(1, 1, 6).source == "summary"
 
 
+def test_a_window_takes_a_settle_state_or_none_and_refuses_anything_else():
+    from datetime import UTC, datetime, timedelta
+
+    from analytics import Window
+    from analytics._watermarks import Settled
+
+    t = datetime(2026, 11, 20, tzinfo=UTC)
+    w = Window(start=t, end=t + timedelta(hours=1))
+    assert w.settled is None
+    st = Settled(1, 0, 10)
+    assert w.against(st).settled == st and w.against(st).shifted(timedelta(hours=1)).settled == st
+    with pytest.raises(TypeError, match=r"Window\.settled must be"):
+        Window(start=t, end=t + timedelta(hours=1), settled=(1, 0))  # type: ignore[arg-type]
+
+
 def test_every_state_kind_has_its_own_bit_in_one_byte():
     assert tuple(STATE_KIND_BITS) == PASSES["state"]
     assert sorted(STATE_KIND_BITS.values()) == list(range(len(PASSES["state"])))
