@@ -242,12 +242,32 @@ WHERE {"alive" if replaces else "0"} AND created >= ({earliest})
 def settled_state_pass(db: str, window: Window, tenant: bool) -> str:
     """The state pass (same rows as analytics._anomaly_state_passes.state_pass): the settled
     flags of the cohort, and the kinds of the handoffs touched since the watermark
-    recomputed; with no watermark, the whole pass recomputed."""
+    recomputed; with no watermark, the whole pass recomputed. A window read against the
+    settle state (Window.settled, with the flags settled to the copy's watermark) reads
+    only what that state needs: the flags alone when nothing is live, the recomputed pass
+    alone when nothing is settled."""
     tw = "AND tenant = {tenant:String}" if tenant else ""
-    settled = f"wm > {EPOCH}"
     bits = ", ".join(f"bitTest(flags, {bit}) AS {kind}" for kind, bit in STATE_KIND_BITS.items())
-    live = live_keys_sql(db, "wm", tw)
     in_window = f"created >= {ts(window.start)} AND created < {ts(window.end)}"
+    st = window.settled
+    if st is not None and st.flags_match:
+        if st.watermark_ms <= 0:
+            return state_pass(db, window, tenant)
+        flags = f"SELECT tenant, handoff_id, {bits} FROM {db}.{FLAGS_TABLE} FINAL\n    WHERE flags != 0 AND {in_window} {tw}"
+        if st.live == 0:
+            return flags
+        live = live_keys_sql(db, st.wm_sql, tw)
+        rows = _merged_state(
+            db, f"(tenant, handoff_id) IN ({live}) {tw}", f"created IS NOT NULL AND {in_window}"
+        )
+        return f"""SELECT * FROM (
+    {flags}
+      AND (tenant, handoff_id) NOT IN ({live})
+    UNION ALL
+    {state_kinds_sql(rows)}
+)"""
+    settled = f"wm > {EPOCH}"
+    live = live_keys_sql(db, "wm", tw)
     live_rows = _merged_state(
         db,
         f"{settled} AND (tenant, handoff_id) IN (SELECT arrayJoin(live_keys)) {tw}",

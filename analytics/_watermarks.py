@@ -96,11 +96,20 @@ GRANULE_ROWS: Final = 8192
 class Settled:
     """The settled cohort's state as one query found it: the copy's watermark (ms since the
     epoch; 0 = none), how many handoffs were live for it (touched since) and how many rows
-    the copy holds (about the store's handoffs)."""
+    the copy holds (about the store's handoffs); `flags_ms` is the state flags' watermark
+    (0 = none, None = not read): the state pass reads the flags with this state only when
+    it is the copy's, so that the same handoffs are live for both."""
 
     watermark_ms: int
     live: int
     stored: int = 0
+    flags_ms: int | None = None
+
+    @property
+    def flags_match(self) -> bool:
+        """Whether the state flags were settled to the copy's watermark (the live handoffs
+        are then the same for both)."""
+        return self.flags_ms is not None and self.flags_ms == max(self.watermark_ms, 0)
 
     @property
     def wm_sql(self) -> str:
@@ -130,11 +139,13 @@ def read_settled(client: Client, db: str, tenant: str | None) -> Settled:
     wm = f"({watermark_sql(db, tenant is not None, COHORT_WATERMARK_TABLE)})"
     tenant_and = "" if tenant is None else "AND tenant = {tenant:String}"
     live = live_keys_sql(db, wm, tenant_and)
-    ms, n, stored = client.query(
+    flags = f"({watermark_sql(db, tenant is not None, WATERMARK_TABLE)})"
+    ms, n, stored, flags_ms = client.query(
         f"SELECT toUnixTimestamp64Milli({wm}), (SELECT count() FROM ({live})),"
-        f" (SELECT count() FROM {db}.{COHORT_TABLE})",
+        f" (SELECT count() FROM {db}.{COHORT_TABLE}), toUnixTimestamp64Milli({flags})",
         parameters=params,
     ).result_rows[0]
+    flags_ms = max(int(flags_ms or 0), 0)
     if (ms or 0) <= 0:
-        return Settled(0, 0)
-    return Settled(int(ms), int(n or 0), int(stored or 0))
+        return Settled(0, 0, flags_ms=flags_ms)
+    return Settled(int(ms), int(n or 0), int(stored or 0), flags_ms)

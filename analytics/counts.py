@@ -14,7 +14,16 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final
 
 from analytics._anomaly_sql import PASSES, pass_sql
-from analytics._common import DIM_COLUMNS, Window, check_db, check_dims, cohort_sql, dim_expr, ts
+from analytics._common import (
+    DIM_COLUMNS,
+    Window,
+    check_db,
+    check_dims,
+    cohort_sql,
+    dim_expr,
+    settled_window,
+    ts,
+)
 from analytics.reference import UNKNOWN_SLA_MS
 
 if TYPE_CHECKING:
@@ -68,7 +77,9 @@ def funnel_by_age(
     for s in stages:
         if s not in FUNNEL_STAGES:
             raise ValueError(f"unknown stage {s!r}; choose from {', '.join(FUNNEL_STAGES)}")
-    window = Window(start=as_of - max(ages), end=as_of, as_of=as_of)
+    window = settled_window(
+        client, db, Window(start=as_of - max(ages), end=as_of, as_of=as_of), None
+    )
     extra = [c for d in dims for c in DIM_COLUMNS[d]]
     cols = [
         f"countIf(created >= {ts(as_of - age)} AND ({FUNNEL_STAGES[s]}))"
@@ -106,6 +117,7 @@ def anomaly_counts(
     included) in the window's cohort, as anomalies() counts them: one query per pass."""
     db = check_db(database)
     params: dict[str, Any] = {"tenant": tenant} if tenant is not None else {}
+    window = settled_window(client, db, window, tenant)
     found: dict[str, int] = {}
     for name, kinds in PASSES.items():
         inner = pass_sql(name, db, window, tenant=tenant is not None, sla_ms=unknown_sla_ms)

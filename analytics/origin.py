@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Final
 
-from analytics._common import Window, check_db, cohort_sql, ts
+from analytics._common import Window, check_db, cohort_sql, settled_window, ts
 from analytics.metrics import RATES, rate
 from collector import semconv
 
@@ -133,6 +133,7 @@ def funnel_by_origin(
     import pandas as pd
 
     db = check_db(database)
+    window = settled_window(client, db, window, tenant)
     t = tenant is not None
     counts = ",\n    ".join(f"{sql} AS {name}" for name, sql in ORIGIN_COUNTS.items())
     # every count is additive: the shim's are the cohort's minus the other origins' (their

@@ -21,6 +21,7 @@ from analytics._common import (
     check_dims,
     cohort_sql,
     dim_expr,
+    settled_window,
 )
 from analytics.metrics import rate
 from collector.semconv import ERROR_CODE_OTHER, ERROR_CODES
@@ -117,6 +118,7 @@ def rejections(
     extra = [c for d in dims for c in DIM_COLUMNS[d]]
     t = tenant is not None
     params: dict[str, Any] = {"tenant": tenant} if t else {}
+    window = settled_window(client, db, window, tenant)
     cohort = cohort_sql(db, window, tenant_param=t, extra=extra)
     grp = dim_expr(dims[0]) if dims else "''"
     keep = max(1, 2 * int(examples))

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Final
 import pandas as pd
 
 from analytics._anomaly_sql import KIND_PASS, pass_sql
-from analytics._common import Window, check_db, cohort_sql
+from analytics._common import Window, check_db, cohort_sql, settled_window
 from analytics.reference import UNKNOWN_SLA_MS
 from collector import semconv as sc
 from collector.semconv import TOPOLOGIES
@@ -105,7 +105,7 @@ def queue_lag(
     column, sql/011, so no other row's map is read), and only their handoffs' summary rows
     are read for the cohort (no IN set of the whole cohort is built)."""
     db = check_db(database)
-    w = _check_window(window)
+    w = settled_window(client, db, _check_window(window), tenant)
     cohort = cohort_sql(
         db,
         w,
@@ -146,7 +146,7 @@ def task_fan_out(
     handoffs), sorted: tasks, experts per task (distinct to_agents) p50/p95, attempts per
     task (handoffs) p50/p95."""
     db = check_db(database)
-    w = _check_window(window)
+    w = settled_window(client, db, _check_window(window), tenant)
     cohort = cohort_sql(
         db,
         w,
@@ -183,7 +183,7 @@ def unknown_fields(
     `handoff.schema_version`, "" when absent, field as sent), sorted: handoffs (distinct
     cohort handoffs)."""
     db = check_db(database)
-    w = _check_window(window)
+    w = settled_window(client, db, _check_window(window), tenant)
     cohort = cohort_sql(db, w, tenant_param=tenant is not None, extra=())
     uf = f"JSONExtract(attributes['{sc.ENVELOPE_UNKNOWN_FIELDS}'], 'Array(String)')"
     sql = f"""
@@ -221,33 +221,40 @@ def topology_cards(
 ) -> pd.DataFrame:
     """One row per (topology, kind) of TOPOLOGY_CARD_KINDS, in that order: handoffs (the
     cohort's handoffs of that topology), flagged (those the kind flags), rate = flagged /
-    handoffs (NaN without handoffs). One query: the cohort read once, each anomaly pass the
-    kinds need reduced to its flagged ids (few) and joined to it. Without `tenant`, a
-    handoff id is matched across tenants (as anomalies() counts ids)."""
+    handoffs (NaN without handoffs). One query: the cohort read once, the anomaly passes the
+    kinds need reduced to their flagged handoffs (few), grouped to one row per handoff
+    (tenant and id, as anomalies() counts them) and joined to it."""
     db = check_db(database)
-    w = _check_window(window)
+    w = settled_window(client, db, _check_window(window), tenant)
     params = _params(tenant)
     topo_cohort = cohort_sql(db, w, tenant_param=tenant is not None, extra=("topology",))
     wanted: dict[str, set[str]] = {}
     for card in TOPOLOGY_CARD_KINDS.values():
         for k in card:
             wanted.setdefault(KIND_PASS[k], set()).add(k)
-    joins, counts, found_kinds = [], [], []
-    for i, (name, pass_kinds) in enumerate(sorted(wanted.items())):
+    # each pass reduced to its flagged rows (few), as (tenant, handoff_id, kind) rows, then
+    # grouped to one row per handoff: the one built side the cohort streams by
+    reduced: list[str] = []
+    found_kinds: list[str] = []
+    for name, pass_kinds in sorted(wanted.items()):
         inner = pass_sql(name, db, w, tenant=tenant is not None, sla_ms=UNKNOWN_SLA_MS)
         order = sorted(pass_kinds)
-        flags = ", ".join(f"max({k}) AS f_{k}" for k in order)
-        joins.append(
-            f"LEFT JOIN (SELECT handoff_id, {flags} FROM ({inner}) WHERE {' OR '.join(order)}"
-            f" GROUP BY handoff_id) AS p{i} ON c.handoff_id = p{i}.handoff_id"
+        names = ", ".join(f"if({k}, '{k}', '')" for k in order)
+        reduced.append(
+            f"SELECT tenant, handoff_id, arrayJoin([{names}]) AS kind FROM ({inner})"
+            f" WHERE {' OR '.join(order)}"
         )
-        counts += [f"uniqExactIf(c.handoff_id, p{i}.f_{k})" for k in order]
         found_kinds += order
-    # the passes' flagged ids are the joins' built sides (few), the cohort streams by
+    counts = ", ".join(f"countIf(has(f.kinds, '{k}'))" for k in found_kinds)
+    union = "\n    UNION ALL\n    ".join(reduced)
     sql = f"""
-SELECT c.topology, count(), {", ".join(counts)}
-FROM (SELECT handoff_id, topology FROM ({topo_cohort})) AS c
-{chr(10).join(joins)}
+SELECT c.topology, count(), {counts}
+FROM (SELECT tenant, handoff_id, topology FROM ({topo_cohort})) AS c
+LEFT JOIN (
+    SELECT tenant, handoff_id, groupUniqArrayIf(kind, kind != '') AS kinds FROM (
+    {union})
+    GROUP BY tenant, handoff_id
+) AS f ON c.tenant = f.tenant AND c.handoff_id = f.handoff_id
 GROUP BY c.topology
 SETTINGS join_use_nulls = 0"""
     sizes: dict[str, int] = {}

@@ -1,7 +1,8 @@
 """sql/013 and analytics._settled: the state kinds from settled flags plus the live
 remainder give the same anomalies as recomputing them, before a settle, after one, with rows
 arriving after it (flags set and cleared), per tenant and over all, and through the
-query port."""
+query port; the state pass read against the settle state read first (as anomalies() reads
+it) gives the rows it gives when its SQL finds that state itself."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from analytics_seed import T, create, seed
 
 from analytics import Window, anomalies
 from analytics._anomaly_sql import PASSES
-from analytics._settled import FLAGS_TABLE, STATE_KIND_BITS, settle
+from analytics._settled import FLAGS_TABLE, STATE_KIND_BITS, settle, settled_state_pass
+from analytics._watermarks import read_settled
 
 T0 = datetime(2026, 11, 20, 9, 0, tzinfo=UTC)
 W = Window(
@@ -39,7 +41,17 @@ def _rows(tenant: str = "acme") -> list[T]:
     ]
 
 
+def _pass_rows(client, db: str, window: Window, tenant: str | None) -> list[tuple]:
+    sql = settled_state_pass(db, window, tenant is not None)
+    params = {} if tenant is None else {"tenant": tenant}
+    return sorted(client.query(f"SELECT * FROM ({sql})", parameters=params).result_rows)
+
+
 def _table(client, db: str, tenant: str | None = None) -> dict[str, tuple[int, list[str]]]:
+    found = _pass_rows(client, db, W, tenant)
+    st = read_settled(client, db, tenant)
+    assert st.flags_match
+    assert _pass_rows(client, db, W.against(st), tenant) == found, st
     df = anomalies(client, database=db, window=W, examples=20, kinds=KINDS, tenant=tenant)
     return {r.kind: (int(r.count), sorted(r.examples)) for r in df.itertuples()}
 

@@ -80,6 +80,16 @@ def test_a_cohort_reads_the_copy_unless_its_live_handoffs_cover_the_summary():
     assert Settled(1, 1, 6).source == "summary"
 
 
+def test_the_state_pass_trusts_a_settle_state_only_with_the_flags_at_the_copys_watermark():
+    from analytics._watermarks import Settled
+
+    assert not Settled(5, 0).flags_match  # the flags' watermark was not read
+    assert Settled(5, 0, flags_ms=5).flags_match
+    assert Settled(0, 0, flags_ms=0).flags_match  # neither settled
+    assert not Settled(0, 0, flags_ms=5).flags_match  # flags settled before the copy existed
+    assert not Settled(5, 0, flags_ms=4).flags_match
+
+
 def test_a_window_takes_a_settle_state_or_none_and_refuses_anything_else():
     from datetime import UTC, datetime, timedelta
 
