@@ -102,14 +102,19 @@ def _judged_sql(db: str, window: Window, tenant: bool, bucket_s: int, baseline: 
     SELECT to_agent, capability, b, n, r,
         sum(n) OVER w AS bn, sum(r) OVER w AS br, ids
     FROM (
-        SELECT to_agent, capability, b, countIf(is_settled) AS n,
-            countIf(is_settled AND is_rej) AS r,
-            groupArrayIf((tenant, handoff_id), is_settled AND is_rej AND {in_w}) AS ids
+        SELECT to_agent, {cap} AS capability, b, sum(n0) AS n, sum(r0) AS r,
+            groupArrayArray(ids0) AS ids
         FROM (
-            SELECT tenant, handoff_id, to_agent, {cap} AS capability, is_settled, {rej} AS is_rej,
-                toUnixTimestamp64Nano(created) AS created_ns,
-                intDiv(created_ns, {bucket_s * _NS}) AS b
-            FROM ({cohort})
+            SELECT to_agent, capabilities, b, countIf(is_settled) AS n0,
+                countIf(is_settled AND is_rej) AS r0,
+                groupArrayIf((tenant, handoff_id), is_settled AND is_rej AND {in_w}) AS ids0
+            FROM (
+                SELECT tenant, handoff_id, to_agent, capabilities, is_settled, {rej} AS is_rej,
+                    toUnixTimestamp64Nano(created) AS created_ns,
+                    intDiv(created_ns, {bucket_s * _NS}) AS b
+                FROM ({cohort})
+            )
+            GROUP BY to_agent, capabilities, b
         )
         GROUP BY to_agent, capability, b
     )
