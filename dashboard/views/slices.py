@@ -5,7 +5,9 @@ protocol, capability.
 Tables are worst first (lowest P_e2e; undefined last) and every slice can list its handoffs.
 The total, the pair matrix and the mode, topology and protocol tables are one funnel query
 split by all of them, rolled up here (analytics.rollup: counts are sums over handoffs);
-capability, a handoff in one row per capability, is its own query.
+capability, a handoff in one row per capability, is its own query. Only what is shown is
+queried: the selected tab (`?sl_tab=<label>` opens one) and the queue expander once opened
+(`?sl_queue=true`); each reruns the page when switched.
 """
 
 import streamlit as st
@@ -31,6 +33,7 @@ _TABLES = (
     ("protocol", "Protocol version"),
     ("capability", "Capability"),
 )
+_LATENCY_TAB = "Latency by pair"
 
 src = _ui.start_page("Slices")
 p = _ui.pickers(src, "slices")
@@ -64,6 +67,58 @@ def _topology_cards(cards) -> None:
             )
 
 
+def _queue_tables() -> None:
+    with _ui.guard():
+        lag = _topology_data.queue_lag(src.store, src.database, *p.args, tenant=p.tenant)
+        fan = _topology_data.task_fan_out(src.store, src.database, *p.args, tenant=p.tenant)
+    st.markdown("**Consumer lag** (enqueue → accept, ms; the slowest consumers first)")
+    ms = {c: st.column_config.NumberColumn(c, format="%.0f") for c in lag if c.endswith("_ms")}
+    st.dataframe(
+        lag.sort_values("p95_ms", ascending=False, na_position="last", kind="stable"),
+        hide_index=True,
+        placeholder=_ui.DASH,
+        key="sl_queue_lag",
+        column_config=ms,
+    )
+    st.markdown("**Fan-out** (distinct experts and handoffs per task, per orchestrator)")
+    st.dataframe(fan, hide_index=True, placeholder=_ui.DASH, key="sl_fan_out")
+
+
+def _frame(name: str):
+    """The funnel by one dimension: rolled up from the page's split, or (capability) its own
+    cached query."""
+    if name in _SPLIT:
+        return rollup(split, (name,))
+    with _ui.guard():
+        return _data.funnel(src.store, src.database, *p.args, by=(name,), tenant=p.tenant)
+
+
+def _latency_table() -> None:
+    with _ui.guard():
+        lat = _data.latencies(src.store, src.database, *p.args, by=("pair",), tenant=p.tenant)
+    cols = [
+        "pair",
+        *(f"{s}_{q}_ms" for s in ("accept", "result", "commit") for q in ("p50", "p95")),
+        "commit_n",
+    ]
+    view = lat[[c for c in cols if c in lat]].sort_values(
+        "commit_p95_ms", ascending=False, na_position="last"
+    )
+    st.caption(
+        "Milliseconds: accept = created→accepted, result = running→first result, commit = "
+        "created→committed; slowest commit p95 first; commit_n = handoffs measured."
+    )
+    st.dataframe(
+        view,
+        hide_index=True,
+        placeholder=_ui.DASH,
+        key="sl_latency",
+        column_config={
+            c: st.column_config.NumberColumn(c, format="%.0f") for c in cols if c.endswith("_ms")
+        },
+    )
+
+
 with _ui.guard():
     split = _data.funnel(src.store, src.database, *p.args, by=_SPLIT, tenant=p.tenant)
 total = rollup(split)
@@ -92,58 +147,32 @@ st.caption(
     "Share of each topology's handoffs created in the window that the anomaly kind flags "
     "(kinds: `handoffs anomalies`); the shared queue's lag and the agent-as-tool fan-out below."
 )
-with st.expander("Shared queue: consumer lag, and agent-as-tool fan-out per task"):
-    with _ui.guard():
-        lag = _topology_data.queue_lag(src.store, src.database, *p.args, tenant=p.tenant)
-        fan = _topology_data.task_fan_out(src.store, src.database, *p.args, tenant=p.tenant)
-    st.markdown("**Consumer lag** (enqueue → accept, ms; the slowest consumers first)")
-    ms = {c: st.column_config.NumberColumn(c, format="%.0f") for c in lag if c.endswith("_ms")}
-    st.dataframe(
-        lag.sort_values("p95_ms", ascending=False, na_position="last", kind="stable"),
-        hide_index=True,
-        placeholder=_ui.DASH,
-        key="sl_queue_lag",
-        column_config=ms,
-    )
-    st.markdown("**Fan-out** (distinct experts and handoffs per task, per orchestrator)")
-    st.dataframe(fan, hide_index=True, placeholder=_ui.DASH, key="sl_fan_out")
 
-tabs = st.tabs([label for _, label in _TABLES] + ["Latency by pair"])
-frames = {}
+
+# only what is shown is queried: the queue expander once opened, the selected tab
+queue = st.expander(
+    "Shared queue: consumer lag, and agent-as-tool fan-out per task",
+    key="sl_queue",
+    on_change="rerun",
+    bind="query-params",
+)
+with queue:
+    if queue.open:
+        _queue_tables()
+
+tabs = st.tabs(
+    [label for _, label in _TABLES] + [_LATENCY_TAB],
+    key="sl_tab",
+    on_change="rerun",
+    bind="query-params",
+)
 for tab, (name, _label) in zip(tabs, _TABLES, strict=False):
-    with tab:
-        if name in _SPLIT:
-            frames[name] = rollup(split, (name,))
-        else:
-            with _ui.guard():
-                frames[name] = _data.funnel(
-                    src.store, src.database, *p.args, by=(name,), tenant=p.tenant
-                )
-        _table(frames[name], name)
-with tabs[-1]:
-    with _ui.guard():
-        lat = _data.latencies(src.store, src.database, *p.args, by=("pair",), tenant=p.tenant)
-    cols = [
-        "pair",
-        *(f"{s}_{q}_ms" for s in ("accept", "result", "commit") for q in ("p50", "p95")),
-        "commit_n",
-    ]
-    view = lat[[c for c in cols if c in lat]].sort_values(
-        "commit_p95_ms", ascending=False, na_position="last"
-    )
-    st.caption(
-        "Milliseconds: accept = created→accepted, result = running→first result, commit = "
-        "created→committed; slowest commit p95 first; commit_n = handoffs measured."
-    )
-    st.dataframe(
-        view,
-        hide_index=True,
-        placeholder=_ui.DASH,
-        key="sl_latency",
-        column_config={
-            c: st.column_config.NumberColumn(c, format="%.0f") for c in cols if c.endswith("_ms")
-        },
-    )
+    if tab.open:
+        with tab:
+            _table(_frame(name), name)
+if tabs[-1].open:
+    with tabs[-1]:
+        _latency_table()
 
 st.subheader("Handoffs behind a slice")
 c1, c2, c3 = st.columns(3)
@@ -154,7 +183,7 @@ if dim == "pair":
         f"{a}->{b}" for a, b in zip(pairs["from_agent"], pairs["to_agent"], strict=True)
     )
 else:
-    values = sorted(str(v) for v in frames[dim][dim])
+    values = sorted(str(v) for v in _frame(dim)[dim])
 value = c2.selectbox("Value", values, index=None, placeholder="Pick a slice", key="sl_value")
 stage = c3.selectbox(
     "Stage",

@@ -108,11 +108,23 @@ def test_overview_tenant_filter_and_handoffs_behind(store_env, chdb_client):
     assert list(df["open"]) == ["explorer?handoff_id=h-ok-3"]
 
 
+def _slice_tables(at) -> dict[str, object]:
+    return {d.value.columns[0]: d.value for d in at.dataframe if "p_e2e" in d.value}
+
+
 def test_slices_tables_worst_first(store_env, chdb_client):
     at = _app(WINDOW, page="views/slices.py")
     assert _charts(at) == 1  # the pair heatmap
-    by_mode = {d.value.columns[0]: d.value for d in at.dataframe if "p_e2e" in d.value}
-    assert {"pair", "mode", "topology", "protocol", "capability"} <= set(by_mode)
+    # only the shown tab is queried: the pair table (in an expander) and the first tab
+    assert set(_slice_tables(at)) == {"pair", "mode"}
+    assert not [d for d in at.dataframe if "commit_p95_ms" in d.value]  # the latency tab's
+    by_mode = _slice_tables(at)
+    for label, dim in (("Topology", "topology"), ("Protocol version", "protocol"),
+                       ("Capability", "capability")):  # fmt: skip
+        tab = _app({**WINDOW, "sl_tab": label}, page="views/slices.py")  # a link to the tab
+        shown = _slice_tables(tab)
+        assert set(shown) == {"pair", dim}, label
+        by_mode[dim] = shown[dim]
     mode = by_mode["mode"]
     expected = analytics.funnel(chdb_client, database=store_env, window=_window(), by=("mode",))
     assert sorted(mode["mode"]) == sorted(expected["mode"])
@@ -131,6 +143,17 @@ def test_slices_tables_worst_first(store_env, chdb_client):
             assert got.keys() == exp.keys(), dim
             for k, v in exp.items():
                 assert got[k] == pytest.approx(v, nan_ok=True), (dim, k, col)
+
+
+def test_slices_latency_tab_equals_analytics_latencies(store_env, chdb_client):
+    at = _app({**WINDOW, "sl_tab": "Latency by pair"}, page="views/slices.py")
+    (table,) = [d.value for d in at.dataframe if "commit_p95_ms" in d.value]
+    want = analytics.latencies(chdb_client, database=store_env, window=_window(), by=("pair",))
+    assert len(want) > 0
+    assert dict(zip(table["pair"], table["commit_p95_ms"], strict=True)) == pytest.approx(
+        dict(zip(want["pair"], want["commit_p95_ms"], strict=True)), nan_ok=True
+    )
+    assert not _slice_tables(at).keys() - {"pair"}  # no other tab queried
 
 
 def test_slices_topology_cards_lag_and_fan_out_equal_analytics(store_env, chdb_client):
@@ -158,7 +181,9 @@ def test_slices_topology_cards_lag_and_fan_out_equal_analytics(store_env, chdb_c
                           "handoff.history.removed_items": 1,
                           "handoff.input_filter": "redact_secrets"}))  # fmt: skip
     seed_rows(chdb_client, store_env, rows)
-    at = _app(WINDOW, page="views/slices.py")
+    closed = _app(WINDOW, page="views/slices.py")
+    assert "consumer" not in {d.value.columns[0] for d in closed.dataframe}  # not queried
+    at = _app({**WINDOW, "sl_queue": "true"}, page="views/slices.py")  # the expander open
     assert "Each topology's own failures" in _texts(at.subheader)
     got = _metrics(at)
     cards = analytics.topology_cards(chdb_client, _window(), database=store_env)
