@@ -83,9 +83,12 @@ def bucket_range(window: Window, bucket_s: int) -> tuple[int, int]:
     return ns(window.start) // b, -(-ns(window.end) // b) - 1
 
 
-def _judged_sql(db: str, window: Window, tenant: bool, bucket_s: int, baseline: int) -> str:
+def _judged_sql(
+    db: str, window: Window, tenant: bool, bucket_s: int, baseline: int, *, ids: bool = True
+) -> str:
     """One row per spiking (group, bucket) touching the window: to_agent, capability, b
-    (bucket index), n, r, bn, br, ids (rejected settled handoffs of the cohort in it)."""
+    (bucket index), n, r, bn, br, and with `ids` the rejected settled handoffs of the
+    cohort in it (collecting them for every group costs more than the counts)."""
     check_buckets(bucket_s, baseline)
     first, last = bucket_range(window, bucket_s)
     read = Window(
@@ -98,16 +101,21 @@ def _judged_sql(db: str, window: Window, tenant: bool, bucket_s: int, baseline: 
     cap = "arrayJoin(if(empty(capabilities), [''], capabilities))"
     lo, hi = ns(window.start), ns(window.end)
     in_w = f"created_ns >= {lo} AND created_ns < {hi}"
+    if ids:
+        keep = f"groupArrayIf((tenant, handoff_id), is_settled AND is_rej AND {in_w}) AS ids0"
+        gather, out = "groupArrayArray(ids0) AS ids", ", ids"
+    else:
+        keep, gather, out = "0 AS ids0", "0 AS ids", ""
     return f"""SELECT * FROM (
     SELECT to_agent, capability, b, n, r,
-        sum(n) OVER w AS bn, sum(r) OVER w AS br, ids
+        sum(n) OVER w AS bn, sum(r) OVER w AS br{out}
     FROM (
         SELECT to_agent, {cap} AS capability, b, sum(n0) AS n, sum(r0) AS r,
-            groupArrayArray(ids0) AS ids
+            {gather}
         FROM (
             SELECT to_agent, capabilities, b, countIf(is_settled) AS n0,
                 countIf(is_settled AND is_rej) AS r0,
-                groupArrayIf((tenant, handoff_id), is_settled AND is_rej AND {in_w}) AS ids0
+                {keep}
             FROM (
                 SELECT tenant, handoff_id, to_agent, capabilities, is_settled, {rej} AS is_rej,
                     toUnixTimestamp64Nano(created) AS created_ns,
@@ -125,10 +133,19 @@ WHERE b >= {first} AND b <= {last} AND {spike_condition("n", "r", "bn", "br")}""
 
 
 def spike_pass(db: str, window: Window, tenant: bool) -> str:
-    """The anomaly pass: handoff_id, rejection_spike (true) per flagged handoff."""
-    inner = _judged_sql(db, window, tenant, SPIKE_BUCKET_S, SPIKE_BASELINE_BUCKETS)
-    return f"""SELECT DISTINCT h.1 AS tenant, h.2 AS handoff_id, true AS rejection_spike
-FROM (SELECT arrayJoin(ids) AS h FROM ({inner}))"""
+    """The anomaly pass: tenant, handoff_id, rejection_spike (true) per flagged handoff. The
+    spiking (group, bucket) keys first, as a scalar (few; computed once), then the window's
+    rejected settled handoffs in them; with no spike the second read is skipped."""
+    judged = _judged_sql(db, window, tenant, SPIKE_BUCKET_S, SPIKE_BASELINE_BUCKETS, ids=False)
+    cohort = cohort_sql(db, window, tenant_param=tenant, extra=("to_agent", "capabilities"))
+    cap = "arrayJoin(if(empty(capabilities), [''], capabilities))"
+    b = f"intDiv(toUnixTimestamp64Nano(created), {SPIKE_BUCKET_S * _NS})"
+    return f"""WITH (SELECT groupArray((to_agent, capability, b)) FROM ({judged})) AS spiking
+SELECT DISTINCT tenant, handoff_id, true AS rejection_spike FROM (
+    SELECT tenant, handoff_id, to_agent, {cap} AS capability, {b} AS b FROM ({cohort})
+    WHERE notEmpty(spiking) AND is_settled AND {cs.has("tmask", cs.REJECTED_MASK)}
+)
+WHERE (to_agent, capability, b) IN (SELECT arrayJoin(spiking))"""
 
 
 def spikes_sql(db: str, window: Window, *, tenant: bool, bucket_s: int, baseline: int) -> str:
