@@ -101,21 +101,18 @@ def _judged_sql(
     cap = "arrayJoin(if(empty(capabilities), [''], capabilities))"
     lo, hi = ns(window.start), ns(window.end)
     in_w = f"created_ns >= {lo} AND created_ns < {hi}"
-    if ids:
-        keep = f"groupArrayIf((tenant, handoff_id), is_settled AND is_rej AND {in_w}) AS ids0"
-        gather, out = "groupArrayArray(ids0) AS ids", ", ids"
-    else:
-        keep, gather, out = "0 AS ids0", "0 AS ids", ""
+    keep = f",\n groupArrayIf((tenant, handoff_id), is_settled AND is_rej AND {in_w}) AS ids0"
+    gather, out = ", groupArrayArray(ids0) AS ids", ", ids"
+    if not ids:
+        keep = gather = out = ""
     return f"""SELECT * FROM (
     SELECT to_agent, capability, b, n, r,
         sum(n) OVER w AS bn, sum(r) OVER w AS br{out}
     FROM (
-        SELECT to_agent, {cap} AS capability, b, sum(n0) AS n, sum(r0) AS r,
-            {gather}
+        SELECT to_agent, {cap} AS capability, b, sum(n0) AS n, sum(r0) AS r{gather}
         FROM (
             SELECT to_agent, capabilities, b, countIf(is_settled) AS n0,
-                countIf(is_settled AND is_rej) AS r0,
-                {keep}
+                countIf(is_settled AND is_rej) AS r0{keep}
             FROM (
                 SELECT tenant, handoff_id, to_agent, capabilities, is_settled, {rej} AS is_rej,
                     toUnixTimestamp64Nano(created) AS created_ns,

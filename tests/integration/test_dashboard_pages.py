@@ -145,6 +145,12 @@ def test_slices_tables_worst_first(store_env, chdb_client):
                 assert got[k] == pytest.approx(v, nan_ok=True), (dim, k, col)
 
 
+def test_slices_link_to_an_unknown_tab_opens_the_first(store_env):
+    at = _app({**WINDOW, "sl_tab": "No such tab", "sl_queue": "maybe"}, page="views/slices.py")
+    assert set(_slice_tables(at)) == {"pair", "mode"}  # the default tab, the expander closed
+    assert "sl_tab" not in at.query_params and not at.error and not at.warning
+
+
 def test_slices_latency_tab_equals_analytics_latencies(store_env, chdb_client):
     at = _app({**WINDOW, "sl_tab": "Latency by pair"}, page="views/slices.py")
     (table,) = [d.value for d in at.dataframe if "commit_p95_ms" in d.value]
