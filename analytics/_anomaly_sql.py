@@ -28,6 +28,8 @@ transitions twice (clock skew self-join) or window-sort every task (stale fence)
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import Final
 
 from analytics import _contract_sql as cs
@@ -36,6 +38,7 @@ from analytics._anomaly_state_passes import STATE_PASSES
 from analytics._anomaly_state_sql import COPY_KEY  # noqa: F401 (re-exported)
 from analytics._common import Window, cohort_sql, ts
 from analytics._settled import settled_state_pass
+from analytics._settled_relations import RELATION_PASSES, settled_relation_pass
 from analytics._spike_sql import (  # noqa: F401 (re-exported: the spike thresholds)
     SPIKE_BASELINE_FACTOR,
     SPIKE_MIN_RATE,
@@ -126,9 +129,10 @@ def pass_sql(name: str, db: str, window: Window, *, tenant: bool, sla_ms: int) -
     """SQL of one pass (see module doc); ValueError for an unknown pass."""
     if name == "cohort":
         return _cohort_pass(db, window, tenant, sla_ms)
-    builders = {
+    builders: dict[str, Callable[[str, Window, bool], str]] = {
         **STATE_PASSES,
         "state": settled_state_pass,
+        **{n: partial(settled_relation_pass, n) for n in RELATION_PASSES},
         "spike": spike_pass,
         "orphan": _orphan_pass,
         "topology": topo.topology_pass,

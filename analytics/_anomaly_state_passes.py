@@ -19,10 +19,15 @@ first and merge only their rows; the dense ones merge only the keys with several
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Final
 
 from analytics._anomaly_state_sql import MERGE_FN, RECEIPT_EVENTS, TABLE, iso_sql, sql_tuple
 from analytics._common import Window, ts
+
+#: which handoffs a pass flags, as SQL over a handoff's `tenant`, `handoff_id` and the
+#: created-time column it is given (the cohort: created in the window)
+Subject = Callable[[str], str]
 
 
 def _tenant_and(tenant: bool) -> str:
@@ -229,7 +234,12 @@ def _attempts_sql(db: str, where: str) -> str:
 
 
 def retry_pass(db: str, window: Window, tenant: bool) -> str:
-    """B (the cohort) against its earlier attempts A (any handoff of the same tenant: B's
+    """The retry kinds of the cohort (retry_sql)."""
+    return retry_sql(db, tenant, lambda c: _in_window(window, c))
+
+
+def retry_sql(db: str, tenant: bool, subject: Subject) -> str:
+    """B (the handoffs `subject` selects) against its earlier attempts A (any handoff of the same tenant: B's
     `retry_of`, or the same task, to_agent and idempotency key; for duplicate execution
     any handoff with B's key). Attempts come from handoff_summary: created, first entry
     into and first exit out of unknown, first entry into committed (counted rows). Only
@@ -267,19 +277,21 @@ def retry_pass(db: str, window: Window, tenant: bool) -> str:
           AND cityHash64(tenant, idempotency_key) IN (SELECT arrayJoin(shared_keys))
         UNION ALL SELECT tenant, handoff_id FROM retries)
     GROUP BY tenant, handoff_id
-    HAVING {_in_window(window)}"""
+    HAVING {subject("created")}"""
     return f"""WITH (SELECT groupArray(h) FROM ({shared})) AS shared_keys,
     retries AS ({retries}),
     b AS ({b}),
     peers AS ({peers})
-SELECT b.tenant AS tenant, b.handoff_id AS handoff_id, {blind} AS blind_retry, false AS duplicate_execution
+SELECT b.tenant AS tenant, b.handoff_id AS handoff_id, b.created AS created,
+    {blind} AS blind_retry, false AS duplicate_execution
 FROM retries AS r
 JOIN b ON b.tenant = r.tenant AND b.handoff_id = r.handoff_id
 JOIN peers AS a ON a.tenant = r.tenant AND a.handoff_id = r.target
 WHERE a.handoff_id != b.handoff_id AND {blind}
 UNION ALL
-SELECT b.tenant AS tenant, b.handoff_id AS handoff_id, b.task_id = a.task AND b.to_agent = a.target
-        AND {blind} AS blind_retry, {dup} AS duplicate_execution
+SELECT b.tenant AS tenant, b.handoff_id AS handoff_id, b.created AS created,
+    b.task_id = a.task AND b.to_agent = a.target AND {blind} AS blind_retry,
+    {dup} AS duplicate_execution
 FROM (SELECT * FROM b WHERE idem != '') AS b
 JOIN (SELECT * FROM peers WHERE idem != '') AS a ON a.tenant = b.tenant AND a.idem = b.idem
 WHERE a.handoff_id != b.handoff_id
@@ -305,14 +317,19 @@ WHERE c.cause != c.handoff_id"""
 
 
 def bounce_pass(db: str, window: Window, tenant: bool) -> str:
+    """The bounces of the cohort (bounce_sql)."""
+    return bounce_sql(db, tenant, lambda c: _in_window(window, c))
+
+
+def bounce_sql(db: str, tenant: bool, subject: Subject) -> str:
     """A transfer handed straight back: the task's previous transfer (by created time, then
     handoff id) went from this one's to_agent to its from_agent. Only a handoff's create row
     carries its mode (and created time), so handoff_summary's rows with mode 'transfer' are
     exactly the transfer handoffs' create rows: read only those (no cohort FINAL), of the
     tasks with two such rows or more (by task hash: a superset of the tasks with two
-    transfers), one created in the window."""
+    transfers), one of them a subject."""
     tw = _tenant_and(tenant)
-    return f"""SELECT tenant, handoff_id, true AS bounce FROM (
+    return f"""SELECT tenant, handoff_id, h_created AS created, true AS bounce FROM (
     SELECT tenant, handoff_id, h_created, h_from, h_to,
         lagInFrame(h_from) OVER w AS prev_from, lagInFrame(h_to) OVER w AS prev_to,
         row_number() OVER w AS rn
@@ -325,14 +342,14 @@ def bounce_pass(db: str, window: Window, tenant: bool) -> str:
               SELECT tenant, cityHash64(task_id) AS t FROM {db}.handoff_summary
               WHERE mode = 'transfer' AND created IS NOT NULL {tw}
               GROUP BY tenant, t
-              HAVING count() > 1 AND countIf({_in_window(window)}) > 0)
+              HAVING count() > 1 AND countIf({subject("created")}) > 0)
         GROUP BY tenant, handoff_id
     )
     WINDOW w AS (PARTITION BY tenant, h_task ORDER BY h_created, handoff_id
                  ROWS BETWEEN 1 PRECEDING AND CURRENT ROW)
 )
 WHERE rn > 1 AND h_from != '' AND prev_from = h_to AND prev_to = h_from
-  AND {_in_window(window, "h_created")}"""
+  AND {subject("h_created")}"""
 
 
 #: pass name -> builder of the passes built here but the state pass (analytics._settled:

@@ -46,12 +46,15 @@ from analytics._anomaly_state_passes import (
 )
 from analytics._anomaly_state_sql import TABLE
 from analytics._common import Window, check_db, ts
+from analytics._settled_relations import relation_settle_sql
 from analytics._watermarks import (
     COHORT_COLUMNS,
     COHORT_TABLE,
     COHORT_WATERMARK_TABLE,
     EPOCH,
     FLAGS_TABLE,
+    RELATION_FLAGS_TABLE,
+    RELATION_WATERMARK_TABLE,
     WATERMARK_TABLE,
     live_keys_sql,
     watermark_sql,
@@ -79,6 +82,9 @@ log = logging.getLogger("handoffs.analytics.settle")
 SETTLE_LAG_S: Final = 30
 #: kind -> its bit in handoff_state_flags.flags
 STATE_KIND_BITS: Final = {kind: i for i, (kind, _e) in enumerate(state_kinds())}
+#: the settle's watermark tables (state flags, cohort copy, relation flags): a settle starts
+#: from the least and moves all three
+_WATERMARKS: Final = (WATERMARK_TABLE, COHORT_WATERMARK_TABLE, RELATION_WATERMARK_TABLE)
 #: handoffs merged per settle query (a first settle of a big store runs in slices by hash)
 KEYS_PER_SLICE: Final = 500_000
 _EPOCH_MS: Final = 0
@@ -315,8 +321,7 @@ def settle(
     row = client.query(
         "SELECT toUnixTimestamp64Milli(now64(3)), least("
         + ", ".join(
-            f"(SELECT toUnixTimestamp64Milli(max(watermark)) FROM {db}.{t})"
-            for t in (WATERMARK_TABLE, COHORT_WATERMARK_TABLE)
+            f"(SELECT toUnixTimestamp64Milli(max(watermark)) FROM {db}.{t})" for t in _WATERMARKS
         )
         + ")"
     ).result_rows[0]
@@ -338,15 +343,18 @@ def settle(
         ).result_rows
         ranges = key_ranges([(str(t), str(h)) for t, h in sample], n)
     # a table with no row yet has none to replace (the first settle of a store)
-    flags, copy = (
-        _count(client, f"SELECT count() > 0 FROM {db}.{t}") > 0 for t in (FLAGS_TABLE, COHORT_TABLE)
+    flags, copy, relations = (
+        _count(client, f"SELECT count() > 0 FROM {db}.{t}") > 0
+        for t in (FLAGS_TABLE, COHORT_TABLE, RELATION_FLAGS_TABLE)
     )
     for i, part in enumerate(ranges):
         client.command(settle_sql(db, since, until, part, flags), parameters=part.params())
         client.command(cohort_settle_sql(db, since, until, part, copy), parameters=part.params())
+        keys = f"{_touched_keys(db, since, until)} AND {part.sql()}"
+        client.command(relation_settle_sql(db, keys, until, relations), parameters=part.params())
         if progress is not None:
             progress(i + 1, len(ranges))
-    for table in (WATERMARK_TABLE, COHORT_WATERMARK_TABLE):
+    for table in _WATERMARKS:
         client.command(
             f"INSERT INTO {db}.{table} (tenant, watermark)"
             f" SELECT DISTINCT tenant, {until_text} FROM {db}.{TABLE}"

@@ -25,6 +25,8 @@ __all__ = [
     "EPOCH",
     "FLAGS_TABLE",
     "GRANULE_ROWS",
+    "RELATION_FLAGS_TABLE",
+    "RELATION_WATERMARK_TABLE",
     "WATERMARK_TABLE",
     "Settled",
     "live_keys_sql",
@@ -66,6 +68,10 @@ COHORT_COLUMNS: Final = (
 )
 #: per tenant, the watermark of the settled cohort rows
 COHORT_WATERMARK_TABLE: Final = "cohort_settle"
+#: per settled handoff with a relation kind set, its flags (analytics._settled_relations)
+RELATION_FLAGS_TABLE: Final = "handoff_relation_flags"
+#: per tenant, the watermark of the relation flags
+RELATION_WATERMARK_TABLE: Final = "relation_settle"
 #: the watermark of a store (or tenant) no settle has reached
 EPOCH: Final = "toDateTime64(0, 3, 'UTC')"
 
@@ -98,18 +104,25 @@ class Settled:
     epoch; 0 = none), how many handoffs were live for it (touched since) and how many rows
     the copy holds (about the store's handoffs); `flags_ms` is the state flags' watermark
     (0 = none, None = not read): the state pass reads the flags with this state only when
-    it is the copy's, so that the same handoffs are live for both."""
+    it is the copy's, so that the same handoffs are live for both; `relations_ms` the same
+    for the relation flags (bounce and the retry kinds)."""
 
     watermark_ms: int
     live: int
     stored: int = 0
     flags_ms: int | None = None
+    relations_ms: int | None = None
 
     @property
     def flags_match(self) -> bool:
         """Whether the state flags were settled to the copy's watermark (the live handoffs
         are then the same for both)."""
         return self.flags_ms is not None and self.flags_ms == max(self.watermark_ms, 0)
+
+    @property
+    def relations_match(self) -> bool:
+        """Whether the relation flags were settled to the copy's watermark."""
+        return self.relations_ms is not None and self.relations_ms == max(self.watermark_ms, 0)
 
     @property
     def wm_sql(self) -> str:
@@ -139,13 +152,17 @@ def read_settled(client: Client, db: str, tenant: str | None) -> Settled:
     wm = f"({watermark_sql(db, tenant is not None, COHORT_WATERMARK_TABLE)})"
     tenant_and = "" if tenant is None else "AND tenant = {tenant:String}"
     live = live_keys_sql(db, wm, tenant_and)
-    flags = f"({watermark_sql(db, tenant is not None, WATERMARK_TABLE)})"
-    ms, n, stored, flags_ms = client.query(
+    flags, relations = (
+        f"({watermark_sql(db, tenant is not None, t)})"
+        for t in (WATERMARK_TABLE, RELATION_WATERMARK_TABLE)
+    )
+    ms, n, stored, flags_ms, rel_ms = client.query(
         f"SELECT toUnixTimestamp64Milli({wm}), (SELECT count() FROM ({live})),"
-        f" (SELECT count() FROM {db}.{COHORT_TABLE}), toUnixTimestamp64Milli({flags})",
+        f" (SELECT count() FROM {db}.{COHORT_TABLE}), toUnixTimestamp64Milli({flags}),"
+        f" toUnixTimestamp64Milli({relations})",
         parameters=params,
     ).result_rows[0]
-    flags_ms = max(int(flags_ms or 0), 0)
+    flags_ms, rel_ms = (max(int(v or 0), 0) for v in (flags_ms, rel_ms))
     if (ms or 0) <= 0:
-        return Settled(0, 0, flags_ms=flags_ms)
-    return Settled(int(ms), int(n or 0), int(stored or 0), flags_ms)
+        return Settled(0, 0, flags_ms=flags_ms, relations_ms=rel_ms)
+    return Settled(int(ms), int(n or 0), int(stored or 0), flags_ms, rel_ms)

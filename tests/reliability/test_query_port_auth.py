@@ -39,6 +39,8 @@ TENANT_TABLES = {
     "anomaly_settle": "tenant",
     "handoff_settled": "tenant",
     "cohort_settle": "tenant",
+    "handoff_relation_flags": "tenant",
+    "relation_settle": "tenant",
     "transition_ledger": "tenant",
     "ingest_batches": "tenant",
     "ingest_rejects": "tenant",
@@ -130,6 +132,26 @@ def _spans(tenant: str, n: int, offset: int) -> bytes:
         )
         for i in range(n)
     ]
+    # a task's transfer handed straight back (x1 after x0): a bounce in each tenant's
+    # relation flags
+    for j, (src, dst) in enumerate((("agent-a", "agent-b"), ("agent-b", "agent-a"))):
+        spans.append(
+            span_json(
+                trace_id=f"{offset + 900 + j:032x}",
+                span_id=f"{offset + 900 + j:016x}",
+                attributes=transition(
+                    f"{tenant}-x{j}",
+                    "create",
+                    "",
+                    "created",
+                    task_id=f"{tenant}-tb",
+                    handoff__mode="transfer",
+                    handoff__from_agent=src,
+                    handoff__to_agent=dst,
+                ),
+                start_ns=time.time_ns() + n + j,
+            )
+        )
     # one span each tenant's validation refuses, so ingest_rejects holds both tenants
     spans.append(
         span_json(
@@ -177,6 +199,8 @@ def serve(tmp_path_factory):
                     "handoff_state_flags",
                     "cohort_settle",
                     "handoff_settled",
+                    "handoff_relation_flags",
+                    "relation_settle",
                 )
             )
             and op.command(behind) == 0
@@ -330,9 +354,9 @@ def test_no_query_shape_gives_an_acme_reader_globex_data(serve, acme, sql):
         assert "globex" not in str(exc), str(exc)[:500]
         return
     assert "globex" not in text, text[:500]
-    # no count of all tenants' rows (globex alone stored 6 transitions) shows either
+    # no count of all tenants' rows (globex alone stored 8 transitions) shows either
     numbers = [int(w) for w in text.replace("\t", " ").split() if w.isdigit()]
-    assert all(n < 6 for n in numbers), text[:500]
+    assert all(n < 8 for n in numbers), text[:500]
 
 
 def test_the_filter_setting_is_refused_from_a_tenant_and_allowed_to_the_operator(
@@ -342,25 +366,25 @@ def test_the_filter_setting_is_refused_from_a_tenant_and_allowed_to_the_operator
     for settings in ({"additional_table_filters": "{}"},):
         with pytest.raises(DatabaseError, match="SETTING_CONSTRAINT_VIOLATION"):
             acme.query(sql, settings=settings)
-        assert operator.query(sql, settings=settings).result_rows == [(10,)]
+        assert operator.query(sql, settings=settings).result_rows == [(14,)]
     with pytest.raises(DatabaseError, match="SETTING_CONSTRAINT_VIOLATION"):
         acme.query(sql + " SETTINGS additional_table_filters = {}")
 
 
 def test_an_acme_reader_still_does_what_a_client_does(acme):
-    assert acme.query("SELECT count() FROM handoff_transitions").result_rows == [(4,)]
+    assert acme.query("SELECT count() FROM handoff_transitions").result_rows == [(6,)]
     assert acme.command("EXISTS TABLE handoffs.handoff_transitions") == 1
     assert acme.query("DESCRIBE TABLE otel_traces").result_rows
     assert acme.query("EXPLAIN SELECT count() FROM handoff_transitions").result_rows
     df = acme.query_df("SELECT handoff_id, tenant FROM handoff_transitions ORDER BY handoff_id")
-    assert set(df["tenant"]) == {"acme"} and len(df) == 4
+    assert set(df["tenant"]) == {"acme"} and len(df) == 6
 
 
 def test_the_operator_reads_every_tenant(operator):
     rows = operator.query(
         "SELECT tenant, count() FROM handoff_transitions GROUP BY tenant ORDER BY tenant"
     ).result_rows
-    assert rows == [("acme", 4), ("globex", 6)]
+    assert rows == [("acme", 6), ("globex", 8)]
     assert operator.command("SELECT count() FROM system.parts WHERE database = 'handoffs'") > 0
 
 

@@ -90,6 +90,17 @@ def test_the_state_pass_trusts_a_settle_state_only_with_the_flags_at_the_copys_w
     assert not Settled(5, 0, flags_ms=4).flags_match
 
 
+def test_the_relation_passes_trust_a_settle_state_only_with_their_flags_at_its_watermark():
+    from analytics._watermarks import Settled
+
+    assert not Settled(5, 0, flags_ms=5).relations_match  # not read
+    assert Settled(5, 0, flags_ms=5, relations_ms=5).relations_match
+    assert Settled(5, 0, relations_ms=5).relations_match  # each watermark on its own
+    assert not Settled(0, 0, relations_ms=5).relations_match
+    # a store settled before sql/015: its relation flags have no watermark yet
+    assert not Settled(5, 0, flags_ms=5, relations_ms=0).relations_match
+
+
 def test_a_window_takes_a_settle_state_or_none_and_refuses_anything_else():
     from datetime import UTC, datetime, timedelta
 
