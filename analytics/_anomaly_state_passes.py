@@ -238,21 +238,25 @@ def retry_pass(db: str, window: Window, tenant: bool) -> str:
     return retry_sql(db, tenant, lambda c: _in_window(window, c))
 
 
-def retry_sql(db: str, tenant: bool, subject: Subject) -> str:
+def retry_sql(db: str, tenant: bool, subject: Subject, scope: str | None = None) -> str:
     """B (the handoffs `subject` selects) against its earlier attempts A (any handoff of the same tenant: B's
     `retry_of`, or the same task, to_agent and idempotency key; for duplicate execution
     any handoff with B's key). Attempts come from handoff_summary: created, first entry
     into and first exit out of unknown, first entry into committed (counted rows). Only
     handoffs sharing a non-empty key with another handoff, or named by a `retry_of`, can
     pair, so only their summary rows are merged (a same-slot peer shares the key), for B as
-    for A; `retry_of` from the state."""
+    for A; `retry_of` from the state. With `scope` (SQL of (tenant, handoff_id) rows holding
+    every subject: the settle's few handoffs), B's rows and `retry_of` are read by primary
+    key for those handoffs alone instead of for every handoff that could pair (the same
+    rows for the subjects: one whose key no other handoff holds pairs with none)."""
     peers = _attempts_sql(
         db,
         "(tenant, idempotency_key) IN (SELECT tenant, idem FROM b WHERE idem != '')"
         " OR (tenant, handoff_id) IN (SELECT tenant, target FROM retries)",
     )
+    in_scope = "" if scope is None else f"AND (tenant, handoff_id) IN ({scope})"
     retries = f"""SELECT tenant, handoff_id, max(retry_of) AS target FROM {db}.{TABLE}
-    WHERE retry_of != '' {_tenant_and(tenant)} GROUP BY tenant, handoff_id"""
+    WHERE retry_of != '' {_tenant_and(tenant)} {in_scope} GROUP BY tenant, handoff_id"""
     blind = "a.t_in IS NOT NULL AND a.t_in < b.created AND (a.t_out IS NULL OR a.t_out > b.created)"
     dup = (
         "b.t_commit IS NOT NULL AND a.t_commit IS NOT NULL"
@@ -268,17 +272,18 @@ def retry_sql(db: str, tenant: bool, subject: Subject) -> str:
     shared = f"""SELECT cityHash64(tenant, idempotency_key) AS h FROM {db}.handoff_summary
         WHERE idempotency_key != '' {_tenant_and(tenant)}
         GROUP BY h HAVING count() > 1"""
+    pairing = f"""SELECT tenant, handoff_id FROM {db}.handoff_summary
+        WHERE notEmpty(shared_keys) AND idempotency_key != '' {_tenant_and(tenant)}
+          AND cityHash64(tenant, idempotency_key) IN (SELECT arrayJoin(shared_keys))
+        UNION ALL SELECT tenant, handoff_id FROM retries"""
     b = f"""SELECT tenant, handoff_id, max(task_id) AS task_id, max(to_agent) AS to_agent,
         max(idempotency_key) AS idem, min(created) AS created, min(t_committed) AS t_commit
     FROM {db}.handoff_summary
-    WHERE (tenant, handoff_id) IN (
-        SELECT tenant, handoff_id FROM {db}.handoff_summary
-        WHERE notEmpty(shared_keys) AND idempotency_key != '' {_tenant_and(tenant)}
-          AND cityHash64(tenant, idempotency_key) IN (SELECT arrayJoin(shared_keys))
-        UNION ALL SELECT tenant, handoff_id FROM retries)
+    WHERE (tenant, handoff_id) IN ({pairing if scope is None else scope})
     GROUP BY tenant, handoff_id
     HAVING {subject("created")}"""
-    return f"""WITH (SELECT groupArray(h) FROM ({shared})) AS shared_keys,
+    with_shared = f"(SELECT groupArray(h) FROM ({shared})) AS shared_keys," if scope is None else ""
+    return f"""WITH {with_shared}
     retries AS ({retries}),
     b AS ({b}),
     peers AS ({peers})
@@ -321,14 +326,27 @@ def bounce_pass(db: str, window: Window, tenant: bool) -> str:
     return bounce_sql(db, tenant, lambda c: _in_window(window, c))
 
 
-def bounce_sql(db: str, tenant: bool, subject: Subject) -> str:
+def bounce_sql(db: str, tenant: bool, subject: Subject, scope: str | None = None) -> str:
     """A transfer handed straight back: the task's previous transfer (by created time, then
     handoff id) went from this one's to_agent to its from_agent. Only a handoff's create row
     carries its mode (and created time), so handoff_summary's rows with mode 'transfer' are
     exactly the transfer handoffs' create rows: read only those (no cohort FINAL), of the
     tasks with two such rows or more (by task hash: a superset of the tasks with two
-    transfers), one of them a subject."""
+    transfers), one of them a subject; a transfer without a task is in none (as the evidence
+    package's task rows, sql/005). With `scope` (SQL of (tenant, handoff_id) rows holding
+    every subject: the settle's few handoffs), only the handoffs of the scope's tasks are
+    read, by primary key through handoff_tasks (sql/005), instead of every transfer."""
     tw = _tenant_and(tenant)
+    tasks = f"""(tenant, cityHash64(task_id)) IN (
+              SELECT tenant, cityHash64(task_id) AS t FROM {db}.handoff_summary
+              WHERE mode = 'transfer' AND created IS NOT NULL AND task_id != '' {tw}
+              GROUP BY tenant, t
+              HAVING count() > 1 AND countIf({subject("created")}) > 0)"""
+    if scope is not None:
+        tasks = f"""(tenant, handoff_id) IN (
+              SELECT tenant, handoff_id FROM {db}.handoff_tasks WHERE (tenant, task_id) IN (
+                  SELECT tenant, max(task_id) FROM {db}.handoff_summary
+                  WHERE (tenant, handoff_id) IN ({scope}) GROUP BY tenant, handoff_id))"""
     return f"""SELECT tenant, handoff_id, h_created AS created, true AS bounce FROM (
     SELECT tenant, handoff_id, h_created, h_from, h_to,
         lagInFrame(h_from) OVER w AS prev_from, lagInFrame(h_to) OVER w AS prev_to,
@@ -337,12 +355,8 @@ def bounce_sql(db: str, tenant: bool, subject: Subject) -> str:
         SELECT tenant, handoff_id, max(task_id) AS h_task, min(created) AS h_created,
             max(from_agent) AS h_from, max(to_agent) AS h_to
         FROM {db}.handoff_summary
-        WHERE mode = 'transfer' AND created IS NOT NULL {tw}
-          AND (tenant, cityHash64(task_id)) IN (
-              SELECT tenant, cityHash64(task_id) AS t FROM {db}.handoff_summary
-              WHERE mode = 'transfer' AND created IS NOT NULL {tw}
-              GROUP BY tenant, t
-              HAVING count() > 1 AND countIf({subject("created")}) > 0)
+        WHERE mode = 'transfer' AND created IS NOT NULL AND task_id != '' {tw}
+          AND {tasks}
         GROUP BY tenant, handoff_id
     )
     WINDOW w AS (PARTITION BY tenant, h_task ORDER BY h_created, handoff_id

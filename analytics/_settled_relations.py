@@ -46,16 +46,16 @@ RELATION_PASSES: Final = {
 
 def related_keys_sql(db: str, keys: str) -> str:
     """(tenant, handoff_id) of the handoffs of `keys` (SQL of such rows) and of every handoff
-    whose relation kinds their rows can change: the transfers of their transfers' tasks, the
-    handoffs sharing one of their idempotency keys, the handoffs whose `retry_of` names one
-    of them (each relation as the passes read it: handoff_summary's rows, the state's
-    `retry_of`)."""
+    whose relation kinds their rows can change: the handoffs of their transfers' tasks (by
+    primary key through handoff_tasks, sql/005), the handoffs sharing one of their
+    idempotency keys, the handoffs whose `retry_of` names one of them (each relation as the
+    passes read it: handoff_summary's rows, the state's `retry_of`)."""
     return f"""SELECT tenant, handoff_id FROM ({keys})
 UNION ALL
-SELECT tenant, handoff_id FROM {db}.handoff_summary
-WHERE mode = 'transfer' AND created IS NOT NULL AND (tenant, task_id) IN (
+SELECT tenant, handoff_id FROM {db}.handoff_tasks WHERE (tenant, task_id) IN (
     SELECT tenant, task_id FROM {db}.handoff_summary
-    WHERE mode = 'transfer' AND created IS NOT NULL AND (tenant, handoff_id) IN ({keys}))
+    WHERE mode = 'transfer' AND created IS NOT NULL AND task_id != ''
+      AND (tenant, handoff_id) IN ({keys}))
 UNION ALL
 SELECT tenant, handoff_id FROM {db}.handoff_summary
 WHERE idempotency_key != '' AND (tenant, idempotency_key) IN (
@@ -73,13 +73,14 @@ def _of(keys: str) -> Subject:
 def relation_flags_sql(db: str, keys: str) -> str:
     """tenant, handoff_id, created and the relation flags (RELATION_KIND_BITS) of the
     flagged handoffs of `keys` (SQL of (tenant, handoff_id) rows), from the passes' SQL with
-    them as subjects: one row per handoff, its bits OR-ed over the passes' rows."""
+    them as subjects and as the scope the passes read by primary key: one row per handoff,
+    its bits OR-ed over the passes' rows."""
     parts = []
     for kinds, build in RELATION_PASSES.values():
         bits = " + ".join(f"toUInt8({k}) * {1 << RELATION_KIND_BITS[k]}" for k in kinds)
         parts.append(
             f"SELECT tenant, handoff_id, assumeNotNull(created) AS created, {bits} AS bits"
-            f" FROM ({build(db, False, _of(keys))})"
+            f" FROM ({build(db, False, _of(keys), keys)})"
         )
     union = "\n    UNION ALL\n    ".join(parts)
     return f"""SELECT tenant, handoff_id, min(created) AS created, groupBitOr(bits) AS flags FROM (
@@ -125,7 +126,9 @@ def settled_relation_pass(name: str, db: str, window: Window, tenant: bool) -> s
     if st.live == 0:
         return flags
     related = related_keys_sql(db, live_keys_sql(db, st.wm_sql, tw))
-    live = build(db, tenant, lambda c: f"{in_window(c)} AND (tenant, handoff_id) IN ({related})")
+    live = build(
+        db, tenant, lambda c: f"{in_window(c)} AND (tenant, handoff_id) IN ({related})", related
+    )
     return f"""SELECT * FROM (
     {flags}
       AND (tenant, handoff_id) NOT IN ({related})

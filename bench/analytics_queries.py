@@ -86,14 +86,23 @@ def _path_sql() -> str:
     return f"[{arr}]"
 
 
-def generate(client, n_handoffs: int, chunk: int = 1_000_000, days: int = DAYS) -> float:
-    """Insert n_handoffs x 5 rows spread over `days` days from BASE; returns seconds taken."""
+def generate(
+    client,
+    n_handoffs: int,
+    chunk: int = 1_000_000,
+    days: int = DAYS,
+    first: int = 0,
+    quiet: bool = False,
+) -> float:
+    """Insert n_handoffs x 5 rows spread over `days` days from BASE; returns seconds taken.
+    With `first`, the handoffs `first` to `first` + n_handoffs - 1 of a store of that many
+    (a store generated with `first` handoffs grows by ids and times after its own)."""
     total = n_handoffs * 5
-    interval_ns = days * 86_400 * 10**9 // n_handoffs
+    interval_ns = days * 86_400 * 10**9 // (first + n_handoffs)
     base_ns = int(BASE.timestamp()) * 10**9
     t0 = time.perf_counter()
-    for start in range(0, total, chunk):
-        cnt = min(chunk, total - start)
+    for start in range(first * 5, first * 5 + total, chunk):
+        cnt = min(chunk, first * 5 + total - start)
         client.command(f"""
 INSERT INTO {DB}.handoff_transitions
     (tenant, time, task_id, handoff_id, event, from_state, to_state, actor, valid, protocol,
@@ -117,7 +126,8 @@ FROM (
 )
 SETTINGS max_insert_block_size = 1048576
 """)
-        print(f"  inserted {start + cnt:,}/{total:,} rows", flush=True)
+        if not quiet:
+            print(f"  inserted {start + cnt - first * 5:,}/{total:,} rows", flush=True)
     return time.perf_counter() - t0
 
 
