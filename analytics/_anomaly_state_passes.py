@@ -219,18 +219,27 @@ def idempotency_pass(db: str, window: Window, tenant: bool) -> str:
     return f"SELECT tenant, handoff_id, true AS idempotency_conflict FROM ({cand})"
 
 
-def _attempts_sql(db: str, where: str) -> str:
+def _attempts_sql(db: str, keys: str) -> str:
     """One row per handoff from handoff_summary (merged by GROUP BY): what the retry checks
-    need. `where` selects the handoffs (a summary row of theirs matches it: by tenant and
-    task or key, which only the create's row carries); all their rows are merged, so a
-    commit or unknown stored in another insert block than the create counts."""
+    need. `keys` (SQL of (tenant, handoff_id) rows) selects the handoffs, read by primary
+    key; all their rows are merged, so a commit or unknown stored in another insert block
+    than the create counts."""
     return f"""SELECT tenant, handoff_id, max(task_id) AS task, max(to_agent) AS target,
         max(idempotency_key) AS idem, min(created) AS created,
         min(t_unknown_in) AS t_in, min(t_unknown_out) AS t_out, min(t_committed) AS t_commit
     FROM {db}.handoff_summary
-    WHERE (tenant, handoff_id) IN (
-        SELECT tenant, handoff_id FROM {db}.handoff_summary WHERE {where})
+    WHERE (tenant, handoff_id) IN ({keys})
     GROUP BY tenant, handoff_id"""
+
+
+def _once(name: str, sql: str, cols: str) -> str:
+    """WITH entries computing `sql` (rows of `cols`) once, as a constant array of tuples,
+    and a CTE `name` of its rows: a CTE is inlined (read again) at each use, a scalar
+    subquery is computed once per query. For a few thousand rows, not a window's."""
+    names = [c.strip() for c in cols.split(",")]
+    fields = ", ".join(f"x.{i} AS {c}" for i, c in enumerate(names, 1))
+    return f"""(SELECT groupArray(tuple({cols})) FROM ({sql})) AS {name}_rows,
+    {name} AS (SELECT {fields} FROM (SELECT arrayJoin({name}_rows) AS x))"""
 
 
 def retry_pass(db: str, window: Window, tenant: bool) -> str:
@@ -249,10 +258,14 @@ def retry_sql(db: str, tenant: bool, subject: Subject, scope: str | None = None)
     every subject: the settle's few handoffs), B's rows and `retry_of` are read by primary
     key for those handoffs alone instead of for every handoff that could pair (the same
     rows for the subjects: one whose key no other handoff holds pairs with none)."""
+    # the handoffs holding one of b's keys (only a create's row carries it), and the
+    # retries' targets
     peers = _attempts_sql(
         db,
-        "(tenant, idempotency_key) IN (SELECT tenant, idem FROM b WHERE idem != '')"
-        " OR (tenant, handoff_id) IN (SELECT tenant, target FROM retries)",
+        f"""SELECT tenant, handoff_id FROM {db}.handoff_summary
+        WHERE idempotency_key != '' AND (tenant, idempotency_key) IN (
+            SELECT tenant, idem FROM b WHERE idem != '')
+        UNION ALL SELECT tenant, target FROM retries""",
     )
     in_scope = "" if scope is None else f"AND (tenant, handoff_id) IN ({scope})"
     retries = f"""SELECT tenant, handoff_id, max(retry_of) AS target FROM {db}.{TABLE}
@@ -282,11 +295,25 @@ def retry_sql(db: str, tenant: bool, subject: Subject, scope: str | None = None)
     WHERE (tenant, handoff_id) IN ({pairing if scope is None else scope})
     GROUP BY tenant, handoff_id
     HAVING {subject("created")}"""
-    with_shared = f"(SELECT groupArray(h) FROM ({shared})) AS shared_keys," if scope is None else ""
-    return f"""WITH {with_shared}
+    if scope is None:
+        ctes = f"""(SELECT groupArray(h) FROM ({shared})) AS shared_keys,
     retries AS ({retries}),
     b AS ({b}),
-    peers AS ({peers})
+    peers AS ({peers})"""
+    else:  # few rows, each read once into a constant (an inlined CTE is read where used)
+        ctes = ",\n    ".join(
+            _once(name, sql, cols)
+            for name, sql, cols in (
+                ("retries", retries, "tenant, handoff_id, target"),
+                ("b", b, "tenant, handoff_id, task_id, to_agent, idem, created, t_commit"),
+                (
+                    "peers",
+                    peers,
+                    "tenant, handoff_id, task, target, idem, created, t_in, t_out, t_commit",
+                ),
+            )
+        )
+    return f"""WITH {ctes}
 SELECT b.tenant AS tenant, b.handoff_id AS handoff_id, b.created AS created,
     {blind} AS blind_retry, false AS duplicate_execution
 FROM retries AS r

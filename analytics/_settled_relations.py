@@ -88,14 +88,25 @@ def relation_flags_sql(db: str, keys: str) -> str:
 ) GROUP BY tenant, handoff_id HAVING flags != 0"""
 
 
+def _related_once(db: str, keys: str) -> tuple[str, str]:
+    """A WITH clause computing the related set of `keys` (related_keys_sql) once per query
+    as a constant array, and SQL of its (tenant, handoff_id) rows: the passes read the set
+    several times (subjects, scope, replaced rows), and a subquery inlined in each place is
+    evaluated in each."""
+    with_ = f"WITH (SELECT groupArray((tenant, handoff_id)) FROM ({related_keys_sql(db, keys)})) AS related"
+    rows = "SELECT k.1 AS tenant, k.2 AS handoff_id FROM (SELECT arrayJoin(related) AS k)"
+    return with_, rows
+
+
 def relation_settle_sql(db: str, keys: str, until_ms: int, replaces: bool = True) -> str:
     """INSERT of the relation flags of the handoffs related to `keys` (SQL of the touched
     handoffs' (tenant, handoff_id); its query parameters bound by the caller): a row per
     flagged one (version 2 x until + 1), and unless `replaces` is False (the table holds no
     row yet) a 0 (version 2 x until) over each one's row of an earlier settle, which the
     new row replaces when its created time is the same (as analytics._settled.settle_sql)."""
-    related = related_keys_sql(db, keys)
+    with_, related = _related_once(db, keys)
     return f"""INSERT INTO {db}.{RELATION_FLAGS_TABLE} (tenant, handoff_id, created, flags, version)
+{with_}
 SELECT tenant, handoff_id, created, flags, toUInt64({2 * until_ms + 1})
 FROM ({relation_flags_sql(db, related)})
 UNION ALL
@@ -125,11 +136,12 @@ def settled_relation_pass(name: str, db: str, window: Window, tenant: bool) -> s
     WHERE bitAnd(flags, {mask}) != 0 AND {in_window("created")}"""
     if st.live == 0:
         return flags
-    related = related_keys_sql(db, live_keys_sql(db, st.wm_sql, tw))
+    with_, related = _related_once(db, live_keys_sql(db, st.wm_sql, tw))
     live = build(
         db, tenant, lambda c: f"{in_window(c)} AND (tenant, handoff_id) IN ({related})", related
     )
-    return f"""SELECT * FROM (
+    return f"""{with_}
+SELECT * FROM (
     {flags}
       AND (tenant, handoff_id) NOT IN ({related})
     UNION ALL

@@ -14,9 +14,11 @@ time excluded, which favours pandas).
 
   anomalies all kinds over the 24 h window (anomalies_ms) and the 7 days (anomalies_7d_ms),
             and in the same run without the protocol-audit kinds (anomalies_base_ms,
-            anomalies_7d_base_ms): what those kinds cost. The generated rows carry no
-            retry, causation or grant attributes, and their actors are not the to_agent, so
-            the audit passes do their full work on every cohort row
+            anomalies_7d_base_ms): what those kinds cost. One handoff in 10 carries an
+            idempotency key its neighbour shares, one in 20 names that neighbour in
+            `retry_of`, one in 40 is a transfer handed straight back (a bounce); no
+            causation or grant attributes, and actors are not the to_agent, so the audit
+            passes do their full work on every cohort row
   settle    before the queries, the anomaly flags settled as serve's settle thread keeps
             them (analytics.settle over every handoff: settle_s); --no-settle removes the
             watermark instead, so every query recomputes every flag (the same store's
@@ -106,22 +108,28 @@ def generate(
         client.command(f"""
 INSERT INTO {DB}.handoff_transitions
     (tenant, time, task_id, handoff_id, event, from_state, to_state, actor, valid, protocol,
-     mode, from_agent, to_agent, topology, deadline_ms, capabilities, evidence_count,
-     evidence_valid, trace_id, span_id, service_name, ingest_batch)
+     mode, from_agent, to_agent, topology, idempotency_key, attributes, deadline_ms,
+     capabilities, evidence_count, evidence_valid, trace_id, span_id, service_name,
+     ingest_batch)
 SELECT 'default',
     fromUnixTimestamp64Nano(toInt64({base_ns} + h * {interval_ns} + step * 1000000000), 'UTC'),
     concat('t', toString(intDiv(h, 2))), concat('h', toString(h)),
     tr.1, tr.2, tr.3, concat('agent', toString(h % 20)), true, 'aa-handoff/v1',
-    ['delegate', 'consult', 'transfer', 'escalate'][h % 4 + 1],
-    concat('agent', toString(h % 20)), concat('agent', toString((h * 7 + 3) % 20)),
+    if(bounce, 'transfer', ['delegate', 'consult', 'transfer', 'escalate'][h % 4 + 1]),
+    concat('agent', toString(if(bounce, (h * 7 - 4) % 20, h % 20))),
+    concat('agent', toString(if(bounce, (h - 1) % 20, (h * 7 + 3) % 20))),
     ['in_process', 'agent_as_tool', 'shared_queue', 'federated_a2a'][h % 4 + 1],
+    if(h % 20 < 2, concat('k', toString(intDiv(h, 20))), ''),
+    mapFilter((k, v) -> v != '',
+        map('handoff.retry_of', if(h % 20 = 1, concat('h', toString(h - 1)), ''))),
     if(h % 3 = 0, NULL, 120000), [concat('cap', toString(h % 5))],
     if(tr.1 IN ('prepare', 'commit', 'resolve_committed'), toInt64(h % 7 != 0), NULL),
     if(tr.1 IN ('prepare', 'commit', 'resolve_committed'), h % 11 != 0, NULL),
     hex(cityHash64(h)), hex(cityHash64(h, step)), 'bench', 'bench'
 FROM (
     SELECT intDiv(number, 5) AS h, number % 5 AS step,
-        arrayElement(arrayElement({_path_sql()}, h % 10 + 1), step + 1) AS tr
+        arrayElement(arrayElement({_path_sql()}, h % 10 + 1), step + 1) AS tr,
+        h % 40 = 3 AS bounce
     FROM numbers({start}, {cnt})
 )
 SETTINGS max_insert_block_size = 1048576
