@@ -95,6 +95,7 @@ def _judged_sql(
         start=_EPOCH + timedelta(seconds=(first - baseline) * bucket_s),
         end=_EPOCH + timedelta(seconds=(last + 1) * bucket_s),
         as_of=window.clock(),
+        settled=window.settled,  # the store's state, whatever the range read
     )
     cohort = cohort_sql(db, read, tenant_param=tenant, extra=("to_agent", "capabilities"))
     rej = cs.has("tmask", cs.REJECTED_MASK)
@@ -130,19 +131,21 @@ WHERE b >= {first} AND b <= {last} AND {spike_condition("n", "r", "bn", "br")}""
 
 
 def spike_pass(db: str, window: Window, tenant: bool) -> str:
-    """The anomaly pass: tenant, handoff_id, rejection_spike (true) per flagged handoff. The
-    spiking (group, bucket) keys first, as a scalar (few; computed once), then the window's
-    rejected settled handoffs in them; with no spike the second read is skipped."""
+    """The anomaly pass: tenant, handoff_id, rejection_spike (true) per flagged handoff: the
+    window's rejected settled handoffs joined to the spiking (group, bucket) keys, which
+    the join builds first (few rows); with none the cohort is not read."""
     judged = _judged_sql(db, window, tenant, SPIKE_BUCKET_S, SPIKE_BASELINE_BUCKETS, ids=False)
     cohort = cohort_sql(db, window, tenant_param=tenant, extra=("to_agent", "capabilities"))
     cap = "arrayJoin(if(empty(capabilities), [''], capabilities))"
     b = f"intDiv(toUnixTimestamp64Nano(created), {SPIKE_BUCKET_S * _NS})"
-    return f"""WITH (SELECT groupArray((to_agent, capability, b)) FROM ({judged})) AS spiking
-SELECT DISTINCT tenant, handoff_id, true AS rejection_spike FROM (
+    return f"""SELECT DISTINCT c.tenant AS tenant, c.handoff_id AS handoff_id,
+    true AS rejection_spike
+FROM (
     SELECT tenant, handoff_id, to_agent, {cap} AS capability, {b} AS b FROM ({cohort})
-    WHERE notEmpty(spiking) AND is_settled AND {cs.has("tmask", cs.REJECTED_MASK)}
-)
-WHERE (to_agent, capability, b) IN (SELECT arrayJoin(spiking))"""
+    WHERE is_settled AND {cs.has("tmask", cs.REJECTED_MASK)}
+) AS c
+INNER JOIN (SELECT to_agent, capability, b FROM ({judged})) AS s
+    ON c.to_agent = s.to_agent AND c.capability = s.capability AND c.b = s.b"""
 
 
 def spikes_sql(db: str, window: Window, *, tenant: bool, bucket_s: int, baseline: int) -> str:

@@ -252,35 +252,19 @@ def fan_out_pass(db: str, window: Window, tenant: bool) -> str:
     """fan_out_all over the cohort's agent_as_tool handoffs (from_agent = orchestrator,
     to_agent = expert, non-empty): per (tenant, orchestrator) the distinct experts of the
     window, per task the distinct experts of that task; a task with at least
-    FAN_OUT_MIN_EXPERTS that called every one of them flags all its handoffs.
-
-    Most tasks hold one or two handoffs, so the tasks are first narrowed by a hash of the
-    task id with at least FAN_OUT_MIN_EXPERTS handoffs (a cheap count over a UInt64 key; a
-    collision only keeps a task in); only those are grouped by the task id itself and
-    gather their ids. At 2M handoffs over 7 days, grouping every task with its ids was most
-    of the pass."""
+    FAN_OUT_MIN_EXPERTS that called every one of them flags all its handoffs. One read of
+    the cohort, both counts as window aggregates over it."""
     cohort = cohort_sql(
         db, window, tenant_param=tenant, extra=("task_id", "from_agent", "to_agent", "topology")
     )
-    n = FAN_OUT_MIN_EXPERTS
-    return f"""WITH tool AS (
-    SELECT tenant, handoff_id, from_agent, to_agent, task_id FROM ({cohort})
+    return f"""SELECT tenant, handoff_id, true AS fan_out_all FROM (
+    SELECT tenant, handoff_id,
+        uniqExact(to_agent) OVER (PARTITION BY tenant, from_agent) AS n_all,
+        uniqExact(to_agent) OVER (PARTITION BY tenant, from_agent, task_id) AS n_task
+    FROM ({cohort})
     WHERE topology = 'agent_as_tool' AND to_agent != ''
 )
-SELECT tenant, arrayJoin(ids) AS handoff_id, true AS fan_out_all FROM (
-    SELECT tenant, from_agent, task_id, uniqExact(to_agent) AS n_task,
-        groupArray(handoff_id) AS ids
-    FROM tool
-    WHERE (tenant, from_agent, cityHash64(task_id)) IN (
-        SELECT tenant, from_agent, h FROM tool
-        GROUP BY tenant, from_agent, cityHash64(task_id) AS h HAVING count() >= {n})
-    GROUP BY tenant, from_agent, task_id
-    HAVING n_task >= {n}
-) AS tasks
-INNER JOIN (
-    SELECT tenant, from_agent, uniqExact(to_agent) AS n_all FROM tool GROUP BY tenant, from_agent
-) AS orchestrators USING (tenant, from_agent)
-WHERE n_task = n_all"""
+WHERE n_task >= {FAN_OUT_MIN_EXPERTS} AND n_task = n_all"""
 
 
 #: sql/011_topology_attrs.sql (`python -m analytics._topology_sql > sql/011_topology_attrs.sql`;
