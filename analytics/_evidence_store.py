@@ -4,11 +4,12 @@ other rows (cross-handoff anomalies) and the related spans of its traces. Shared
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from analytics import reference as ref
 from analytics._package import iso_ns
-from analytics._rows import POINT_LOOKUP, TASK_COLUMNS, fetch_rows
+from analytics._rows import POINT_LOOKUP, TASK_COLUMNS, TASK_KEYS, fetch_ledger_entries, fetch_rows
 from foundation.integrity import derive_columns
 
 if TYPE_CHECKING:
@@ -19,19 +20,29 @@ __all__ = ["cross_anomalies", "fetch_task_rows", "ledger_batches", "related"]
 _RELATED_LIMIT: Final = 200
 
 
-def fetch_task_rows(client: Client, db: str, tenant: str, task_id: str) -> list[dict[str, Any]]:
+def fetch_task_rows(
+    client: Client, db: str, tenant: str, task_id: str, own: Sequence[dict[str, Any]] = ()
+) -> list[dict[str, Any]]:
     """The task's rows for the cross-handoff anomalies: the task's handoff ids from the
     handoff_tasks index (sql/005), then their rows by primary key (tenant, handoff_id), with
-    the typed columns the anomalies read recomputed from the hashed attributes."""
+    the typed columns the anomalies read recomputed from the hashed attributes. `own`: rows
+    already read of some of its handoffs (all their columns, fetch_handoff), taken as they
+    are instead of read again."""
+    mine = sorted({r["handoff_id"] for r in own})
     rows = fetch_rows(
         client,
         db,
         f"""tenant = {{t:String}} AND task_id = {{k:String}} AND handoff_id IN (
             SELECT handoff_id FROM {db}.handoff_tasks
-            WHERE tenant = {{t:String}} AND task_id = {{k:String}})""",
-        {"t": tenant, "k": task_id},
+            WHERE tenant = {{t:String}} AND task_id = {{k:String}})
+            AND handoff_id NOT IN {{own:Array(String)}}""",
+        {"t": tenant, "k": task_id, "own": mine},
         TASK_COLUMNS + ", attributes, capabilities, evidence_refs",
     )
+    keep = (*TASK_KEYS, "attributes", "capabilities", "evidence_refs")
+    rows += [
+        {k: r[k] for k in keep} for r in own if r["tenant"] == tenant and r["task_id"] == task_id
+    ]
     for r in rows:
         r.update({k: v for k, v in derive_columns(r.pop("attributes")).items() if k in r})
     return rows
@@ -40,20 +51,7 @@ def fetch_task_rows(client: Client, db: str, tenant: str, task_id: str) -> list[
 def ledger_batches(client: Client, db: str, tenant: str, handoff_id: str) -> dict[str, list[str]]:
     """row hash -> the ingest batches of the handoff's ledger rows with that hash (a span
     stored again has one per arrival), by primary key (tenant, handoff_id)."""
-    res = client.query(
-        f"SELECT toString(row_hash), ingest_batch FROM {db}.transition_ledger "
-        "WHERE tenant = {t:String} AND handoff_id = {h:String}",
-        parameters={"t": tenant, "h": handoff_id},
-        settings=POINT_LOOKUP,
-    )
-    out: dict[str, list[str]] = {}
-    for h, b in res.result_rows:
-        out.setdefault(_s(h), []).append(_s(b))
-    return out
-
-
-def _s(v: object) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
+    return fetch_ledger_entries(client, db, tenant, handoff_id).batches
 
 
 def cross_anomalies(

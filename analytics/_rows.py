@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
@@ -21,6 +22,8 @@ ROW_COLUMNS: Final = """tenant, toUnixTimestamp64Nano(time) AS time_ns, trace_id
 TASK_COLUMNS: Final = """tenant, toUnixTimestamp64Nano(time) AS time_ns, span_id, task_id,
     handoff_id, event, from_state, to_state, valid, mode, from_agent, to_agent, fence_token,
     state_version"""
+#: the keys of a row read with TASK_COLUMNS
+TASK_KEYS: Final = tuple(c.split(" AS ")[-1].strip() for c in TASK_COLUMNS.split(","))
 
 
 def fetch_rows(
@@ -58,15 +61,36 @@ def fetch_handoff(
     return fetch_rows(client, db, where, params)
 
 
-def fetch_ledger(client: Client, db: str, tenant: str, handoff_id: str) -> dict[str, list[str]]:
-    """span_id -> ledger row hashes of one handoff."""
+@dataclass(frozen=True, slots=True)
+class LedgerEntries:
+    """One handoff's ledger entries: span_id -> row hashes (`by_span`), and row hash -> the
+    ingest batches of the entries with that hash (`batches`: a span stored again has one
+    per arrival)."""
+
+    by_span: dict[str, list[str]]
+    batches: dict[str, list[str]]
+
+
+def _s(v: object) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def fetch_ledger_entries(client: Client, db: str, tenant: str, handoff_id: str) -> LedgerEntries:
+    """The handoff's transition_ledger entries, in one read by primary key."""
     res = client.query(
-        f"SELECT span_id, row_hash FROM {db}.transition_ledger "
+        f"SELECT span_id, toString(row_hash), ingest_batch FROM {db}.transition_ledger "
         "WHERE tenant = {t:String} AND handoff_id = {h:String}",
         parameters={"t": tenant, "h": handoff_id},
         settings=POINT_LOOKUP,
     )
-    out: dict[str, list[str]] = defaultdict(list)
-    for span, h in res.result_rows:
-        out[str(span)].append(h.decode() if isinstance(h, bytes) else str(h))
-    return out
+    by_span: dict[str, list[str]] = defaultdict(list)
+    batches: dict[str, list[str]] = {}
+    for span, h, b in res.result_rows:
+        by_span[_s(span)].append(_s(h))
+        batches.setdefault(_s(h), []).append(_s(b))
+    return LedgerEntries(by_span, batches)
+
+
+def fetch_ledger(client: Client, db: str, tenant: str, handoff_id: str) -> dict[str, list[str]]:
+    """span_id -> ledger row hashes of one handoff."""
+    return fetch_ledger_entries(client, db, tenant, handoff_id).by_span

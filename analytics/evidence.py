@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Any, Final
 from analytics import reference as ref
 from analytics._common import check_db, ns
 from analytics._evidence_logs import StoreLogs
-from analytics._evidence_store import cross_anomalies, fetch_task_rows, ledger_batches, related
+from analytics._evidence_store import cross_anomalies, fetch_task_rows, related
 from analytics._package import FORMAT, build_package, iso_ns, typed_mismatches
-from analytics._rows import fetch_handoff, fetch_ledger
+from analytics._rows import fetch_handoff, fetch_ledger_entries
 from analytics.verify import VerifyResult, package_sha256, verify_offline, verify_package
 from foundation.keys import PublicKeys
 
@@ -88,18 +88,19 @@ def _package(client: Client, db: str, rows, now_ns: int, logs: StoreLogs) -> dic
     ten, hid = rows[0]["tenant"], rows[0]["handoff_id"]
     if logs.heads:  # never before its heads were signed (serve's clock may run ahead)
         now_ns = max(now_ns, *(h.signed_at for h in logs.heads.values()))
-    task_rows = fetch_task_rows(client, db, ten, rows[0]["task_id"])
+    task_rows = fetch_task_rows(client, db, ten, rows[0]["task_id"], rows)
     extra = cross_anomalies(client, db, ten, rows, task_rows, hid)
+    ledger = fetch_ledger_entries(client, db, ten, hid)
     pkg = build_package(
         rows,
-        ledger=fetch_ledger(client, db, ten, hid),
+        ledger=ledger.by_span,
         as_of_ns=now_ns,
         extra_anomalies=extra,
         related_spans=related(client, db, sorted({r["trace_id"] for r in rows}), rows),
         typed_mismatched=typed_mismatches(rows),
     )
     # the proofs, in the package's transition order (one per distinct row)
-    pkg["integrity"]["log"] = logs.section(pkg["transitions"], ledger_batches(client, db, ten, hid))
+    pkg["integrity"]["log"] = logs.section(pkg["transitions"], ledger.batches)
     pkg["integrity"]["package_sha256"] = package_sha256(pkg)
     return pkg
 

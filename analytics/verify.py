@@ -40,7 +40,7 @@ from analytics._package import (
     rows_of,
     typed_mismatches,
 )
-from analytics._rows import fetch_handoff, fetch_ledger
+from analytics._rows import fetch_handoff, fetch_ledger_entries
 from foundation.integrity import HASHED_COLUMNS, row_hash
 from foundation.keys import PublicKeys, SignedHead
 
@@ -188,7 +188,7 @@ def verify_package(
     """Verify a package offline (verify_offline) and against the store as it is now (see
     the module doc); never writes. Raises ValueError for a malformed package."""
     from analytics._evidence_logs import StoreLogs
-    from analytics._evidence_store import cross_anomalies, fetch_task_rows, ledger_batches, related
+    from analytics._evidence_store import cross_anomalies, fetch_task_rows, related
 
     db = check_db(database)
     notes: list[str] = []
@@ -202,7 +202,8 @@ def verify_package(
     row_problems = _against_stored(package, stored)
     problems += row_problems
     problems += typed_mismatches(stored)
-    ledger = fetch_ledger(client, db, tenant, hid)
+    entries = fetch_ledger_entries(client, db, tenant, hid)
+    ledger = entries.by_span
     for span, now in sorted(_by_span(stored).items()):
         have = ledger.get(span, [])
         for r in now:
@@ -214,7 +215,7 @@ def verify_package(
                 problems.append(f"span_id={span}: stored row does not match the ingest ledger")
                 break
     if stored:
-        task_rows = fetch_task_rows(client, db, tenant, stored[0]["task_id"])
+        task_rows = fetch_task_rows(client, db, tenant, stored[0]["task_id"], stored)
         rebuilt = _rebuild(
             package,
             stored,
@@ -239,7 +240,7 @@ def verify_package(
         problems += logs.problems(
             pkg_heads,
             [(r["span_id"], row_hash(r)) for r in stored],
-            ledger_batches(client, db, tenant, hid),
+            entries.batches,
             keys,
         )
         notes += instance_notes(section, {i: h.tree_size for i, h in logs.heads.items()})

@@ -21,8 +21,13 @@ _HEAD_COLUMNS: Final = """tree_size, toString(root), toUnixTimestamp64Nano(signe
                    toString(chain_hash), key_id, signature"""
 
 
-def _heads(client: Client, database: str, instance: str | None, order: str) -> list[SignedHead]:
-    cols = has_instance_columns(client, database)
+def _heads(
+    client: Client, database: str, instance: str | None, order: str, cols: bool | None = None
+) -> list[SignedHead]:
+    """The heads of `instance`'s log (None: every log's) in `order`; `cols` whether the store
+    has sql/010's instance columns (None: read it)."""
+    if cols is None:
+        cols = has_instance_columns(client, database)
     where = "" if instance is None else f"WHERE {instance_filter(cols, instance)}"
     rows = client.query(
         f"""SELECT {_HEAD_COLUMNS}, {"instance" if cols else "''"}
@@ -66,7 +71,8 @@ def covers(client: Client, database: str, head: SignedHead) -> bool:
 def newest_heads(client: Client, database: str) -> dict[str, SignedHead]:
     """The newest signed head of every instance's log (largest tree, then latest)."""
     if not has_instance_columns(client, database):
-        head = newest_head(client, database, "")
-        return {} if head is None else {"": head}
-    heads = _heads(client, database, None, "tree_size DESC, signed_at DESC LIMIT 1 BY instance")
+        heads = _heads(client, database, "", "tree_size DESC, signed_at DESC LIMIT 1", False)
+        return {"": heads[0]} if heads else {}
+    order = "tree_size DESC, signed_at DESC LIMIT 1 BY instance"
+    heads = _heads(client, database, None, order, True)
     return {h.instance: h for h in heads}
