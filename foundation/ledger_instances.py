@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import re
 import socket
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
@@ -113,16 +114,27 @@ def log_links(
     return [(b, p, c, t) for b, p, c, t, i in batches if i == instance or (not i and p != GENESIS)]
 
 
+#: per client, the databases found to have sql/010's columns (a schema file is never
+#: undone, so a yes stays true; a no is asked again: the store may be migrated meanwhile)
+_MIGRATED: Final[weakref.WeakKeyDictionary[Client, set[str]]] = weakref.WeakKeyDictionary()
+
+
 def has_instance_columns(client: Client, database: str) -> bool:
     """Whether the store has sql/010 (ledger_heads.instance): a store not migrated yet has
-    only the log ''."""
-    return bool(
+    only the log ''. Read once per client and database once true."""
+    known = _MIGRATED.get(client)
+    if known is not None and database in known:
+        return True
+    found = bool(
         client.query(
             "SELECT count() FROM system.columns WHERE database = {d:String} "
             "AND table = 'ledger_heads' AND name = 'instance'",
             parameters={"d": database},
         ).result_rows[0][0]
     )
+    if found:
+        _MIGRATED.setdefault(client, set()).add(database)
+    return found
 
 
 def instance_filter(has_columns: bool, instance: str) -> str:
