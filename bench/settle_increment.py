@@ -73,6 +73,12 @@ def main(argv: list[str] | None = None) -> int:
         runs.append(ms)
         print(f"  settle {i + 1}: {done.handoffs if done else 0:,} handoffs recomputed in "
               f"{ms:,.0f} ms (store {have:,} handoffs)", flush=True)  # fmt: skip
+    bounce, blind, dup = client.query(
+        f"SELECT countIf(bitTest(flags, 0)), countIf(bitTest(flags, 1)), countIf(bitTest(flags, 2))"
+        f" FROM {DB}.handoff_relation_flags FINAL WHERE flags != 0"
+    ).result_rows[0]
+    print(f"relation flags now: bounce {bounce:,}, blind_retry {blind:,}, "
+          f"duplicate_execution {dup:,}")  # fmt: skip
     med = statistics.median(runs)
     per = med * 1000 / args.increment
     print(f"incremental settle of {args.increment:,} new handoffs: median {med:,.0f} ms "
