@@ -7,13 +7,14 @@ per pass; `count` is the number of distinct handoffs flagged (for rejection_spik
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Final
 
 import pandas as pd
 
 from analytics._anomaly_sql import (
     COHORT_PASSES,
+    HEAVY_PASSES,
     KIND_PASS,
     PASSES,
     REPEATING_PASSES,
@@ -26,6 +27,7 @@ from analytics._anomaly_sql import (
 from analytics._common import Window, check_db, settled_window
 from analytics._tasks_sql import backfill_sql
 from analytics.reference import UNKNOWN_SLA_MS
+from foundation.store import query_each
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
@@ -148,9 +150,10 @@ def anomalies(
     included): kind, count (distinct handoffs: tenant and id), examples (up to `examples`
     handoff ids, sorted), description. ValueError for an unknown kind.
 
-    One query per pass needed (11 queries for all 29 kinds), after one that stops at the
-    first handoff created in the window: without one, only the orphan pass runs (the other
-    kinds flag cohort handoffs only). Timings: docs/metrics.md, bench/analytics_queries.py.
+    One query per pass needed (11 queries for all 29 kinds), two at a time when the client
+    has a sibling (foundation.store.query_each), after one that stops at the first handoff
+    created in the window: without one, only the orphan pass runs (the other kinds flag
+    cohort handoffs only). Timings: docs/metrics.md, bench/analytics_queries.py.
     """
     db = check_db(database)
     if examples < 0:
@@ -173,7 +176,9 @@ def anomalies(
     ):
         for name in COHORT_PASSES & set(passes):
             found.update((k, (0, [])) for k in passes.pop(name))
-    for name, pass_kinds in passes.items():
+
+    def job(name: str) -> Callable[[Client], None]:
+        pass_kinds = passes[name]
         inner = pass_sql(name, db, window, tenant=tenant is not None, sla_ms=unknown_sla_ms)
         # a handoff is its tenant and id; a pass returning each at most once is counted by
         # rows (a distinct count of millions of ids costs more than the pass itself)
@@ -183,11 +188,20 @@ def anomalies(
         cols = ", ".join(
             f"{count.format(k=k)}, groupArraySortedIf({keep})(handoff_id, {k})" for k in pass_kinds
         )
-        row = client.query(f"SELECT {cols} FROM ({inner})", parameters=_params(tenant))
-        vals = row.result_rows[0]
-        for i, k in enumerate(pass_kinds):
-            ex = list(dict.fromkeys(vals[2 * i + 1]))[:examples]
-            found[k] = (int(vals[2 * i]), ex)
+        sql = f"SELECT {cols} FROM ({inner})"
+
+        def run(c: Client) -> None:
+            vals = c.query(sql, parameters=_params(tenant)).result_rows[0]
+            for i, k in enumerate(pass_kinds):
+                ex = list(dict.fromkeys(vals[2 * i + 1]))[:examples]
+                found[k] = (int(vals[2 * i]), ex)
+
+        return run
+
+    # the dearest passes first: two run at once (foundation.store.query_each)
+    heavy = {n: i for i, n in enumerate(HEAVY_PASSES)}
+    order = sorted(passes, key=lambda n: (heavy.get(n, len(heavy)), list(PASSES).index(n)))
+    query_each(client, [job(n) for n in order])
     rows = [
         {"kind": k, "count": found[k][0], "examples": found[k][1], "description": DESCRIPTIONS[k]}
         for k in ANOMALY_KINDS

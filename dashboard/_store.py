@@ -17,8 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from clickhouse_connect import common
-
 from foundation import settings
 from foundation.store import StoreError, StoreSpec, StoreUnavailable, connect, parse_store
 
@@ -155,14 +153,7 @@ def open_client(target: StoreTarget, *, pid: int | None = None) -> Client:
 def _connect_shared(spec: StoreSpec) -> Client:
     """connect() for a client that every browser session shares: over HTTP without a
     ClickHouse session id, since a server refuses concurrent queries within one session."""
-    if spec.embedded:
-        return connect(spec, database="")
-    old = common.get_setting("autogenerate_session_id")
-    common.set_setting("autogenerate_session_id", False)  # read once, when the client is built
-    try:
-        return connect(spec, database="")
-    finally:
-        common.set_setting("autogenerate_session_id", old)
+    return connect(spec, database="", session=False)
 
 
 def _short(exc: BaseException, limit: int = 300) -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from foundation.store import StoreSpec, apply_schema, connect
+from foundation.store import StoreSpec, apply_schema, connect, parse_store
 
 
 @pytest.fixture(scope="session")
@@ -67,10 +67,10 @@ def reader(request, chdb_client):
     if request.param == "embedded":
         yield chdb_client
         return
-    import clickhouse_connect
-
     port = request.getfixturevalue("query_port")
-    client = clickhouse_connect.get_client(host="127.0.0.1", port=port)
+    # opened as the CLI and the dashboard open theirs (foundation.store.connect), so that
+    # anomalies() runs its passes on it and its sibling at once, as they do
+    client = connect(parse_store(f"http://127.0.0.1:{port}"), database="default")
     yield client
     client.close()
 
