@@ -35,6 +35,7 @@ from analytics._package import FORMAT, build_package, iso_ns, typed_mismatches
 from analytics._rows import fetch_handoff, fetch_ledger_entries
 from analytics.verify import VerifyResult, package_sha256, verify_offline, verify_package
 from foundation.keys import PublicKeys
+from foundation.store import query_each
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
@@ -88,15 +89,23 @@ def _package(client: Client, db: str, rows, now_ns: int, logs: StoreLogs) -> dic
     ten, hid = rows[0]["tenant"], rows[0]["handoff_id"]
     if logs.heads:  # never before its heads were signed (serve's clock may run ahead)
         now_ns = max(now_ns, *(h.signed_at for h in logs.heads.values()))
-    task_rows = fetch_task_rows(client, db, ten, rows[0]["task_id"], rows)
+    traces = sorted({r["trace_id"] for r in rows})
+    # three independent reads, two at a time (foundation.store.query_each), the dearest first
+    task_rows, ledger, related_spans = query_each(
+        client,
+        [
+            lambda c: fetch_task_rows(c, db, ten, rows[0]["task_id"], rows),
+            lambda c: fetch_ledger_entries(c, db, ten, hid),
+            lambda c: related(c, db, traces, rows),
+        ],
+    )
     extra = cross_anomalies(client, db, ten, rows, task_rows, hid)
-    ledger = fetch_ledger_entries(client, db, ten, hid)
     pkg = build_package(
         rows,
         ledger=ledger.by_span,
         as_of_ns=now_ns,
         extra_anomalies=extra,
-        related_spans=related(client, db, sorted({r["trace_id"] for r in rows}), rows),
+        related_spans=related_spans,
         typed_mismatched=typed_mismatches(rows),
     )
     # the proofs, in the package's transition order (one per distinct row)

@@ -14,7 +14,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import clickhouse_connect
@@ -204,14 +204,14 @@ def sibling(client: Client) -> Client | None:
         return other
 
 
-def query_each(client: Client, jobs: Sequence[Callable[[Client], object]]) -> list[object]:
+def query_each(client: Client, jobs: Sequence[Callable[[Client], Any]]) -> list[Any]:
     """Run every job (a function of a client: its queries) and return their results in
     order: on `client` and, when it has one, on its sibling() at the same time, each
     taking the next job as it finishes one (give the longest first). Queries are analysed,
     planned and read on the engine's threads, so two at once use both cores of a small
     machine where one query of a few milliseconds' reading keeps one busy. The first
     exception a job raised is raised once every running job has ended."""
-    results: list[object] = [None] * len(jobs)
+    results: list[Any] = [None] * len(jobs)
     errors: list[BaseException] = []
     lock = threading.Lock()
     todo = iter(range(len(jobs)))
