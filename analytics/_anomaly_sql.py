@@ -79,8 +79,9 @@ REPEATING_PASSES: Final = frozenset({"retry"})
 #: the passes that flag only cohort handoffs (created in the window): when no handoff was
 #: created in it, their kinds are all 0 without a query (orphans have no create at all)
 COHORT_PASSES: Final = frozenset(PASSES) - {"orphan"}
-#: the passes that cost the most over any window (their SQL's analysis alone is 20-40 ms, and
-#: they read the window's rows: bench/analytics_queries.py prints each pass's cost): run first
+#: the passes that cost the most over any window (the most fixed cost, and they read the
+#: window's rows: bench/analytics_queries.py prints each pass's cost, also over an empty
+#: window): run first
 #: when passes run two at a time, so the cheap ones fill the other connection meanwhile
 HEAVY_PASSES: Final = ("spike", "topology", "fan_out")
 
