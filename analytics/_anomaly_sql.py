@@ -81,8 +81,8 @@ REPEATING_PASSES: Final = frozenset({"retry"})
 COHORT_PASSES: Final = frozenset(PASSES) - {"orphan"}
 #: the passes that cost the most over any window (the most fixed cost, and they read the
 #: window's rows: bench/analytics_queries.py prints each pass's cost, also over an empty
-#: window): run first
-#: when passes run two at a time, so the cheap ones fill the other connection meanwhile
+#: window), run first when passes run two at a time, so that the cheap ones fill the other
+#: connection meanwhile
 HEAVY_PASSES: Final = ("spike", "topology", "fan_out")
 
 

@@ -199,8 +199,7 @@ def anomalies(
         return run
 
     # the dearest passes first: two run at once (foundation.store.query_each)
-    heavy = {n: i for i, n in enumerate(HEAVY_PASSES)}
-    order = sorted(passes, key=lambda n: (heavy.get(n, len(heavy)), list(PASSES).index(n)))
+    order = [n for n in HEAVY_PASSES if n in passes] + [n for n in passes if n not in HEAVY_PASSES]
     query_each(client, [job(n) for n in order])
     rows = [
         {"kind": k, "count": found[k][0], "examples": found[k][1], "description": DESCRIPTIONS[k]}

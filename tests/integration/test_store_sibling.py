@@ -53,9 +53,13 @@ def test_jobs_run_two_at_once_results_in_order(kind, chdb_client, query_port):
         meet(2),
         *(lambda c, n=n: (c.query(f"SELECT {n}").result_rows[0][0], c) for n in range(3, 9)),
     ]
-    out = query_each(client, jobs)
-    assert [v for v, _ in out] == list(range(1, 9))
-    assert {id(c) for _, c in out} == {id(client), id(sibling(client))}
+    try:
+        out = query_each(client, jobs)
+        assert [v for v, _ in out] == list(range(1, 9))
+        assert {id(c) for _, c in out} == {id(client), id(sibling(client))}
+    finally:
+        if client is not chdb_client:
+            client.close()
 
 
 def test_the_first_error_is_raised_after_the_running_jobs_end(chdb_client):
