@@ -6,8 +6,9 @@ probe tenant). First a calibration measures what serve sustains end to end (span
 while --clients senders post as fast as they can for --calibrate-s seconds, with the two
 pollers below already asking: a short burst, before merges start and without the queries,
 overstates it about twofold); then --clients threads post OTLP/protobuf
-requests of --spans handoff transitions (5 per handoff, every request's handoff ids new)
-at --load x that rate, evenly paced, for --duration seconds. Meanwhile a probe client posts
+requests of --spans handoff transitions (5 per handoff, as the shim sends them: its
+instrumentation scope, every handoff in a trace of its own, every request's handoffs and
+traces new) at --load x that rate, evenly paced, for --duration seconds. Meanwhile a probe client posts
 one handoff every --probe-ms: `create` then `start` without `accept` in one request (an
 implied_accept anomaly), its own to_agent so the funnel counts it apart. Two pollers, each
 every --poll-ms, ask the query port what an SRE's page would: analytics.funnel(by
@@ -46,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from analytics import Window, anomaly_handoff_ids, funnel
+from collector.tracer import INSTRUMENTATION_NAME
 from ingest.testing import key_value
 from serve.testing import start_serve
 
@@ -54,6 +56,9 @@ PROBE_KIND: Final = "implied_accept"
 #: the part of every load handoff id a request replaces (same length: the protobuf framing
 #: stays valid)
 MARK: Final = b"ffffffffffffffff"
+#: the first half of every load trace id, which a request replaces (8 bytes: its number), so
+#: every handoff has a trace of its own as the shim's spans do
+TRACE_MARK: Final = b"\xfe" * 8
 _STEPS: Final = (
     ("create", "", "created"),
     ("accept", "created", "accepted"),
@@ -63,16 +68,17 @@ _STEPS: Final = (
 )
 
 
-def _request(spans: Sequence[tuple[str, str, str, str, str, int]]) -> bytes:
-    """One OTLP request; spans as (handoff_id, event, from, to, to_agent, time ns)."""
+def _request(spans: Sequence[tuple[str, str, str, str, str, int]], trace_high: bytes) -> bytes:
+    """One OTLP request in the shim's instrumentation scope; spans as (handoff_id, event,
+    from, to, to_agent, time ns), each handoff's spans in trace `trace_high` + its number."""
     req = ExportTraceServiceRequest()
     rs = req.resource_spans.add()
     rs.resource.attributes.append(key_value("service.name", "bench-freshness"))
     ss = rs.scope_spans.add()
-    ss.scope.name = "handoffs.collector"
+    ss.scope.name = INSTRUMENTATION_NAME
     for n, (hid, event, frm, to, to_agent, at) in enumerate(spans):
         sp = ss.spans.add()
-        sp.trace_id = (n // 5 + 1).to_bytes(16, "big")
+        sp.trace_id = trace_high + (n // 5 + 1).to_bytes(8, "big")
         sp.span_id = (n + 1).to_bytes(8, "big")
         sp.name = f"handoff.{event}"
         sp.kind = 1
@@ -103,12 +109,13 @@ def load_template(n_spans: int, at_ns: int) -> bytes:
         h, step = divmod(i, len(_STEPS))
         event, frm, to = _STEPS[step]
         spans.append((f"h-{MARK.decode()}-{h}", event, frm, to, "worker", at_ns + i * 1000))
-    return _request(spans)
+    return _request(spans, TRACE_MARK)
 
 
 def stamp(template: bytes, k: int) -> bytes:
-    """The template with request number k in every handoff id (new handoffs each time)."""
-    return template.replace(MARK, b"%016x" % k)
+    """The template with request number k in every handoff id and trace id (new handoffs in
+    new traces each time)."""
+    return template.replace(MARK, b"%016x" % k).replace(TRACE_MARK, k.to_bytes(8, "big"))
 
 
 def probe_id(i: int) -> str:
@@ -120,7 +127,7 @@ def probe_request(i: int, at_ns: int) -> bytes:
     hid = probe_id(i)
     create = (hid, "create", "", "created", hid, at_ns)
     start = (hid, "start", "accepted", "running", hid, at_ns + 1_000_000)
-    return _request([create, start])
+    return _request([create, start], (2**63 + i).to_bytes(8, "big"))
 
 
 def percentile(values: Sequence[float], q: float) -> float:

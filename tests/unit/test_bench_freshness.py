@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from collector.tracer import INSTRUMENTATION_NAME
+
 _PATH = Path(__file__).resolve().parents[2] / "bench" / "freshness.py"
 _spec = importlib.util.spec_from_file_location("bench_freshness", _PATH)
 assert _spec and _spec.loader
@@ -16,14 +18,31 @@ _spec.loader.exec_module(fresh)
 
 
 def _spans(body: bytes) -> list[dict[str, str]]:
+    """Each span's attributes, plus its trace id (hex) as "trace" and its scope as "scope"."""
     req = ExportTraceServiceRequest()
     req.ParseFromString(body)
     return [
         {kv.key: str(getattr(kv.value, kv.value.WhichOneof("value"))) for kv in sp.attributes}
+        | {"trace": sp.trace_id.hex(), "scope": ss.scope.name}
         for rs in req.resource_spans
         for ss in rs.scope_spans
         for sp in ss.spans
     ]
+
+
+def test_requests_look_like_the_shims_one_trace_per_handoff():
+    """The shim's scope (derive/ skips it) and a new trace per handoff in every request: a
+    trace id reused across requests would grow one trace without bound."""
+    template = fresh.load_template(10, 1_800_000_000 * 10**9)
+    a, b = _spans(fresh.stamp(template, 1)), _spans(fresh.stamp(template, 2))
+    probes = _spans(fresh.probe_request(1, 10**18)) + _spans(fresh.probe_request(2, 10**18))
+    assert {s["scope"] for s in a + probes} == {INSTRUMENTATION_NAME}
+    for spans in (a, b):
+        by_handoff = {(s["handoff.handoff_id"], s["trace"]) for s in spans}
+        assert len(by_handoff) == len({s["trace"] for s in spans}) == 2
+    assert not {s["trace"] for s in a} & {s["trace"] for s in b}
+    assert len({s["trace"] for s in probes}) == 2
+    assert not {s["trace"] for s in probes} & {s["trace"] for s in a + b}
 
 
 def test_each_stamped_request_holds_new_handoffs_and_stays_valid():
