@@ -15,7 +15,9 @@ every --poll-ms, ask the query port what an SRE's page would: analytics.funnel(b
 to_agent) of the probe tenant (a probe is counted once its slice has volume 1) and
 analytics.anomaly_handoff_ids(implied_accept). A probe's freshness is the time from its
 200 to the end of the first poll that counts it: an upper bound, too high by at most one
-poll period plus one query (their medians are printed). After the load stops the pollers
+poll period plus one query (their medians are printed). Where in that span it became
+countable is printed too: after the start of the last poll that missed it, by about the
+start of the first that counted it. After the load stops the pollers
 keep going until every probe is counted (or --settle-s passes: the rest are reported
 unseen).
 
@@ -25,6 +27,7 @@ Target: freshness p99 <= 1,000 ms.
 
     .venv/bin/python bench/freshness.py                      # 60 s at 80 % of capacity
     .venv/bin/python bench/freshness.py --duration 10 --load 0.5 --clients 2
+    .venv/bin/python bench/freshness.py --duration 30 --rate 20000   # a fixed load, to compare
 """
 
 from __future__ import annotations
@@ -147,6 +150,28 @@ def freshness_ms(acked: dict[int, float], seen: dict[int, float]) -> tuple[list[
     return ms, sum(1 for i in acked if i not in seen)
 
 
+def bracket(
+    acked: dict[int, float], polls: Sequence[tuple[float, float, frozenset[int]]]
+) -> tuple[list[float], list[float]]:
+    """Where each counted probe became countable, from the polls (start, end, probes counted;
+    in order): milliseconds from its 200 to the start of the last poll that did not count it
+    yet (0 when none started after the 200), and to the start of the first poll that did.
+    The first is a lower bound; the second an upper bound but for the query's own planning
+    before the store is read. (freshness_ms is the strict upper bound: the first poll's end.)"""
+    before: list[float] = []
+    first: list[float] = []
+    for i in sorted(acked):
+        at, miss = acked[i], acked[i]
+        for t0, _t1, got in polls:
+            if i in got:
+                before.append((miss - at) * 1000)
+                first.append((max(t0, at) - at) * 1000)
+                break
+            if t0 >= at:
+                miss = t0
+    return before, first
+
+
 def schedule(start: float, interval: float, offset: float, n: int) -> list[float]:
     """Send times of one paced sender: start + offset + k * interval, k < n."""
     if interval <= 0:
@@ -167,13 +192,14 @@ def _session(token: str, url: str) -> Callable[[bytes], int]:
 
 class _Poller(threading.Thread):
     """Every poll_s: fn() -> the probe numbers counted now; records when each was first seen
-    (the end of the query) and each query's duration."""
+    (the end of the query), each query's duration and every poll (start, end, counted)."""
 
     def __init__(self, name: str, fn: Callable[[], set[int]], poll_s: float) -> None:
         super().__init__(name=name, daemon=True)
         self.fn, self.poll_s = fn, poll_s
         self.seen: dict[int, float] = {}
         self.query_s: list[float] = []
+        self.polls: list[tuple[float, float, frozenset[int]]] = []
         self.errors: list[str] = []
         self.stop = threading.Event()
 
@@ -187,6 +213,7 @@ class _Poller(threading.Thread):
                 got = set()
             t1 = time.perf_counter()
             self.query_s.append(t1 - t0)
+            self.polls.append((t0, t1, frozenset(got)))
             for i in got:
                 self.seen.setdefault(i, t1)
             self.stop.wait(max(0.0, self.poll_s - (t1 - t0)))
@@ -222,11 +249,18 @@ def _blast(url: str, template: bytes, clients: int, seconds: float, first: int) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--duration", type=float, default=60.0, help="load seconds (default 60)")
     ap.add_argument("--clients", type=int, default=8, help="load senders (default 8)")
     ap.add_argument("--spans", type=int, default=1000, help="spans per load request (default 1000)")
     ap.add_argument("--load", type=float, default=0.8, help="fraction of capacity (default 0.8)")
+    ap.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help="load in spans/s instead of --load x the calibrated capacity (no calibration): "
+        "the same load for runs compared with each other",
+    )
     ap.add_argument(
         "--calibrate-s", type=float, default=20.0, help="calibration seconds (default 20)"
     )
@@ -239,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("duration", "load", "probe_ms", "poll_ms", "calibrate_s"):
         if getattr(args, name) <= 0:
             ap.error(f"--{name.replace('_', '-')} must be > 0")
+    if args.rate is not None and args.rate <= 0:
+        ap.error("--rate must be > 0 spans/s")
     if args.clients < 1 or args.spans < 5:
         ap.error("--clients >= 1 and --spans >= 5 required")
 
@@ -277,14 +313,18 @@ def _run(args: argparse.Namespace, serve) -> int:
     for p in pollers:
         p.start()
 
-    t0 = time.perf_counter()
-    n_cal, refused = _blast(url, template, args.clients, args.calibrate_s, 1)
-    serve.wait_stored(600, poll_s=0.01)
-    capacity = n_cal * args.spans / (time.perf_counter() - t0)
-    rate = args.load * capacity
-    print(f"capacity (calibration: {n_cal} x {args.spans} spans in {args.calibrate_s:.0f} s from "
-          f"{args.clients} senders, pollers asking): {capacity:,.0f} spans/s stored; "
-          f"{refused} refused")  # fmt: skip
+    if args.rate is None:
+        t0 = time.perf_counter()
+        n_cal, refused = _blast(url, template, args.clients, args.calibrate_s, 1)
+        serve.wait_stored(600, poll_s=0.01)
+        capacity = n_cal * args.spans / (time.perf_counter() - t0)
+        rate = args.load * capacity
+        print(f"capacity (calibration: {n_cal} x {args.spans} spans in {args.calibrate_s:.0f} s "
+              f"from {args.clients} senders, pollers asking): {capacity:,.0f} spans/s stored; "
+              f"{refused} refused")  # fmt: skip
+    else:
+        capacity, rate = math.nan, args.rate
+        print(f"load asked: {rate:,.0f} spans/s (--rate; no calibration)")
 
     interval = args.clients * args.spans / rate  # each sender's period
     n_each = max(1, int(args.duration / interval))
@@ -347,7 +387,7 @@ def _run(args: argparse.Namespace, serve) -> int:
 
     load_spans = sum(sent) * args.spans / load_s
     print(f"load: {sum(sent)} requests x {args.spans} spans in {load_s:.1f} s = {load_spans:,.0f} "
-          f"spans/s ({args.load:.0%} of capacity asked), {len(bad)} refused, {len(late)} sent "
+          f"spans/s ({f'{args.load:.0%} of capacity' if args.rate is None else '--rate'} asked), {len(bad)} refused, {len(late)} sent "
           f"late (max {max(late, default=0) * 1000:.0f} ms); serve queue max {queued_max}")  # fmt: skip
     print(f"probes: {len(acked)} acknowledged, {len(probe_bad)} refused")
     h = serve.health()
@@ -364,6 +404,12 @@ def _run(args: argparse.Namespace, serve) -> int:
               f"{len(q)} polls, query p50 {percentile(q, 50) * 1000:.0f} ms, "
               f"p99 {percentile(q, 99) * 1000:.0f} ms; {len(p.errors)} failed "
               f"{p.errors[:1]}")  # fmt: skip
+        before, first = bracket(acked, p.polls)
+        if first:
+            print(f"  countable between: the last poll not counting it started "
+                  f"{percentile(before, 50):.0f} / {percentile(before, 99):.0f} ms after the 200 "
+                  f"(p50 / p99), the first counting it {percentile(first, 50):.0f} / "
+                  f"{percentile(first, 99):.0f} ms after; the rest is that poll's query")  # fmt: skip
         figures[f"{p.name}_p50"] = percentile(ms, 50) if ms else math.nan
         figures[f"{p.name}_p99"] = percentile(ms, 99) if ms else math.nan
         figures[f"{p.name}_unseen"] = unseen

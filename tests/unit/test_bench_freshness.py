@@ -81,3 +81,20 @@ def test_percentile_freshness_and_schedule():
     assert fresh.schedule(10.0, 0.5, 0.1, 3) == [10.1, 10.6, 11.1]
     with pytest.raises(ValueError, match="interval"):
         fresh.schedule(0.0, 0.0, 0.0, 1)
+
+
+def test_bracket_of_each_probe_between_the_polls_around_it():
+    # probe 0 acknowledged at 1.0 s: missed by polls starting 0.9 (before its 200) and 1.2,
+    # counted by the poll starting 1.5; probe 1 (2.0 s) counted by the first poll after it;
+    # probe 2 never counted
+    polls = [
+        (0.9, 1.0, frozenset()),
+        (1.2, 1.4, frozenset()),
+        (1.5, 1.8, frozenset({0})),
+        (2.1, 2.3, frozenset({0, 1})),
+    ]
+    before, first = fresh.bracket({0: 1.0, 1: 2.0, 2: 3.0}, polls)
+    assert before == pytest.approx([200.0, 0.0])
+    assert first == pytest.approx([500.0, 100.0])
+    # a poll that started before the 200 and still counted it: countable at the 200
+    assert fresh.bracket({0: 1.0}, [(0.95, 1.1, frozenset({0}))]) == ([0.0], [0.0])
