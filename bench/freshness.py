@@ -52,6 +52,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from analytics import Window, anomaly_handoff_ids, funnel
 from collector.tracer import INSTRUMENTATION_NAME
 from ingest.testing import key_value
+from serve.procstat import cpu_s
 from serve.testing import start_serve
 
 TOKENS: Final = {"tok-load": "load", "tok-probe": "probe"}
@@ -170,6 +171,17 @@ def bracket(
             if t0 >= at:
                 miss = t0
     return before, first
+
+
+def prom_values(text: str, prefix: str) -> dict[str, float]:
+    """The samples of a Prometheus text exposition whose name starts with `prefix` (names
+    without labels), as {name: value}."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith(prefix) and "{" not in line:
+            name, _, value = line.partition(" ")
+            out[name] = float(value)
+    return out
 
 
 def schedule(start: float, interval: float, offset: float, n: int) -> list[float]:
@@ -363,6 +375,13 @@ def _run(args: argparse.Namespace, serve) -> int:
             else:
                 probe_bad.append(code)
 
+    def settles() -> dict[str, float]:
+        return prom_values(
+            requests.get(f"{serve.otlp_url}/metrics", timeout=30).text, "handoffs_settle_"
+        )
+
+    settle0 = settles()
+    cpu0 = cpu_s(serve.process.pid)
     h0 = serve.health()
     writes0, store0 = int(h0.get("writes", 0)), float(h0.get("store_s", 0.0))
     threads = [threading.Thread(target=sender, args=(c,)) for c in range(args.clients)]
@@ -376,6 +395,7 @@ def _run(args: argparse.Namespace, serve) -> int:
     for t in threads:
         t.join()
     load_s = time.perf_counter() - start
+    serve_cores = (cpu_s(serve.process.pid) - cpu0) / load_s
     deadline = time.perf_counter() + args.settle_s
     while time.perf_counter() < deadline and not all(set(acked) <= set(p.seen) for p in pollers):
         pollers[0].stop.wait(0.1)
@@ -390,6 +410,14 @@ def _run(args: argparse.Namespace, serve) -> int:
           f"spans/s ({f'{args.load:.0%} of capacity' if args.rate is None else '--rate'} asked), {len(bad)} refused, {len(late)} sent "
           f"late (max {max(late, default=0) * 1000:.0f} ms); serve queue max {queued_max}")  # fmt: skip
     print(f"probes: {len(acked)} acknowledged, {len(probe_bad)} refused")
+    settle1 = settles()
+    n_settles = settle1.get("handoffs_settle_settles_total", 0) - settle0.get(
+        "handoffs_settle_settles_total", 0
+    )
+    print(f"serve's CPU during the load: {serve_cores:.2f} cores")
+    print(f"serve's settle thread during the load: {n_settles:.0f} settles of "
+          f"{settle1.get('handoffs_settle_handoffs_total', 0) - settle0.get('handoffs_settle_handoffs_total', 0):,.0f} "
+          f"handoffs, the last {settle1.get('handoffs_settle_last_seconds', 0):.1f} s")  # fmt: skip
     h = serve.health()
     writes = max(1, int(h.get("writes", 0)) - writes0)
     print(f"serve during the load: {writes} writes, {(sum(sent) + len(acked)) / writes:.1f} requests "

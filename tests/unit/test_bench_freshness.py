@@ -98,3 +98,18 @@ def test_bracket_of_each_probe_between_the_polls_around_it():
     assert first == pytest.approx([500.0, 100.0])
     # a poll that started before the 200 and still counted it: countable at the 200
     assert fresh.bracket({0: 1.0}, [(0.95, 1.1, frozenset({0}))]) == ([0.0], [0.0])
+
+
+def test_prom_values_reads_the_settle_counters():
+    text = (
+        "# HELP handoffs_settle_settles_total settles run\n"
+        "# TYPE handoffs_settle_settles_total counter\n"
+        "handoffs_settle_settles_total 3.0\n"
+        "handoffs_settle_last_seconds 4.25\n"
+        'handoffs_settle_other{tenant="a"} 1.0\n'
+        "handoffs_derive_passes_total 9.0\n"
+    )
+    assert fresh.prom_values(text, "handoffs_settle_") == {
+        "handoffs_settle_settles_total": 3.0,
+        "handoffs_settle_last_seconds": 4.25,
+    }
