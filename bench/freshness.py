@@ -5,21 +5,20 @@ One `handoffs serve` (embedded chDB, spool fsync on, two bearer tokens: a load t
 probe tenant). First a calibration measures what serve sustains end to end (spans/s stored
 while --clients senders post as fast as they can for --calibrate-s seconds, with the two
 pollers below already asking: a short burst, before merges start and without the queries,
-overstates it about twofold); then --clients threads post OTLP/protobuf
-requests of --spans handoff transitions (5 per handoff, as the shim sends them: its
-instrumentation scope, every handoff in a trace of its own, every request's handoffs and
-traces new) at --load x that rate, evenly paced, for --duration seconds. Meanwhile a probe client posts
-one handoff every --probe-ms: `create` then `start` without `accept` in one request (an
-implied_accept anomaly), its own to_agent so the funnel counts it apart. Two pollers, each
-every --poll-ms, ask the query port what an SRE's page would: analytics.funnel(by
-to_agent) of the probe tenant (a probe is counted once its slice has volume 1) and
-analytics.anomaly_handoff_ids(implied_accept). A probe's freshness is the time from its
-200 to the end of the first poll that counts it: an upper bound, too high by at most one
-poll period plus one query (their medians are printed). Where in that span it became
-countable is printed too: after the start of the last poll that missed it, by about the
-start of the first that counted it. After the load stops the pollers
-keep going until every probe is counted (or --settle-s passes: the rest are reported
-unseen).
+overstates it about twofold); then --clients threads post OTLP/protobuf requests of --spans
+handoff transitions (5 per handoff, as the shim sends them: its instrumentation scope,
+every handoff in a trace of its own, every request's handoffs and traces new) at --load x
+that rate (or at --rate spans/s, without the calibration), evenly paced, for --duration
+seconds. Meanwhile a probe client posts one handoff every --probe-ms: `create` then `start`
+without `accept` in one request (an implied_accept anomaly), its own to_agent so the funnel
+counts it apart. Two pollers, each every --poll-ms, ask the query port what an SRE's page
+would: analytics.funnel(by to_agent) of the probe tenant (a probe is counted once its slice
+has volume 1) and analytics.anomaly_handoff_ids(implied_accept). A probe's freshness is the
+time from its 200 to the end of the first poll that counts it: an upper bound, too high by
+at most one poll period plus one query (their medians are printed). Where in that span it
+became countable is printed too: after the start of the last poll that missed it, by about
+the start of the first that counted it. After the load stops the pollers keep going until
+every probe is counted (or --settle-s passes: the rest are reported unseen).
 
 Last line: `RESULT freshness_p50_ms=<n> freshness_p99_ms=<n> anomalies_p50_ms=<n>
 anomalies_p99_ms=<n> load_spans_per_s=<n> capacity_spans_per_s=<n> probes=<n> unseen=<n>`.
@@ -396,6 +395,7 @@ def _run(args: argparse.Namespace, serve) -> int:
         t.join()
     load_s = time.perf_counter() - start
     serve_cores = (cpu_s(serve.process.pid) - cpu0) / load_s
+    settle1 = settles()
     deadline = time.perf_counter() + args.settle_s
     while time.perf_counter() < deadline and not all(set(acked) <= set(p.seen) for p in pollers):
         pollers[0].stop.wait(0.1)
@@ -410,7 +410,6 @@ def _run(args: argparse.Namespace, serve) -> int:
           f"spans/s ({f'{args.load:.0%} of capacity' if args.rate is None else '--rate'} asked), {len(bad)} refused, {len(late)} sent "
           f"late (max {max(late, default=0) * 1000:.0f} ms); serve queue max {queued_max}")  # fmt: skip
     print(f"probes: {len(acked)} acknowledged, {len(probe_bad)} refused")
-    settle1 = settles()
     n_settles = settle1.get("handoffs_settle_settles_total", 0) - settle0.get(
         "handoffs_settle_settles_total", 0
     )
