@@ -62,6 +62,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "INSTRUMENTATION_NAME",
+    "SPAN_NAME",
     "Handoff",
     "HandoffTracer",
     "format_traceparent",

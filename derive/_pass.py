@@ -7,8 +7,11 @@ span a rule may read since its cursor (`otel_traces.InsertedAt`, whole seconds; 
 second is read again, which is harmless: output is deterministic): a span of an
 instrumentation scope in derive._rules.SCOPES, a GenAI span named `invoke_agent ...` or
 `execute_tool ...` (as the conventions name them), or a root span not of the shim's or
-derivation's own scope. That test reads plain columns, never the attribute map, so heavy shim
-traffic costs only a column scan of the rows stored since the last pass. It reads all their
+derivation's own scope and not named as a handoff transition (`handoff.<event>`, as the shim
+names them: another exporter's transitions, e.g. an OTel SDK in Node, are often roots, and
+reading their traces derives nothing). That test reads plain columns, never the attribute
+map, so heavy handoff traffic costs only a column scan of the rows stored since the last
+pass. It reads all their
 stored spans, and derives per trace (derive._rules.derive_trace). A derived span already stored in
 the trace, or submitted by this pass object before, is not submitted again; so a replayed or
 resent source span derives nothing twice, and a second pass stores nothing new.
@@ -30,7 +33,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final
 
-from collector.tracer import INSTRUMENTATION_NAME
+from collector.tracer import INSTRUMENTATION_NAME, SPAN_NAME
 from derive._model import Derived, SpanEvent, SpanRecord
 from derive._otlp import SCOPE, encode
 from derive._rules import RULES, SCOPES, Rule, derive_trace
@@ -57,7 +60,8 @@ WHERE InsertedAt >= {{since:DateTime}} AND InsertedAt <= {{until:DateTime}}
   AND Timestamp >= {{oldest:DateTime64(9)}}
   AND (ScopeName IN {{scopes:Array(String)}}
        OR startsWith(SpanName, 'invoke_agent') OR startsWith(SpanName, 'execute_tool')
-       OR (ParentSpanId = '' AND ScopeName NOT IN {{own:Array(String)}}))
+       OR (ParentSpanId = '' AND ScopeName NOT IN {{own:Array(String)}}
+           AND SpanName NOT IN {{transitions:Array(String)}}))
 GROUP BY Tenant, TraceId
 """
 
@@ -165,6 +169,7 @@ class DerivePass:
                 "oldest": oldest,
                 "scopes": list(SCOPES),
                 "own": [INSTRUMENTATION_NAME, SCOPE],
+                "transitions": sorted(SPAN_NAME.values()),
             },
         ).result_rows
         ids = sorted({tid for _, tid in touched})
