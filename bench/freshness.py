@@ -6,19 +6,20 @@ probe tenant). First a calibration measures what serve sustains end to end (span
 while --clients senders post as fast as they can for --calibrate-s seconds, with the two
 pollers below already asking: a short burst, before merges start and without the queries,
 overstates it about twofold); then --clients threads post OTLP/protobuf requests of --spans
-handoff transitions (5 per handoff, as the shim sends them: its instrumentation scope,
-every handoff in a trace of its own, every request's handoffs and traces new) at --load x
-that rate (or at --rate spans/s, without the calibration), evenly paced, for --duration
-seconds. Meanwhile a probe client posts one handoff every --probe-ms: `create` then `start`
-without `accept` in one request (an implied_accept anomaly), its own to_agent so the funnel
-counts it apart. Two pollers, each every --poll-ms, ask the query port what an SRE's page
-would: analytics.funnel(by to_agent) of the probe tenant (a probe is counted once its slice
-has volume 1) and analytics.anomaly_handoff_ids(implied_accept). A probe's freshness is the
-time from its 200 to the end of the first poll that counts it: an upper bound, too high by
-at most one poll period plus one query (their medians are printed). Where in that span it
-became countable is printed too: after the start of the last poll that missed it, by about
-the start of the first that counted it. After the load stops the pollers keep going until
-every probe is counted (or --settle-s passes: the rest are reported unseen).
+handoff transitions (5 per handoff, as the shim sends them: its instrumentation scope (or
+--scope), every handoff in a trace of its own, every request's handoffs and traces new) at
+--load x that rate (or at --rate spans/s, without the calibration), evenly paced, for
+--duration seconds. Meanwhile a probe client posts one handoff every --probe-ms: `create`
+then `start` without `accept` in one request (an implied_accept anomaly), its own to_agent
+so the funnel counts it apart. Two pollers, each every --poll-ms, ask the query port what
+an SRE's page would: analytics.funnel(by to_agent) of the probe tenant (a probe is counted
+once its slice has volume 1) and analytics.anomaly_handoff_ids(implied_accept). A probe's
+freshness is the time from its 200 to the end of the first poll that counts it: an upper
+bound, too high by at most one poll period plus one query (their medians are printed).
+Where in that span it became countable is printed too: after the start of the last poll
+that missed it, by about the start of the first that counted it. After the load stops the
+pollers keep going until every probe is counted (or --settle-s passes: the rest are
+reported unseen).
 
 Last line: `RESULT freshness_p50_ms=<n> freshness_p99_ms=<n> anomalies_p50_ms=<n>
 anomalies_p99_ms=<n> load_spans_per_s=<n> capacity_spans_per_s=<n> probes=<n> unseen=<n>`.
@@ -71,14 +72,19 @@ _STEPS: Final = (
 )
 
 
-def _request(spans: Sequence[tuple[str, str, str, str, str, int]], trace_high: bytes) -> bytes:
-    """One OTLP request in the shim's instrumentation scope; spans as (handoff_id, event,
-    from, to, to_agent, time ns), each handoff's spans in trace `trace_high` + its number."""
+def _request(
+    spans: Sequence[tuple[str, str, str, str, str, int]],
+    trace_high: bytes,
+    scope: str = INSTRUMENTATION_NAME,
+) -> bytes:
+    """One OTLP request in instrumentation scope `scope`; spans as (handoff_id, event, from,
+    to, to_agent, time ns), root spans named `handoff.<event>`, each handoff's spans in trace
+    `trace_high` + its number."""
     req = ExportTraceServiceRequest()
     rs = req.resource_spans.add()
     rs.resource.attributes.append(key_value("service.name", "bench-freshness"))
     ss = rs.scope_spans.add()
-    ss.scope.name = INSTRUMENTATION_NAME
+    ss.scope.name = scope
     for n, (hid, event, frm, to, to_agent, at) in enumerate(spans):
         sp = ss.spans.add()
         sp.trace_id = trace_high + (n // 5 + 1).to_bytes(8, "big")
@@ -105,14 +111,15 @@ def _request(spans: Sequence[tuple[str, str, str, str, str, int]], trace_high: b
     return req.SerializeToString()
 
 
-def load_template(n_spans: int, at_ns: int) -> bytes:
-    """A request of n_spans transitions (5 per handoff) whose handoff ids hold MARK."""
+def load_template(n_spans: int, at_ns: int, scope: str = INSTRUMENTATION_NAME) -> bytes:
+    """A request of n_spans transitions (5 per handoff) whose handoff ids hold MARK, in
+    instrumentation scope `scope`."""
     spans = []
     for i in range(n_spans):
         h, step = divmod(i, len(_STEPS))
         event, frm, to = _STEPS[step]
         spans.append((f"h-{MARK.decode()}-{h}", event, frm, to, "worker", at_ns + i * 1000))
-    return _request(spans, TRACE_MARK)
+    return _request(spans, TRACE_MARK, scope)
 
 
 def stamp(template: bytes, k: int) -> bytes:
@@ -275,6 +282,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--calibrate-s", type=float, default=20.0, help="calibration seconds (default 20)"
     )
+    ap.add_argument(
+        "--scope",
+        default=INSTRUMENTATION_NAME,
+        help="instrumentation scope of the load's spans (default: the shim's); another "
+        "exporter's, e.g. an OTel SDK's in Node, to see what serve does with its transitions",
+    )
     ap.add_argument("--probe-ms", type=float, default=200.0, help="probe period (default 200)")
     ap.add_argument("--poll-ms", type=float, default=50.0, help="poll period (default 50)")
     ap.add_argument(
@@ -299,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace, serve) -> int:
     url = f"{serve.otlp_url}/v1/traces"
-    template = load_template(args.spans, time.time_ns())
+    template = load_template(args.spans, time.time_ns(), args.scope)
     # warm-up (schema parts, first insert), the pollers, then the calibration
     _blast(url, template, 1, 0.0, 0)
     serve.wait_stored(120)
