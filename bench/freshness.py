@@ -387,10 +387,9 @@ def _run(args: argparse.Namespace, serve) -> int:
             else:
                 probe_bad.append(code)
 
-    def settles() -> dict[str, float]:
-        return prom_values(
-            requests.get(f"{serve.otlp_url}/metrics", timeout=30).text, "handoffs_settle_"
-        )
+    def settles() -> dict[str, float]:  # and the derivation passes' counters
+        text = requests.get(f"{serve.otlp_url}/metrics", timeout=30).text
+        return prom_values(text, "handoffs_settle_") | prom_values(text, "handoffs_derive_")
 
     settle0 = settles()
     cpu0 = cpu_s(serve.process.pid)
@@ -430,6 +429,9 @@ def _run(args: argparse.Namespace, serve) -> int:
     print(f"serve's settle thread during the load: {n_settles:.0f} settles of "
           f"{settle1.get('handoffs_settle_handoffs_total', 0) - settle0.get('handoffs_settle_handoffs_total', 0):,.0f} "
           f"handoffs, the last {settle1.get('handoffs_settle_last_seconds', 0):.1f} s")  # fmt: skip
+    print("serve's derivation passes during the load: "
+          + ", ".join(f"{settle1.get(f'handoffs_derive_{k}_total', 0) - settle0.get(f'handoffs_derive_{k}_total', 0):,.0f} {k}"
+                      for k in ("passes", "traces", "spans")) + " read")  # fmt: skip
     h = serve.health()
     writes = max(1, int(h.get("writes", 0)) - writes0)
     print(f"serve during the load: {writes} writes, {(sum(sent) + len(acked)) / writes:.1f} requests "
