@@ -11,10 +11,10 @@ derivation's own scope and not named as a handoff transition (`handoff.<event>`,
 names them: another exporter's transitions, e.g. an OTel SDK in Node, are often roots, and
 reading their traces derives nothing). That test reads plain columns, never the attribute
 map, so heavy handoff traffic costs only a column scan of the rows stored since the last
-pass. It reads all their
-stored spans, and derives per trace (derive._rules.derive_trace). A derived span already stored in
-the trace, or submitted by this pass object before, is not submitted again; so a replayed or
-resent source span derives nothing twice, and a second pass stores nothing new.
+pass. It reads all their stored spans, and derives per trace (derive._rules.derive_trace). A
+derived span already stored in the trace, or submitted by this pass object before, is not
+submitted again; so a replayed or resent source span derives nothing twice, and a second
+pass stores nothing new.
 
 Delay from a source span's arrival to its derived transition in handoff_transitions: up to
 `every_s` (the pass interval) + the pass + serve's write of the derived request.

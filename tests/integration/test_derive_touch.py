@@ -55,10 +55,11 @@ def _after_two_passes(serve) -> dict[str, float]:
     one started after the stored rows' second: the cursor has passed them)."""
     assert serve.wait_stored(60)
     # the pass registers its counters once serve is up (a moment after /health answers)
-    first = wait_until(
-        lambda: _derive_counters(serve).get("passes", -1.0) + 1, 30, "derive counters"
+    counters = wait_until(
+        lambda: c if "passes" in (c := _derive_counters(serve)) else None, 30, "derive counters"
     )
-    wait_until(lambda: _derive_counters(serve)["passes"] >= first + 1, 30, "two derive passes")
+    first = counters["passes"]
+    wait_until(lambda: _derive_counters(serve)["passes"] >= first + 2, 30, "two derive passes")
     return _derive_counters(serve)
 
 
