@@ -19,7 +19,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import clickhouse_connect
 
-from foundation import settings
+from foundation import settings, tenant_scope
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
@@ -31,6 +31,7 @@ __all__ = [
     "StoreUnavailable",
     "apply_schema",
     "connect",
+    "engine_options",
     "insert_rows",
     "parse_store",
     "query_each",
@@ -77,6 +78,8 @@ class StoreSpec:
 def parse_store(store: str | None = None, *, database: str | None = None) -> StoreSpec:
     """Parse a store URL (argument, then HANDOFFS_STORE, then default) into a StoreSpec.
 
+    An http store on loopback without a password (URL, then HANDOFFS_PASSWORD) gets the
+    read token this user's serve left for that port, if any (foundation.read_token).
     Raises StoreError naming what is wrong for an unknown scheme, a missing path or port,
     or a database name that is not a plain identifier.
     """
@@ -110,12 +113,22 @@ def parse_store(store: str | None = None, *, database: str | None = None) -> Sto
             secure=secure,
             # percent-encoded in the URL (a token may hold ':', '@' or '/')
             username=unquote(parts.username or "") or settings.resolve(settings.USER),
-            password=unquote(parts.password or "") or settings.resolve(settings.PASSWORD),
+            password=unquote(parts.password or "")
+            or settings.resolve(settings.PASSWORD)
+            or _local_read_token(parts.hostname, port),
             database=db,
         )
     raise StoreError(
         f"store {raw!r}: unknown scheme {parts.scheme!r}; use chdb:///abs/dir or http://host:port"
     )
+
+
+def _local_read_token(host: str, port: int) -> str:
+    """The read token a serve of this user on loopback host:port left for its readers
+    (foundation.read_token), or ""."""
+    from foundation.read_token import find_token
+
+    return find_token(host, port) or ""
 
 
 #: Server settings of the embedded engine (chDB connection-string options; the first
@@ -129,6 +142,16 @@ ENGINE_OPTIONS: Final = {
     "background_merges_mutations_concurrency_ratio": "1",
     "background_pool_size": "1",
 }
+
+
+def engine_options(path: str, database: str) -> dict[str, str]:
+    """The embedded engine's options for the store at `path` whose schema lives in `database`:
+    ENGINE_OPTIONS and the config that puts the tenant row policies in force
+    (foundation.tenant_scope; its files are written here, under the store). The first open
+    in a process starts the engine with them; a later open of the same path reuses it."""
+    statements = [stmt for _name, stmt in schema_statements(database)]
+    config = tenant_scope.engine_config(path, database, statements)
+    return {**ENGINE_OPTIONS, "config-file": str(config)}
 
 
 def connect(
@@ -154,7 +177,7 @@ def connect(
                 path=spec.path,
                 database=db,
                 settings=settings_,
-                chdb_options=dict(ENGINE_OPTIONS),
+                chdb_options=engine_options(spec.path or ".", spec.database),
             )
         else:
             client = clickhouse_connect.get_client(

@@ -27,6 +27,7 @@ _COMMAND_MODULES = (
     "dashboard._cli",  # dashboard
     "handoffs._demo_cli",  # simulate, demo
     "foundation._keys_cli",  # keys generate
+    "foundation._tenants_cli",  # tenants row-policies
 )
 
 

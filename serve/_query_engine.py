@@ -13,9 +13,12 @@ Per request, in one of `QueryLimits.concurrency` slots (a request that finds non
 3. check the canonical text (serve._sql_guard: one read-only statement, no INTO OUTFILE, its
    SETTINGS within serve._query_policy) and its `EXPLAIN AST` (table functions, functions
    that reach out);
-4. for a reader bound to one tenant, give the handle `additional_table_filters` from
+4. for a reader bound to one tenant, bind the handle to the tenant (foundation.tenant_scope:
+   the engine's row policies then filter every table of the schema first, ahead of the
+   reader's PREWHERE and WHERE) and give it `additional_table_filters` from
    serve._query_policy.tenant_filters over the tables the engine has at that moment (the
-   engine applies it to every read of those tables: joins, subqueries, view(), views);
+   system tables and any table outside the schema); a non-system table without a row
+   policy refuses the read (503) instead of running it unscoped;
 5. apply the client's URL settings (checked the same way) and run the canonical text, named by
    a leading comment, while a watchdog thread cancels it (`KILL QUERY`) once the client goes
    away or `KILL_GRACE_S` after its time limit passes.
@@ -34,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
+from foundation.tenant_scope import SCOPE_SETTING, scope_value
 from serve._query_policy import (
     QueryLimits,
     ReadAccess,
@@ -69,16 +73,22 @@ _SYNTAX: Final = 62
 _CONSTRAINT: Final = 452  # SETTING_CONSTRAINT_VIOLATION
 _BUSY: Final = 202  # TOO_MANY_SIMULTANEOUS_QUERIES
 _CANCELLED: Final = 394  # QUERY_WAS_CANCELLED
+_UNAVAILABLE: Final = 497  # ACCESS_DENIED
 #: EXPLAIN kinds and options that show storage statistics (rows, parts, granules of every
 #: tenant): refused with a tenant's read token
 _STATS_EXPLAIN: Final = frozenset({"ESTIMATE", "INDEXES", "PROJECTIONS"})
 _LIST_TABLES: Final = (
-    "SELECT t.database, t.name, groupArrayIf(c.name, c.name IN ('tenant', 'Tenant')) "
+    "SELECT t.database, t.name, groupArrayIf(c.name, c.name IN ('tenant', 'Tenant')), "
+    "(t.database, t.name) IN (SELECT database, table FROM system.row_policies) "
     "FROM system.tables AS t LEFT JOIN "
     "(SELECT database, table, name FROM system.columns WHERE name IN ('tenant', 'Tenant')) AS c "
     "ON t.database = c.database AND t.name = c.table GROUP BY t.database, t.name "
     "FORMAT JSONCompactEachRow"
 )
+#: Databases of the engine's own tables: no row policy there, the engine filter reads every
+#: table of them as empty for a tenant-bound reader but SCOPED_SYSTEM_TABLES (none of which
+#: stores rows a PREWHERE could run on)
+_ENGINE_DATABASES: Final = frozenset({"system", "information_schema", "INFORMATION_SCHEMA"})
 #: Which tables the engine has, in one value: the table list is read again when it changes
 _TABLES_FINGERPRINT: Final = (
     "SELECT concat(toString(count()), '-', toString(sum(cityHash64(database, name)))) "
@@ -119,6 +129,19 @@ def escaped(text: str) -> str:
 def _refused(problem: str) -> QueryError:
     return QueryError(
         _READONLY, f"Cannot execute query in readonly mode: {problem}. (READONLY)", 403
+    )
+
+
+def _unscoped(tables: list[str]) -> QueryError:
+    """A tenant-bound read refused because the engine runs without the tenant row policies
+    on some of its tables (it was started without foundation.store.engine_options)."""
+    shown = ", ".join(tables[:5]) + (f" and {len(tables) - 5} more" if len(tables) > 5 else "")
+    return QueryError(
+        _UNAVAILABLE,
+        f"Code: {_UNAVAILABLE}. DB::Exception: the query port cannot keep a tenant's reader to "
+        f"its rows: no tenant row policy on {shown}; tenant read tokens are refused until serve "
+        "runs on an engine started with its row policies. (ACCESS_DENIED)",
+        503,
     )
 
 
@@ -227,7 +250,7 @@ class QueryEngine:
         self._watchdog = _Watchdog(self._kill)
         self._closed = False
         self._tables_lock = threading.Lock()
-        self._tables_seen: tuple[str, list[tuple[str, str, frozenset[str]]]] | None = None
+        self._tables_seen: tuple[str, list[tuple[str, str, frozenset[str], bool]]] | None = None
 
     def run(
         self,
@@ -292,8 +315,16 @@ class QueryEngine:
         try:
             conn.query(self._setup, "TabSeparated")
             if access.tenant is not None:
+                tables = self._tables(conn)
+                if unscoped := sorted(
+                    f"{d}.{t}" for d, t, _cols, policy in tables
+                    if not policy and d not in _ENGINE_DATABASES
+                ):  # fmt: skip
+                    raise _unscoped(unscoped)
                 conn.query(
-                    f"SET additional_table_filters = {tenant_filters(self._tables(conn), access.tenant)}",
+                    f"SET {SCOPE_SETTING} = '{_quote(scope_value(access.tenant))}', "
+                    "additional_table_filters = "
+                    f"{tenant_filters([(d, t, c) for d, t, c, _p in tables], access.tenant)}",
                     "TabSeparated",
                 )
             conn.query("SET readonly = 2", "TabSeparated")
@@ -338,15 +369,19 @@ class QueryEngine:
                 log.debug("error closing a query handle", exc_info=True)
         return QueryResult(data, clause_fmt or fmt)
 
-    def _tables(self, conn: Any) -> list[tuple[str, str, frozenset[str]]]:
-        """Every table of the engine as (database, table, its tenant columns), read again
-        whenever the set of tables changed (the engine creates its log tables lazily)."""
+    def _tables(self, conn: Any) -> list[tuple[str, str, frozenset[str], bool]]:
+        """Every table of the engine as (database, table, its tenant columns, whether a row
+        policy covers it), read again whenever the set of tables changed (the engine creates
+        its log tables lazily)."""
         mark = conn.query(_TABLES_FINGERPRINT, "TabSeparatedRaw").bytes().decode().strip()
         with self._tables_lock:
             if self._tables_seen is not None and self._tables_seen[0] == mark:
                 return self._tables_seen[1]
         rows = conn.query(_LIST_TABLES, "JSONCompactEachRow").bytes().decode()
-        tables = [(d, t, frozenset(cols)) for d, t, cols in map(json.loads, rows.splitlines())]
+        tables = [
+            (d, t, frozenset(cols), bool(policy))
+            for d, t, cols, policy in map(json.loads, rows.splitlines())
+        ]
         mark_after = conn.query(_TABLES_FINGERPRINT, "TabSeparatedRaw").bytes().decode().strip()
         if mark_after == mark:  # else a table came meanwhile: use this list, keep none
             with self._tables_lock:

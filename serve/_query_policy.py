@@ -8,11 +8,13 @@ queries' accounting, the shared query cache), change how text is parsed, read sc
 template files, or unlock introspection are refused outright.
 
 Who may read what: `read_access` decides a request's credential against the port's read
-tokens (`token -> tenant`, `*` = every tenant) and `tenant_filters` is the engine filter that
-keeps a tenant-bound reader to its tenant's rows (ClickHouse's `additional_table_filters`,
-applied by the engine to every read of a table, however the query names it). Such a reader
-may not set that filter itself, reads only the system tables a client needs to connect
-(`SCOPED_SYSTEM_TABLES`), and may EXPLAIN only without storage statistics.
+tokens (`token -> tenant`, `*` = every tenant). A tenant-bound reader is kept to its tenant's
+rows first by the engine's row policies (foundation.tenant_scope: the row-level filter runs
+ahead of any expression of the reader's, PREWHERE included), then by `tenant_filters`, the
+engine filter (ClickHouse's `additional_table_filters`) that also covers tables outside the
+schema, every system table but those a client needs to connect (`SCOPED_SYSTEM_TABLES`)
+reading as empty. Such a reader may not set either itself (SCOPED_DENIED_SETTINGS) and may
+EXPLAIN only without storage statistics.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
-from foundation import settings
+from foundation import settings, tenant_scope
 
 __all__ = [
     "ALL_TENANTS",
@@ -64,8 +66,12 @@ DENIED_SETTINGS: Final = frozenset(
         "enable_writes_to_query_cache",
     }
 )
-#: Settings a tenant-bound reader may not send: they would replace or lift its tenant filter.
-SCOPED_DENIED_SETTINGS: Final = frozenset({"additional_table_filters"})
+#: Settings a tenant-bound reader may not send: they would replace or lift its tenant scope
+#: (the row policies read foundation.tenant_scope.SCOPE_SETTING; a settings profile could
+#: reset it).
+SCOPED_DENIED_SETTINGS: Final = frozenset(
+    {"additional_table_filters", tenant_scope.SCOPE_SETTING, "profile"}
+)
 #: The only system tables a tenant-bound reader sees rows of (clickhouse-connect reads
 #: system.settings when it connects): no table, part, column, query or process statistics,
 #: which count every tenant's rows or show other readers' queries. Every other table of the
