@@ -21,8 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Print one row policy per reader user and table of the schema: the "
         "reader sees its tenant's rows, no row of a table without a tenant column, and every "
         "other user (the writer, operators) keeps every row. Run the output with "
-        "clickhouse-client --multiquery, again whenever the schema gains a table; on a "
-        "cluster, against each shard's local tables (or add ON CLUSTER).",
+        "clickhouse-client --multiquery, again whenever the schema gains a table.",
     )
     r.add_argument(
         "--readers",
@@ -32,6 +31,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     r.add_argument(
         "--database", default="handoffs", help="the schema's database (default handoffs)"
+    )
+    r.add_argument(
+        "--cluster",
+        metavar="NAME",
+        help="a cluster's schema (sql/cluster/): the policies ON CLUSTER NAME, on the local and "
+        "the Distributed tables; give the cluster an interserver secret so that shards run a "
+        "reader's query as that reader",
     )
     r.set_defaults(func=_row_policies)
     p.set_defaults(func=lambda _a: (p.print_help(), EXIT_USAGE)[1])
@@ -63,6 +69,7 @@ def _row_policies(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"handoffs tenants row-policies: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    scopes = schema_scopes(stmt for _n, stmt in schema_statements(args.database))
-    sys.stdout.write(server_policies(args.database, scopes, readers))
+    statements = schema_statements(args.database, cluster=args.cluster)
+    scopes = schema_scopes(stmt for _n, stmt in statements)
+    sys.stdout.write(server_policies(args.database, scopes, readers, cluster=args.cluster))
     return EXIT_OK

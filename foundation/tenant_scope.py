@@ -61,6 +61,11 @@ _TENANT_COLUMN: Final = re.compile(r"^\s*`?(tenant|Tenant)`?\s+\S", re.MULTILINE
 _CREATE_TABLE: Final = re.compile(
     r"CREATE\s+TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?`?(\w+)`?\.`?(\w+)`?", re.IGNORECASE
 )
+_CREATE_AS: Final = re.compile(
+    r"CREATE\s+TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?`?\w+`?\.`?(\w+)`?"
+    r"(?:\s+ON\s+CLUSTER\s+\S+)?\s+AS\s+`?\w+`?\.`?(\w+)`?\s",
+    re.IGNORECASE,
+)
 _CREATE_VIEW: Final = re.compile(
     r"CREATE\s+MATERIALIZED\s+VIEW\s+(?:IF\s+NOT\s+EXISTS\s+)?`?\w+`?\.`?(\w+)`?"
     r"(?:\s+ON\s+CLUSTER\s+\S+)?\s+TO\s+`?\w+`?\.`?(\w+)`?",
@@ -104,11 +109,12 @@ def policy_condition(column: str | None) -> str:
 
 def schema_scopes(statements: Iterable[str]) -> list[TableScope]:
     """Every table and materialized view the DDL `statements` create, with its tenant column
-    (a view takes its target table's), plus `schema_version`. Pure."""
+    (a view takes its target table's, a table made `AS` another that one's), plus
+    `schema_version`. Pure."""
     columns: dict[str, str | None] = {"schema_version": None}
     views: list[tuple[str, str]] = []
     for stmt in statements:
-        if m := _CREATE_VIEW.search(stmt):
+        if (m := _CREATE_VIEW.search(stmt)) or (m := _CREATE_AS.search(stmt + "\n")):
             views.append((m.group(1), m.group(2)))
         elif m := _CREATE_TABLE.search(stmt):
             c = _TENANT_COLUMN.search(stmt[m.end() :])
@@ -192,23 +198,31 @@ def engine_config(store_dir: str | Path, database: str, statements: Iterable[str
     return config
 
 
-def server_policies(database: str, scopes: Iterable[TableScope], readers: dict[str, str]) -> str:
+def server_policies(
+    database: str,
+    scopes: Iterable[TableScope],
+    readers: dict[str, str],
+    *,
+    cluster: str | None = None,
+) -> str:
     """`CREATE ROW POLICY` statements for a ClickHouse server: each reader user of `readers`
     (user -> tenant) sees its tenant's rows of every table in `scopes` and no row of a table
-    without a tenant column; every other user (the writer, an operator) keeps every row. Pure."""
+    without a tenant column; every other user (the writer, an operator) keeps every row.
+    `cluster`: created ON CLUSTER, on the local and the Distributed tables alike. Pure."""
     if not readers:
         return ""
     others = ", ".join(f"`{u}`" for u in sorted(readers))
+    on = f" ON CLUSTER {_literal(cluster)}" if cluster else ""
     out = []
     for s in scopes:
         for user, tenant in sorted(readers.items()):
             cond = "0" if s.column is None else f"`{s.column}` = {_literal(tenant)}"
             out.append(
-                f"CREATE ROW POLICY OR REPLACE `tenant_scope_{user}` ON {database}.{s.table} "
+                f"CREATE ROW POLICY OR REPLACE `tenant_scope_{user}`{on} ON {database}.{s.table} "
                 f"USING {cond} TO `{user}`;"
             )
         out.append(
-            f"CREATE ROW POLICY OR REPLACE tenant_scope_unbound ON {database}.{s.table} "
+            f"CREATE ROW POLICY OR REPLACE tenant_scope_unbound{on} ON {database}.{s.table} "
             f"USING 1 TO ALL EXCEPT {others};"
         )
     return "\n".join(out) + "\n"

@@ -122,3 +122,18 @@ def test_the_cli_prints_a_servers_policies_and_refuses_a_bad_reader(capsys):
     for bad in ("reader_acme", "x y=acme", "ops=*", ""):
         assert main(["tenants", "row-policies", "--readers", bad]) == 2
         assert "handoffs tenants row-policies: " in capsys.readouterr().err
+
+
+def test_a_clusters_local_and_distributed_tables_are_scoped_alike():
+    statements = [stmt for _n, stmt in schema_statements("handoffs", cluster="ch")]
+    scopes = {s.table: s.column for s in schema_scopes(statements)}
+    assert scopes["otel_traces_local"] == scopes["otel_traces"] == "Tenant"
+    assert scopes["handoff_transitions_local"] == scopes["handoff_transitions"] == "tenant"
+    assert scopes["ledger_heads"] is None
+    sql = server_policies(
+        "handoffs", [TableScope("otel_traces", "Tenant")], {"r": "acme"}, cluster="ch"
+    )
+    assert sql.splitlines()[0] == (
+        "CREATE ROW POLICY OR REPLACE `tenant_scope_r` ON CLUSTER 'ch' ON handoffs.otel_traces "
+        "USING `Tenant` = 'acme' TO `r`;"
+    )
