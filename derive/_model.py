@@ -90,12 +90,14 @@ class Derived:
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """The target agent's run as seen: its span, whether it failed and why, and the
-    evidence items (its model turns and tool calls that ended without error)."""
+    """The target agent's run as seen: its span, whether it failed and why, the evidence
+    items (its model turns and tool calls that ended without error; the first MAX_REFS in
+    start order) and how many there are in all (None: as many as listed)."""
 
     span: SpanRecord
     error: str | None = None
     evidence: tuple[str, ...] = ()
+    evidence_count: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,9 +161,10 @@ def _steps(o: Observed) -> list[tuple[str, SpanRecord, int, str, dict[str, AttrV
         steps.append(("fail", t.span, t.span.end_ns, dst, {sc.ERROR_CODE: t.error, **run}))
         return steps
     refs = t.evidence
+    count = len(refs) if t.evidence_count is None else t.evidence_count
     steps.append(
         ("prepare", t.span, t.span.end_ns, dst,
-         {sc.EVIDENCE_COUNT: len(refs), sc.EVIDENCE_VALID: len(refs) >= 1,
+         {sc.EVIDENCE_COUNT: count, sc.EVIDENCE_VALID: count >= 1,
           sc.EVIDENCE_REFS: tuple(refs[:MAX_REFS]), **run})
     )  # fmt: skip
     steps.append(("commit", t.span, t.span.end_ns, dst, {sc.RECEIPT_STATUS: "ok", **run}))

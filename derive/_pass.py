@@ -2,24 +2,31 @@
 new through serve's normal ingest path (validation, spool, dedup, ledger).
 
 A handoff's spans and its target agent's spans arrive in different OTLP requests, so a pass
-works on whole stored traces, not on one request. Each pass reads the traces that received a
-span a rule may read since its cursor (`otel_traces.InsertedAt`, whole seconds; the last
-second is read again, which is harmless: output is deterministic): a span of an
-instrumentation scope in derive._rules.SCOPES, a GenAI span named `invoke_agent ...` or
-`execute_tool ...` (as the conventions name them), or a root span not of the shim's or
-derivation's own scope and not named as a handoff transition (`handoff.<event>`, as the shim
-names them: another exporter's transitions, e.g. an OTel SDK in Node, are often roots, and
-reading their traces derives nothing). That test reads plain columns, never the attribute
-map, so heavy handoff traffic costs only a column scan of the rows stored since the last
-pass. It reads all their stored spans, and derives per trace (derive._rules.derive_trace). A
-derived span already stored in the trace, or submitted by this pass object before, is not
-submitted again; so a replayed or resent source span derives nothing twice, and a second
-pass stores nothing new.
+works on whole stored traces, not on one request, and on one tenant's spans of a trace at a
+time: work is keyed by (tenant, trace id) (trace ids cross organisations by design), so
+another tenant's spans in the same trace id neither feed a derivation nor suppress it.
+Each pass finds the (tenant, trace id) pairs whose tenant stored a span a rule may read
+since its cursor (`otel_traces.InsertedAt`, whole seconds; the last second is read again,
+which is harmless: output is deterministic): a span of an instrumentation scope in
+derive._rules.SCOPES, a GenAI span named `invoke_agent ...` or `execute_tool ...` (as the
+conventions name them), or a root span not of the shim's or derivation's own scope and not
+named as a handoff transition (`handoff.<event>`, as the shim names them: another exporter's
+transitions, e.g. an OTel SDK in Node, are often roots, and reading their traces derives
+nothing). That test reads plain columns, never the attribute map, so heavy handoff traffic
+costs only a column scan of the rows stored since the last pass. The same query counts each
+pair's stored spans. The pairs join per-tenant queues (derive._schedule); the pass reads them
+in fair turns, one tenant's spans of its traces per query, and derives per (tenant, trace)
+(`derive_traces`); what its span budget leaves waits for the next pass, in memory (a
+restarted serve reads the whole trace window again). A derived span already stored in the
+tenant's trace, or submitted by this pass object for that tenant before, is not submitted
+again; so a replayed or resent source span derives nothing twice, and a second pass stores
+nothing new.
 
 Delay from a source span's arrival to its derived transition in handoff_transitions: up to
-`every_s` (the pass interval) + the pass + serve's write of the derived request.
-Errors of the store or of ingest are logged, counted in `stats["errors"]` and retried at the
-next pass (the cursor does not move); the thread never dies.
+`every_s` (the pass interval) + the pass + serve's write of the derived request, when no
+tenant's work waits for a later pass. Errors of the store or of ingest are logged, counted in
+`stats["errors"]` and retried at the next pass (the cursor and the queues do not move); the
+thread never dies.
 """
 
 from __future__ import annotations
@@ -37,12 +44,21 @@ from collector.tracer import INSTRUMENTATION_NAME, SPAN_NAME
 from derive._model import Derived, SpanEvent, SpanRecord
 from derive._otlp import SCOPE, encode
 from derive._rules import RULES, SCOPES, Rule, derive_trace
+from derive._schedule import Backlog, TraceKey, Turn, Work, enqueue, plan_pass
 from foundation import settings
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
 
-__all__ = ["DERIVE_EVERY_S", "DerivePass", "PassResult"]
+__all__ = [
+    "DERIVE_EVERY_S",
+    "PASS_SPANS",
+    "TURN_SPANS",
+    "DerivePass",
+    "PassResult",
+    "derive_traces",
+    "new_transitions",
+]
 
 log = logging.getLogger("handoffs.derive")
 
@@ -53,36 +69,52 @@ _CHUNK: Final = 1000
 #: between a submit and its write)
 _REMEMBER: Final = 200_000
 
-_TOUCHED_SQL: Final = """
-SELECT Tenant, TraceId
-FROM {db}.otel_traces
-WHERE InsertedAt >= {{since:DateTime}} AND InsertedAt <= {{until:DateTime}}
-  AND Timestamp >= {{oldest:DateTime64(9)}}
-  AND (ScopeName IN {{scopes:Array(String)}}
+#: spans of one tenant a turn reads at most (or one trace, when that alone is larger)
+TURN_SPANS: Final = 20_000
+#: a pass starts no turn once it has read this many spans; the rest waits for the next pass
+PASS_SPANS: Final = 200_000
+
+#: a row a rule may read, stored since the cursor (module doc)
+_TOUCHES: Final = """InsertedAt >= {since:DateTime} AND InsertedAt <= {until:DateTime}
+  AND (ScopeName IN {scopes:Array(String)}
        OR startsWith(SpanName, 'invoke_agent') OR startsWith(SpanName, 'execute_tool')
-       OR (ParentSpanId = '' AND ScopeName NOT IN {{own:Array(String)}}
-           AND SpanName NOT IN {{transitions:Array(String)}}))
+       OR (ParentSpanId = '' AND ScopeName NOT IN {own:Array(String)}
+           AND SpanName NOT IN {transitions:Array(String)}))"""
+
+# (tenant, trace id) pairs whose own tenant's rows touched them, with the pair's span count
+# (the rows the spans query reads); the TraceId subquery lets the bloom filter skip granules
+_TOUCHED_SQL: Final = """
+SELECT Tenant, TraceId, count() AS spans
+FROM {db}.otel_traces
+WHERE Timestamp >= {{oldest:DateTime64(9)}}
+  AND TraceId IN (SELECT TraceId FROM {db}.otel_traces
+                  WHERE Timestamp >= {{oldest:DateTime64(9)}} AND {touches})
 GROUP BY Tenant, TraceId
+HAVING countIf({touches}) > 0
 """
 
+# one tenant's spans of some traces: another tenant's spans in the same trace id are not read
 _SPANS_SQL: Final = """
 SELECT Tenant, TraceId, SpanId, ParentSpanId, SpanName,
        toUnixTimestamp64Nano(Timestamp) AS start_ns, Duration, StatusCode, StatusMessage,
        ScopeName, ServiceName, SpanAttributes, `Events.Name`,
        arrayMap(a -> a['exception.type'], `Events.Attributes`) AS exception_types
 FROM {db}.otel_traces
-WHERE TraceId IN {{ids:Array(String)}} AND Timestamp >= {{oldest:DateTime64(9)}}
+WHERE Tenant = {{tenant:String}} AND TraceId IN {{ids:Array(String)}}
+  AND Timestamp >= {{oldest:DateTime64(9)}}
 """
 
 
 @dataclass(frozen=True, slots=True)
 class PassResult:
-    """One pass: traces read, spans read, derived transitions submitted, seconds taken."""
+    """One pass: (tenant, trace) pairs read, spans read, derived transitions submitted,
+    seconds taken, and (tenant, trace) pairs left waiting for the next pass."""
 
     traces: int
     spans: int
     submitted: int
     seconds: float
+    waiting: int = 0
 
 
 def _record(row: Sequence[Any]) -> SpanRecord:
@@ -108,21 +140,34 @@ def _record(row: Sequence[Any]) -> SpanRecord:
 
 
 def new_transitions(spans: Iterable[SpanRecord], rules: Iterable[Rule] = RULES) -> list[Derived]:
-    """What one trace's stored spans derive that is not stored already (pure)."""
+    """What one tenant's stored spans of one trace derive that is not stored already (pure).
+    Raises ValueError on spans of more than one (tenant, trace id)."""
     spans = list(spans)
     stored = {s.span_id for s in spans if s.is_derived}
     return [d for d in derive_trace(spans, rules) if d.span_id not in stored]
 
 
+def derive_traces(spans: Iterable[SpanRecord], rules: Iterable[Rule] = RULES) -> list[Derived]:
+    """`new_transitions` of each (tenant, trace id) among `spans`, in first-seen order (pure):
+    another tenant's spans in the same trace id neither feed nor suppress a derivation."""
+    groups: dict[tuple[str, str], list[SpanRecord]] = {}
+    for s in spans:
+        groups.setdefault((s.tenant, s.trace_id), []).append(s)
+    return [d for group in groups.values() for d in new_transitions(group, rules)]
+
+
 class DerivePass:
     """The pass (module doc) and its thread: `run_once()`, or `start()` / `stop()`; `stats`
-    counts passes, traces and spans read, transitions submitted and failed passes, also as a
-    prometheus-client collector (`collect`).
+    counts passes, (tenant, trace) pairs and spans read, transitions submitted and failed
+    passes, also as a prometheus-client collector (`collect`, with `waiting`: pairs the last
+    pass left for the next).
 
     `connect`: opens a client on the store. `submit(body, tenant)`: ingests one OTLP/protobuf
     request (serve: Ingestor.submit). `every_s`: seconds between passes. `trace_window_s`: a
     trace's spans older than this (by span time) are not read. `clock` -> seconds since the
-    epoch. Raises ValueError on a non-positive interval or window.
+    epoch. `turn_spans`, `pass_spans`: the fairness budget (derive._schedule): spans of one
+    tenant a turn reads at most (or one trace, when larger), and spans after which a pass
+    starts no more turns. Raises ValueError on a non-positive interval, window or budget.
     """
 
     def __init__(
@@ -135,9 +180,15 @@ class DerivePass:
         trace_window_s: float = 3600.0,
         rules: Iterable[Rule] = RULES,
         clock: Callable[[], float] = time.time,
+        turn_spans: int = TURN_SPANS,
+        pass_spans: int = PASS_SPANS,
     ) -> None:
         if every_s <= 0 or trace_window_s <= 0:
             raise ValueError("every_s and trace_window_s must be more than 0 seconds")
+        plan_pass(Backlog(), turn_spans=turn_spans, pass_spans=pass_spans)  # checks them
+        self._turn_spans = turn_spans
+        self._pass_spans = pass_spans
+        self._backlog = Backlog()
         self._connect = connect
         self._db = database
         self._submit = submit
@@ -146,15 +197,17 @@ class DerivePass:
         self._rules = tuple(rules)
         self._clock = clock
         self._cursor = int(clock() - trace_window_s)
-        self._sent: OrderedDict[str, None] = OrderedDict()
+        self._sent: OrderedDict[tuple[str, str], None] = OrderedDict()  # (tenant, span id)
         self._client: Client | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.stats = {"passes": 0, "traces": 0, "spans": 0, "submitted": 0, "errors": 0}
+        self.waiting = 0  # (tenant, trace) pairs left for the next pass by the last one
         self.last_s = 0.0  # seconds the last pass took
 
     def run_once(self) -> PassResult:
-        """One pass; raises what the store or ingest raised (the cursor then stays)."""
+        """One pass; raises what the store or ingest raised (the cursor and the queues then
+        stay: the next pass reads the same work again)."""
         t0 = time.perf_counter()
         if self._client is None:
             self._client = self._connect()
@@ -162,7 +215,7 @@ class DerivePass:
         until = int(self._clock())
         oldest = datetime.fromtimestamp(self._clock() - self._window, UTC)
         touched = c.query(
-            _TOUCHED_SQL.format(db=self._db),
+            _TOUCHED_SQL.format(db=self._db, touches=_TOUCHES),
             parameters={
                 "since": datetime.fromtimestamp(self._cursor, UTC),
                 "until": datetime.fromtimestamp(until, UTC) + timedelta(seconds=1),
@@ -172,37 +225,51 @@ class DerivePass:
                 "transitions": sorted(SPAN_NAME.values()),
             },
         ).result_rows
-        ids = sorted({tid for _, tid in touched})
+        work = sorted(
+            (Work(TraceKey(t, tid), int(n)) for t, tid, n in touched), key=lambda w: w.key
+        )
+        plan = plan_pass(
+            enqueue(self._backlog, work), turn_spans=self._turn_spans, pass_spans=self._pass_spans
+        )
         spans = submitted = 0
-        for i in range(0, len(ids), _CHUNK):
-            by_trace: dict[str, list[SpanRecord]] = {}
-            rows = c.query(
-                _SPANS_SQL.format(db=self._db),
-                parameters={"ids": ids[i : i + _CHUNK], "oldest": oldest},
-            ).result_rows
-            for row in rows:
-                by_trace.setdefault(row[1], []).append(_record(row))
-            spans += len(rows)
-            fresh: dict[str, list[Derived]] = {}
-            for trace_spans in by_trace.values():
-                for d in new_transitions(trace_spans, self._rules):
-                    if d.span_id not in self._sent:
-                        fresh.setdefault(d.tenant, []).append(d)
-            for tenant, items in fresh.items():
-                self._submit(encode(items), tenant)
-                for d in items:
-                    self._sent[d.span_id] = None
-                submitted += len(items)
+        for turn in plan.turns:
+            read, sent = self._run_turn(c, turn, oldest)
+            spans += read
+            submitted += sent
         while len(self._sent) > _REMEMBER:
             self._sent.popitem(last=False)
+        self._backlog = plan.rest  # what the budget left waits, ahead of what arrives later
         self._cursor = until  # that second is read again next time: arrivals may follow
-        result = PassResult(len(ids), spans, submitted, time.perf_counter() - t0)
+        traces = sum(len(t.work) for t in plan.turns)
+        result = PassResult(traces, spans, submitted, time.perf_counter() - t0, plan.rest.traces)
         self.stats["passes"] += 1
         self.stats["traces"] += result.traces
         self.stats["spans"] += result.spans
         self.stats["submitted"] += result.submitted
+        self.waiting = result.waiting
         self.last_s = result.seconds
         return result
+
+    def _run_turn(self, c: Client, turn: Turn, oldest: datetime) -> tuple[int, int]:
+        """Read, derive and submit one tenant's turn; (spans read, transitions submitted)."""
+        ids = [w.key.trace_id for w in turn.work]
+        spans = submitted = 0
+        for i in range(0, len(ids), _CHUNK):
+            rows = c.query(
+                _SPANS_SQL.format(db=self._db),
+                parameters={"tenant": turn.tenant, "ids": ids[i : i + _CHUNK], "oldest": oldest},
+            ).result_rows
+            spans += len(rows)
+            fresh: dict[str, list[Derived]] = {}
+            for d in derive_traces((_record(r) for r in rows), self._rules):
+                if (d.tenant, d.span_id) not in self._sent:
+                    fresh.setdefault(d.tenant, []).append(d)
+            for tenant, items in fresh.items():
+                self._submit(encode(items), tenant)
+                for d in items:
+                    self._sent[(d.tenant, d.span_id)] = None
+                submitted += len(items)
+        return spans, submitted
 
     def collect(self) -> Iterator[Any]:
         """prometheus-client collector: the pass counters (register on serve's /metrics)."""
@@ -219,6 +286,11 @@ class DerivePass:
             yield CounterMetricFamily(f"handoffs_derive_{key}", doc, value=st[key])
         yield GaugeMetricFamily(
             "handoffs_derive_last_pass_seconds", "duration of the last pass", value=self.last_s
+        )
+        yield GaugeMetricFamily(
+            "handoffs_derive_waiting_traces",
+            "(tenant, trace) pairs the last pass left for the next (its span budget)",
+            value=self.waiting,
         )
 
     def start(self) -> None:

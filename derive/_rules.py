@@ -34,11 +34,14 @@ RULES: Final[tuple[Rule, ...]] = (
 
 
 def derive_trace(spans: Iterable[SpanRecord], rules: Iterable[Rule] = RULES) -> list[Derived]:
-    """The derived transitions of one trace's stored spans, deterministic (same spans, same
-    output, same span ids). Nothing when the trace already holds handoff transitions that
-    were not derived (the shim's or an adapter's): those count, derivation would double
-    them."""
-    trace = TraceIndex(s for s in spans)
+    """The derived transitions of one tenant's stored spans of one trace, deterministic
+    (same spans, same output, same span ids). Nothing when those spans hold handoff
+    transitions that were not derived (the shim's or an adapter's): those count, derivation
+    would double them. Raises ValueError on spans of more than one (tenant, trace id): each
+    tenant's spans are derived alone (derive._pass.derive_traces groups them)."""
+    trace = TraceIndex(spans)
+    if len({(s.tenant, s.trace_id) for s in trace.spans}) > 1:
+        raise ValueError("spans of more than one (tenant, trace id): derive each apart")
     if trace.has_handoff_spans_not_derived():
         return []
     out: list[Derived] = []

@@ -4,16 +4,25 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Callable, Iterable, Iterator
+from bisect import bisect_left
+from collections.abc import Callable, Collection, Hashable, Iterable, Iterator
+from dataclasses import dataclass
+from heapq import merge
+from itertools import islice
+from typing import Literal
 
-from derive._model import SpanRecord, Target
+from derive._model import MAX_REFS, SpanRecord, Target
+
+#: what one span under a target run shows: a failure (its error code) or an evidence item
+Kind = tuple[Literal["error", "evidence"], str]
 
 _REQUESTED = re.compile(r"requested_agents'?\"?\s*:\s*(\[[^\]]*\])")
 _DEPTH = 256  # bounded walks up the span tree
 
 
 class TraceIndex:
-    """The spans of one trace: `get`, `parent`, `ancestors`, `descendants`, `root`."""
+    """The spans of one trace: `get`, `parent`, `children`, `ancestors`, `nearest`,
+    `outermost`. Walks up the tree stop after 256 spans (a cycle of parent links ends)."""
 
     def __init__(self, spans: Iterable[SpanRecord]) -> None:
         self.spans = tuple(sorted(spans, key=lambda s: (s.start_ns, s.span_id)))
@@ -49,29 +58,131 @@ class TraceIndex:
             top = a
         return top
 
-    def descendants(self, span: SpanRecord) -> Iterator[SpanRecord]:
-        stack = list(self._children.get(span.span_id, ()))
-        while stack:
-            s = stack.pop()
-            yield s
-            stack.extend(self._children.get(s.span_id, ()))
+    def children(self, span_id: str) -> list[SpanRecord]:
+        return self._children.get(span_id, [])
 
     def has_handoff_spans_not_derived(self) -> bool:
         """The shim or an adapter already recorded handoffs in this trace."""
         return any(s.is_handoff and not s.is_derived for s in self.spans)
 
 
-def next_after(
-    candidates: Iterable[SpanRecord], after_ns: int, claimed: set[str]
-) -> SpanRecord | None:
-    """The earliest candidate starting at or after `after_ns` not in `claimed` (span ids)."""
-    best = None
-    for s in candidates:
-        if s.start_ns < after_ns or s.span_id in claimed:
-            continue
-        if best is None or (s.start_ns, s.span_id) < (best.start_ns, best.span_id):
-            best = s
-    return best
+class Runs:
+    """Candidate target runs in groups (`keys(span)` names each group a span joins), each
+    group in (start, span id) order. `first` gives a group's earliest span starting at or
+    after a time that is not claimed, found by bisection and by skip pointers past claimed
+    spans (path-compressed), so a rule that claims one run per handoff costs O(n log n) over
+    a trace, not O(handoffs x runs)."""
+
+    def __init__(
+        self, spans: Iterable[SpanRecord], keys: Callable[[SpanRecord], Iterable[Hashable]]
+    ) -> None:
+        groups: dict[Hashable, list[SpanRecord]] = {}
+        for s in spans:
+            for k in keys(s):
+                groups.setdefault(k, []).append(s)
+        self._groups: dict[Hashable, tuple[list[SpanRecord], list[int], list[int]]] = {}
+        for k, items in groups.items():
+            items.sort(key=lambda x: (x.start_ns, x.span_id))
+            self._groups[k] = (items, [x.start_ns for x in items], [0] * len(items))
+        self.claimed: set[str] = set()
+
+    def claim(self, span: SpanRecord) -> None:
+        self.claimed.add(span.span_id)
+
+    def first(self, key: Hashable, after_ns: int, skip: Collection[str] = ()) -> SpanRecord | None:
+        """The earliest span of group `key` starting at or after `after_ns`, neither claimed
+        nor in `skip` (span ids; each skipped span costs one step, so keep `skip` small)."""
+        group = self._groups.get(key)
+        if group is None:
+            return None
+        items, starts, jump = group
+        i = self._unclaimed(items, jump, bisect_left(starts, after_ns))
+        while i < len(items) and items[i].span_id in skip:
+            i = self._unclaimed(items, jump, i + 1)
+        return items[i] if i < len(items) else None
+
+    def _unclaimed(self, items: list[SpanRecord], jump: list[int], i: int) -> int:
+        """The first index at or after `i` whose span is not claimed (claims are never
+        withdrawn, so every claimed index passed on the way may point past them all)."""
+        path = []
+        while i < len(items) and items[i].span_id in self.claimed:
+            path.append(i)
+            i = jump[i] if jump[i] > i else i + 1
+        for p in path:
+            jump[p] = i
+        return i
+
+
+@dataclass(frozen=True, slots=True)
+class Facts:
+    """What the descendants of one span show: evidence items in all, the first MAX_REFS as
+    (start ns, span id, item) in that order, and the earliest failure (start ns, span id,
+    error code)."""
+
+    count: int = 0
+    refs: tuple[tuple[int, str, str], ...] = ()
+    error: tuple[int, str, str] | None = None
+
+
+_NONE = Facts()
+
+
+class Subtrees:
+    """`kind` folded over each span's descendants, each span's computed once (memoised), so
+    a rule reading the runs of many nested handoffs costs O(spans x MAX_REFS) over a trace,
+    not O(spans x depth). A cycle of parent links (not a tree: malformed or hostile input)
+    ends where it closes."""
+
+    def __init__(self, trace: TraceIndex, kind: Callable[[SpanRecord], Kind | None]) -> None:
+        self._trace = trace
+        self._kind = kind
+        self._memo: dict[str, Facts] = {}
+
+    def target(self, span: SpanRecord, error: str | None) -> Target:
+        """`span` as a target run: `error` (the run's own), else its earliest failed
+        descendant's; its descendants' evidence."""
+        f = self.of(span.span_id)
+        if error is None and f.error is not None:
+            error = f.error[2]
+        return Target(span, error, tuple(r for _, _, r in f.refs), f.count)
+
+    def of(self, span_id: str) -> Facts:
+        """The facts of the descendants of the span `span_id`."""
+        memo, active = self._memo, set()
+        stack = [(span_id, False)]
+        while stack:  # iterative post-order: traces may be deeper than Python's recursion
+            sid, done = stack.pop()
+            if sid in memo:
+                continue
+            if done:
+                memo[sid] = self._fold(self._trace.children(sid))
+                active.discard(sid)
+            elif sid not in active:
+                active.add(sid)
+                stack.append((sid, True))
+                stack.extend((c.span_id, False) for c in self._trace.children(sid)
+                             if c.span_id not in memo and c.span_id not in active)  # fmt: skip
+        return memo[span_id]
+
+    def _fold(self, kids: list[SpanRecord]) -> Facts:
+        if not kids:
+            return _NONE
+        count, lists, error = 0, [], None
+        for c in kids:
+            sub = self._memo.get(c.span_id, _NONE)  # absent: c closes a cycle
+            count += sub.count
+            lists.append(sub.refs)
+            err = sub.error
+            k = self._kind(c)
+            if k is not None and k[0] == "evidence":
+                count += 1
+                lists.append(((c.start_ns, c.span_id, k[1]),))
+            elif k is not None and (err is None or (c.start_ns, c.span_id) < err[:2]):
+                err = (c.start_ns, c.span_id, k[1])
+            if err is not None and (error is None or err[:2] < error[:2]):
+                error = err
+        refs = tuple(islice(merge(*lists), MAX_REFS)) if count else ()
+        return Facts(count, refs, error)
 
 
 def requested_agents(message: str) -> tuple[str, ...]:
@@ -106,25 +217,23 @@ def sdk_error_message(status_message: str) -> str:
 GENAI_OP = "gen_ai.operation.name"
 
 
-def run_target(
-    trace: TraceIndex,
-    span: SpanRecord,
+def run_kinds(
     *,
     error_of: Callable[[SpanRecord], str | None],
     evidence_ops: frozenset[str],
     is_transfer: Callable[[SpanRecord], bool],
     prefix: str,
-) -> Target:
-    """The target agent's run `span`: its error (`error_of` the run, else of the first failed
-    descendant that is not a tool call) and its evidence (descendants whose GenAI operation
-    is in `evidence_ops` and that ended without error, transfers excepted, as
-    `<prefix>:<span id>`), descendants in start order."""
-    error = error_of(span)
-    evidence = []
-    for s in sorted(trace.descendants(span), key=lambda x: (x.start_ns, x.span_id)):
+) -> Callable[[SpanRecord], Kind | None]:
+    """What a span under a target run shows, for GenAI-shaped spans: a failure (`error_of`
+    it) when it ended with Error and is not a tool call; evidence (`<prefix>:<span id>`) when
+    its GenAI operation is in `evidence_ops`, it ended without error and is no transfer."""
+
+    def kind(s: SpanRecord) -> Kind | None:
         if s.status == "Error":
-            if error is None and s.attr(GENAI_OP) != "execute_tool":
-                error = error_of(s)
-        elif s.attr(GENAI_OP) in evidence_ops and not is_transfer(s):
-            evidence.append(f"{prefix}:{s.span_id}")
-    return Target(span, error, tuple(evidence))
+            code = error_of(s) if s.attr(GENAI_OP) != "execute_tool" else None
+            return ("error", code) if code is not None else None
+        if s.attr(GENAI_OP) in evidence_ops and not is_transfer(s):
+            return ("evidence", f"{prefix}:{s.span_id}")
+        return None
+
+    return kind

@@ -20,8 +20,8 @@ from __future__ import annotations
 import json
 from typing import Final
 
-from derive._model import Observed, SpanRecord, Target, slug
-from derive._trace import TraceIndex, next_after, run_target
+from derive._model import Observed, SpanRecord, slug
+from derive._trace import Runs, Subtrees, TraceIndex, run_kinds
 
 __all__ = ["ADK", "ADK_SCOPE", "adk_rule", "transfer_target"]
 
@@ -78,15 +78,18 @@ def _error(span: SpanRecord) -> str | None:
     return slug(span.status_message or span.attr("error.type") or exc or None)
 
 
-def _target(trace: TraceIndex, span: SpanRecord) -> Target:
-    return run_target(
-        trace,
-        span,
-        error_of=_error,
-        evidence_ops=_EVIDENCE_OPS,
-        is_transfer=_is_transfer,
-        prefix="adk",
-    )
+_KINDS: Final = run_kinds(
+    error_of=_error, evidence_ops=_EVIDENCE_OPS, is_transfer=_is_transfer, prefix="adk"
+)
+
+
+def _run_keys(trace: TraceIndex, s: SpanRecord) -> list[tuple[str | None, str | None]]:
+    """The groups an `invoke_agent` span is a candidate target run in: (workflow span id or
+    None for the whole trace, its agent or None for any agent), for each `invoke_workflow`
+    above it."""
+    scopes: list[str | None] = [None]
+    scopes += [a.span_id for a in trace.ancestors(s) if _is_workflow(a)]
+    return [(w, agent) for w in scopes for agent in (s.attr(_AGENT), None)]
 
 
 def adk_rule(trace: TraceIndex) -> list[Observed]:
@@ -98,7 +101,8 @@ def adk_rule(trace: TraceIndex) -> list[Observed]:
     if not tools:
         return []
     root = next((s for s in trace.spans if not s.parent_span_id), None)
-    claimed: set[str] = set()
+    runs = Runs((s for s in trace.spans if _is_invoke(s)), lambda s: _run_keys(trace, s))
+    runs_of = Subtrees(trace, _KINDS)  # what each target run's descendants show
     made_by: dict[str, str] = {}  # target invoke_agent span id -> the handoff that started it
     out = []
     for t in tools:  # in start order: an earlier transfer claims its run first
@@ -108,21 +112,17 @@ def adk_rule(trace: TraceIndex) -> list[Observed]:
             continue
         workflow = trace.nearest(t, _is_workflow)
         up = {a.span_id for a in trace.ancestors(t)}
-        runs = [
-            s
-            for s in (trace.descendants(workflow) if workflow else trace.spans)
-            if _is_invoke(s) and s.span_id not in up
-        ]
+        scope = workflow.span_id if workflow is not None else None
         named = transfer_target(t)
         if named is not None:
-            nxt = next_after((s for s in runs if s.attr(_AGENT) == named), t.start_ns, claimed)
+            nxt = runs.first((scope, named), t.start_ns, skip=up)
         else:
-            nxt = next_after(runs, t.end_ns, claimed)
+            nxt = runs.first((scope, None), t.end_ns, skip=up)
         to_agent = named or (nxt.attr(_AGENT) if nxt is not None else None)
         handoff_id = f"{t.trace_id}/{t.span_id}"
         ended = workflow or root
         if nxt is not None:
-            claimed.add(nxt.span_id)
+            runs.claim(nxt)
             made_by[nxt.span_id] = handoff_id
         out.append(
             Observed(
@@ -134,7 +134,7 @@ def adk_rule(trace: TraceIndex) -> list[Observed]:
                 from_agent=from_agent,
                 to_agent=to_agent,
                 topology="in_process",
-                target=_target(trace, nxt) if nxt is not None else None,
+                target=runs_of.target(nxt, _error(nxt)) if nxt is not None else None,
                 run_ended_ns=ended.end_ns if ended is not None else None,
             )
         )

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Final
 
-from derive._model import Observed, SpanRecord, Target, slug
-from derive._trace import TraceIndex, next_after, run_target
+from derive._model import Observed, SpanRecord, slug
+from derive._trace import Runs, Subtrees, TraceIndex, run_kinds
 
 __all__ = ["GENAI", "SOURCE_NAME", "TARGET_NAME", "genai_rule"]
 
@@ -37,15 +37,9 @@ def _error(span: SpanRecord) -> str | None:
     return slug(span.status_message or span.attr("error.type")) if span.status == "Error" else None
 
 
-def _target(trace: TraceIndex, span: SpanRecord) -> Target:
-    return run_target(
-        trace,
-        span,
-        error_of=_error,
-        evidence_ops=_MODEL_OPS,
-        is_transfer=_is_transfer,
-        prefix="genai",
-    )
+_KINDS: Final = run_kinds(
+    error_of=_error, evidence_ops=_MODEL_OPS, is_transfer=_is_transfer, prefix="genai"
+)
 
 
 def genai_rule(trace: TraceIndex) -> list[Observed]:
@@ -53,9 +47,9 @@ def genai_rule(trace: TraceIndex) -> list[Observed]:
     tools = [s for s in trace.spans if _is_transfer(s)]
     if not tools:
         return []
-    invokes = [s for s in trace.spans if _is_invoke(s)]
+    runs = Runs((s for s in trace.spans if _is_invoke(s)), lambda s: (s.attr(_AGENT),))
     root = next((s for s in trace.spans if not s.parent_span_id), None)
-    claimed: set[str] = set()
+    runs_of = Subtrees(trace, _KINDS)  # what each target run's descendants show
     made_by: dict[str, str] = {}  # target invoke_agent span id -> the handoff that started it
     out = []
     for t in tools:
@@ -66,16 +60,13 @@ def genai_rule(trace: TraceIndex) -> list[Observed]:
         if not from_agent:
             continue
         to_agent = t.attr(TARGET_NAME) or None
-        up = {a.span_id for a in trace.ancestors(t)}
-        runs = [
-            s
-            for s in invokes
-            if s.span_id not in up and to_agent is not None and s.attr(_AGENT) == to_agent
-        ]
-        nxt = next_after(runs, t.start_ns, claimed)
+        nxt = None
+        if to_agent is not None:
+            up = {a.span_id for a in trace.ancestors(t)}
+            nxt = runs.first(to_agent, t.start_ns, skip=up)
         handoff_id = f"{t.trace_id}/{t.span_id}"
         if nxt is not None:
-            claimed.add(nxt.span_id)
+            runs.claim(nxt)
             made_by[nxt.span_id] = handoff_id
         out.append(
             Observed(
@@ -87,7 +78,7 @@ def genai_rule(trace: TraceIndex) -> list[Observed]:
                 from_agent=from_agent,
                 to_agent=to_agent,
                 topology="in_process",
-                target=_target(trace, nxt) if nxt is not None else None,
+                target=runs_of.target(nxt, _error(nxt)) if nxt is not None else None,
                 run_ended_ns=root.end_ns if root is not None else None,
             )
         )

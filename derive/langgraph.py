@@ -16,8 +16,8 @@ from __future__ import annotations
 import json
 from typing import Any, Final
 
-from derive._model import Observed, SpanRecord, Target, slug
-from derive._trace import TraceIndex, next_after
+from derive._model import Observed, SpanRecord, slug
+from derive._trace import Kind, Runs, Subtrees, TraceIndex
 
 __all__ = ["LANGGRAPH", "langgraph_rule"]
 
@@ -81,27 +81,34 @@ def _error(s: SpanRecord) -> str:
     return slug(s.status_message.split("\n", 1)[0].split("(", 1)[0])
 
 
-def _target(trace: TraceIndex, span: SpanRecord) -> Target:
-    error = _error(span) if _failed(span) else None
-    evidence = []
-    for s in sorted(trace.descendants(span), key=lambda x: (x.start_ns, x.span_id)):
-        if _failed(s):
-            if error is None and _kind(s) != "TOOL":
-                error = _error(s)
-        elif s.status != "Error" and (_kind(s) == "LLM" or (_kind(s) == "TOOL" and not _goto(s))):
-            evidence.append(f"langgraph:{s.span_id}")
-    return Target(span, error, tuple(evidence))
+def _under_target(s: SpanRecord) -> Kind | None:
+    """A span under a target node: a failure unless a tool call; evidence when an LLM call
+    or a tool call that is not a Command, and not in Error."""
+    if _failed(s):
+        return ("error", _error(s)) if _kind(s) != "TOOL" else None
+    if s.status != "Error" and (_kind(s) == "LLM" or (_kind(s) == "TOOL" and not _goto(s))):
+        return ("evidence", f"langgraph:{s.span_id}")
+    return None
 
 
 def langgraph_rule(trace: TraceIndex) -> list[Observed]:
     """Handoffs of LangGraph Commands in `trace` (module doc)."""
     mine = [s for s in trace.spans if s.scope.startswith(_SCOPE)]
-    commands = [s for s in mine if _goto(s)]
+    gotos: dict[str, tuple[str, ...]] = {}  # span id -> _goto (each output parsed once)
+
+    def goto(s: SpanRecord) -> tuple[str, ...]:
+        if s.span_id not in gotos:
+            gotos[s.span_id] = _goto(s)
+        return gotos[s.span_id]
+
+    commands = [s for s in mine if goto(s)]
     if not commands:
         return []
     # the innermost span carrying a Command: its ancestors may repeat it in their output
-    inner = {a.span_id for c in commands for a in trace.ancestors(c) if _goto(a) == _goto(c)}
-    claimed: set[str] = set()
+    inner = {a.span_id for c in commands for a in trace.ancestors(c) if goto(a) == goto(c)}
+    # node runs by (the graph root they are a child of, node name)
+    runs = Runs(mine, lambda s: ((s.parent_span_id, _node(s)),))
+    runs_of = Subtrees(trace, _under_target)  # what each target node's descendants show
     made_by: dict[str, str] = {}  # target node span id -> the handoff that started it
     out = []
     for c in commands:
@@ -118,13 +125,11 @@ def langgraph_rule(trace: TraceIndex) -> list[Observed]:
         if node is None:
             continue
         from_agent = _node(node)
-        nodes = [s for s in mine if s.parent_span_id == root.span_id]
-        for n, to_agent in enumerate(_goto(c)):
-            runs = [s for s in nodes if _node(s) == to_agent and s.span_id != node.span_id]
-            nxt = next_after(runs, c.start_ns, claimed)
+        for n, to_agent in enumerate(goto(c)):
+            nxt = runs.first((root.span_id, to_agent), c.start_ns, skip=(node.span_id,))
             handoff_id = f"{c.trace_id}/{c.span_id}" + (f":{n}" if n else "")
             if nxt is not None:
-                claimed.add(nxt.span_id)
+                runs.claim(nxt)
                 made_by[nxt.span_id] = handoff_id
             out.append(
                 Observed(
@@ -135,7 +140,11 @@ def langgraph_rule(trace: TraceIndex) -> list[Observed]:
                     source=c,
                     from_agent=from_agent,
                     to_agent=to_agent,
-                    target=_target(trace, nxt) if nxt is not None else None,
+                    target=(
+                        runs_of.target(nxt, _error(nxt) if _failed(nxt) else None)
+                        if nxt is not None
+                        else None
+                    ),
                     run_ended_ns=root.end_ns,
                 )
             )

@@ -15,8 +15,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from derive._model import Observed, SpanRecord, Target, slug
-from derive._trace import TraceIndex, next_after, requested_agents, sdk_error_message
+from derive._model import Observed, SpanRecord, slug
+from derive._trace import (
+    Kind,
+    Runs,
+    Subtrees,
+    TraceIndex,
+    requested_agents,
+    sdk_error_message,
+)
 
 __all__ = ["OPENINFERENCE", "OPENLLMETRY", "openinference_rule", "openllmetry_rule"]
 
@@ -107,26 +114,34 @@ _TL = _Dialect(
 )
 
 
-def _target(trace: TraceIndex, d: _Dialect, span: SpanRecord) -> Target:
-    error = None
-    if span.status == "Error":
-        error = slug(sdk_error_message(span.status_message))
-    evidence = []
-    for s in sorted(trace.descendants(span), key=lambda x: (x.start_ns, x.span_id)):
+def _error(span: SpanRecord) -> str | None:
+    return slug(sdk_error_message(span.status_message)) if span.status == "Error" else None
+
+
+def _kinds(d: _Dialect) -> Callable[[SpanRecord], Kind | None]:
+    """A span under a target run: a failure unless a tool or handoff call (tool errors go
+    back to the model), else evidence when the dialect counts it."""
+    prefix = d.rule.split(".")[0]
+
+    def kind(s: SpanRecord) -> Kind | None:
         if s.status == "Error":
-            if error is None and not d.is_tool(s) and not d.is_handoff(s):
-                error = slug(sdk_error_message(s.status_message))
-        elif d.is_evidence(s):
-            evidence.append(f"{d.rule.split('.')[0]}:{s.span_id}")
-    return Target(span, error, tuple(evidence))
+            fails = not d.is_tool(s) and not d.is_handoff(s)
+            return ("error", slug(sdk_error_message(s.status_message))) if fails else None
+        return ("evidence", f"{prefix}:{s.span_id}") if d.is_evidence(s) else None
+
+    return kind
 
 
 def _observe(trace: TraceIndex, d: _Dialect) -> list[Observed]:
     mine = [s for s in trace.spans if s.scope.startswith(d.scope)]
     if not mine:
         return []
-    agents = [s for s in mine if d.is_agent(s)]
-    claimed: set[str] = set()
+    # agent runs by (workflow span, agent name) and by workflow span alone
+    runs = Runs(
+        (s for s in mine if d.is_agent(s)),
+        lambda a: ((a.parent_span_id, d.agent_name(a)), (a.parent_span_id, None)),
+    )
+    runs_of = Subtrees(trace, _kinds(d))  # what each target run's descendants show
     made_by: dict[str, str] = {}  # target agent span id -> the handoff that started it
     last_to: dict[tuple[str, str], str] = {}  # (run, agent) -> the last handoff to it
     out = []
@@ -141,21 +156,14 @@ def _observe(trace: TraceIndex, d: _Dialect) -> list[Observed]:
         workflow = trace.get(run_id)
         ended = workflow.end_ns if workflow is not None and d.is_workflow(workflow) else None
         to_agent = d.named_target(h) or None
-        runs = [
-            a
-            for a in agents
-            if a.parent_span_id == run_id
-            and a.span_id != src_agent.span_id
-            and (to_agent is None or d.agent_name(a) == to_agent)
-        ]
-        nxt = next_after(runs, h.start_ns, claimed)
+        nxt = runs.first((run_id, to_agent), h.start_ns, skip=(src_agent.span_id,))
         if to_agent is None and nxt is not None:
             to_agent = d.agent_name(nxt) or None
         handoff_id = f"{h.trace_id}/{h.span_id}"
         # made inside an earlier handoff's target run: it hands that handoff's result on
         cause = made_by.get(src_agent.span_id) or last_to.get((run_id, from_agent))
         if nxt is not None:
-            claimed.add(nxt.span_id)
+            runs.claim(nxt)
             made_by[nxt.span_id] = handoff_id
         if to_agent is not None:
             last_to[(run_id, to_agent)] = handoff_id
@@ -170,7 +178,7 @@ def _observe(trace: TraceIndex, d: _Dialect) -> list[Observed]:
                 source=h,
                 from_agent=from_agent,
                 to_agent=to_agent,
-                target=_target(trace, d, nxt) if nxt is not None else None,
+                target=runs_of.target(nxt, _error(nxt)) if nxt is not None else None,
                 run_ended_ns=ended,
                 ignored=ignored,
                 causation_id=cause,
