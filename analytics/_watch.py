@@ -15,14 +15,55 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
-from urllib.parse import urlsplit
+from email.message import Message as HTTPMessage
+from typing import IO, Any
+from urllib.parse import urljoin, urlsplit
 
 from analytics.slo import AlertState, SloStatus, decide, notification_body
 
 __all__ = ["Delivery", "WebhookSender", "check_webhook_url", "run_watch"]
 
 log = logging.getLogger("handoffs.watch")
+
+#: the most of a webhook's answer read (bytes); the connection is closed after it
+MAX_RESPONSE_BYTES = 64 * 1024
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """Refuses every redirect: urlopen would follow a 301/302/303 to a POST as a GET to
+    wherever `Location` points (an internal host), and the body is for the webhook alone.
+    The 3xx then surfaces as an HTTPError."""
+
+    def redirect_request(
+        self,
+        req: urllib.request.Request,
+        fp: IO[bytes],
+        code: int,
+        msg: str,
+        headers: HTTPMessage,
+        newurl: str,
+    ) -> urllib.request.Request | None:
+        return None
+
+
+_opener = urllib.request.build_opener(_NoRedirect)
+
+
+def _where(base: str, location: str | None) -> str:
+    """`location` (resolved against `base`) as scheme://host[:port] only: its path, query
+    and credentials may carry secrets, and its characters are the server's choice."""
+    if not location:
+        return "no Location"
+    try:
+        parts = urlsplit(urljoin(base, location))
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return "an invalid Location"
+    host = "".join(
+        ch for ch in (parts.hostname or "") if ch.isascii() and (ch.isalnum() or ch in ".-:")
+    )
+    scheme = parts.scheme if parts.scheme.isascii() and parts.scheme.isalpha() else "?"
+    return f"{scheme}://{host}{port}" if host else f"{scheme}: without a host"
 
 
 def check_webhook_url(url: str) -> str:
@@ -52,8 +93,12 @@ class Delivery:
 
 class WebhookSender:
     """POSTs JSON to a webhook. Retries 5xx, 429 and connection errors with exponential backoff
-    (`backoff_s`, doubling, `attempts` in all); a 4xx other than 429 is not retried. Backoff
-    waits on `stop`, so a shutdown does not wait for them. Logs every failed delivery."""
+    (`backoff_s`, doubling, `attempts` in all); a 4xx other than 429 is not retried. A 3xx is
+    a failed delivery, not followed and not retried (logged with the target's scheme and host
+    only). Reads at most MAX_RESPONSE_BYTES of an answer, then closes the connection; 2xx is
+    delivered whatever the body. `timeout_s` bounds each connect and each read, not a whole
+    delivery. Backoff waits on `stop`, so a shutdown does not wait for them. Logs every
+    failed delivery."""
 
     def __init__(
         self,
@@ -84,11 +129,16 @@ class WebhookSender:
                 headers={"Content-Type": "application/json", "User-Agent": "handoffs-watch"},
             )
             try:
-                with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                    resp.read()
+                with _opener.open(req, timeout=self.timeout_s) as resp:
+                    resp.read(MAX_RESPONSE_BYTES)  # leaving the block closes the connection
                     return Delivery(True, attempt, resp.status)
             except urllib.error.HTTPError as exc:
+                exc.close()  # its body is never read
                 status, error = exc.code, f"HTTP {exc.code} {exc.reason}"
+                if 300 <= exc.code < 400:
+                    where = _where(self.url, exc.headers.get("Location"))
+                    error = f"HTTP {exc.code} redirect to {where} not followed"
+                    break
                 if exc.code < 500 and exc.code != 429:
                     break
             except (urllib.error.URLError, OSError) as exc:

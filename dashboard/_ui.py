@@ -4,12 +4,15 @@ Formats: rates are fractions shown as percent with one decimal ("93.1%"); an und
 (None or NaN, an empty denominator) is "—", never 0 or 1. Counts use thousands separators.
 Times are UTC. Query parameters (`from`, `to`, `as_of`, `tenant`, `handoff_id`) are read
 once when they arrive, then the widgets own the values; a link naming only `from` ends now,
-one naming only `to` starts DEFAULT_LENGTH (24 h) before it.
+one naming only `to` starts DEFAULT_LENGTH (24 h) before it. A time outside what the store
+can hold (EARLIEST..LATEST) is refused with the field named. Whatever a user or a link typed
+reaches a message (rendered as Markdown) only through `user_text`: shortened, escaped.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -18,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import streamlit as st
 
+from analytics.display import terminal_safe
 from dashboard import _data
 from dashboard._store import StoreUnavailable
 
@@ -45,6 +49,7 @@ __all__ = [
     "pickers",
     "set_params",
     "start_page",
+    "user_text",
 ]
 
 DASH = "—"
@@ -73,6 +78,13 @@ TABLE_WIDTHS: dict[str, int] = {
 #: The window a page opens on, and the length a link naming only one end gets.
 DEFAULT_LENGTH = timedelta(hours=24)
 _ISO = "%Y-%m-%dT%H:%M:%SZ"
+#: The times a window may name: the range of the store's DateTime64(9) columns. Beyond it a
+#: window's previous period or a report's week end cannot be computed.
+EARLIEST = datetime(1900, 1, 1, tzinfo=UTC)
+LATEST = datetime(2262, 4, 11, tzinfo=UTC)
+#: Markdown's syntax (links, images, HTML, emphasis, code, math, Streamlit's `:color[...]`
+#: and `:icon:` directives, entities): backslash-escaped in user_text
+_MARKDOWN = re.compile(r"([\\`*_{}\[\]()#+!|<>~$:&])")
 
 
 # ---------------------------------------------------------------- formats (pure)
@@ -124,19 +136,41 @@ def delta_color(delta: str | None, *, inverse: bool = False) -> Literal["normal"
     return "inverse" if inverse else "normal"
 
 
+def user_text(value: object, limit: int = 80) -> str:
+    """`value` as text safe inside a Markdown message: at most `limit` characters (then
+    "…"), on one line, control and bidi characters as visible escapes, Markdown's syntax
+    backslash-escaped, so what a link carries cannot open a link, load an image, add HTML
+    or style the message."""
+    text = str(value)
+    if len(text) > limit:
+        text = text[:limit] + "…"
+    return _MARKDOWN.sub(r"\\\1", terminal_safe(text, one_line=True))
+
+
 def parse_utc(text: str, *, field: str) -> datetime:
     """ISO-8601 text (a trailing Z allowed; naive means UTC) as an aware UTC datetime.
 
-    Raises ValueError naming `field` when the text is not a date/time.
+    Raises ValueError naming `field` when the text is not a date/time or lies outside
+    EARLIEST..LATEST (the message quotes at most 60 characters of the text).
     """
     raw = text.strip()
+    shown = repr(text if len(text) <= 60 else text[:60] + "…")
     try:
         dt = datetime.fromisoformat(raw[:-1] + "+00:00" if raw.endswith(("Z", "z")) else raw)
     except ValueError:
         raise ValueError(
-            f"{field}: {text!r} is not an ISO-8601 time such as 2026-11-23T00:00:00Z"
+            f"{field}: {shown} is not an ISO-8601 time such as 2026-11-23T00:00:00Z"
         ) from None
-    return dt.replace(tzinfo=UTC) if dt.tzinfo is None else dt.astimezone(UTC)
+    try:
+        dt = dt.replace(tzinfo=UTC) if dt.tzinfo is None else dt.astimezone(UTC)
+    except OverflowError:  # an offset that moves it past year 1 or 9999
+        dt = EARLIEST - timedelta(days=1)
+    if not EARLIEST <= dt <= LATEST:
+        raise ValueError(
+            f"{field}: {shown} is outside the times the store holds "
+            f"({EARLIEST:%Y-%m-%d} to {LATEST:%Y-%m-%d})"
+        )
+    return dt
 
 
 def link_window(frm: str | None, to: str | None, *, now: datetime) -> tuple[str, str]:
@@ -181,8 +215,8 @@ def guard() -> Iterator[None]:
             icon=":material/error:",
         )
         st.stop()
-    except ValueError as exc:
-        st.warning(f"Invalid input: {exc}", icon=":material/warning:")
+    except ValueError as exc:  # its text may carry what a link typed: shown as text only
+        st.warning(f"Invalid input: {user_text(exc, limit=500)}", icon=":material/warning:")
         st.stop()
 
 

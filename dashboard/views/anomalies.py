@@ -75,7 +75,10 @@ trend = {
     for k in cur["kind"]
 }
 total = int(cur["count"].sum())
-st.caption(f"{total:,} anomalies in {p.describe()}" + (f" · tenant {p.tenant}" if p.tenant else ""))
+st.caption(
+    f"{total:,} anomalies in {p.describe()}"
+    + (f" · tenant {_ui.user_text(p.tenant)}" if p.tenant else "")
+)
 
 all_rows = list(cur.itertuples(index=False))
 groups = (

@@ -71,7 +71,8 @@ with _ui.guard():
         matches = _data.find_handoffs(src.store, src.database, query)
         if len(matches) == 0:
             st.warning(
-                f"No handoff found with handoff id, task id or idempotency key “{query}”. "
+                "No handoff found with handoff id, task id or idempotency key "
+                f"“{_ui.user_text(query)}”. "
                 "Check the id, or widen what the store holds (raw spans are kept 30 days, transitions 400).",
                 icon=":material/search_off:",
             )
@@ -81,7 +82,7 @@ with _ui.guard():
                 src.store, src.database, str(matches["handoff_id"].iloc[0])
             )
         else:
-            st.caption(f"{len(matches)} handoffs match “{query}”.")
+            st.caption(f"{len(matches)} handoffs match “{_ui.user_text(query)}”.")
             ids = [str(h) for h in matches["handoff_id"]]
             pick = st.selectbox(
                 "Open handoff", ids, index=None, placeholder="Pick one", key="ex_pick"
@@ -92,7 +93,7 @@ with _ui.guard():
             package = _data.evidence_package(src.store, src.database, pick)
     if package is None:
         st.warning(
-            f"Handoff “{query}” has no created transition in the store.",
+            f"Handoff “{_ui.user_text(query)}” has no created transition in the store.",
             icon=":material/search_off:",
         )
         st.stop()

@@ -187,7 +187,7 @@ def body() -> None:
     if not cur or not cur.get("volume"):
         st.info(
             f"No handoffs were created in this window ({p.describe()}"
-            + (f", tenant {p.tenant}" if p.tenant else "")
+            + (f", tenant {_ui.user_text(p.tenant)}" if p.tenant else "")
             + "). Pick a longer range, or send spans to `handoffs serve` (try `handoffs demo`).",
             icon=":material/inbox:",
         )
@@ -219,7 +219,7 @@ def body() -> None:
             )
     st.caption(
         f"{_ui.fmt_count(cur.get('settled'))} settled handoffs in {p.describe()}"
-        + (f" · tenant {p.tenant}" if p.tenant else "")
+        + (f" · tenant {_ui.user_text(p.tenant)}" if p.tenant else "")
         + ". Rates use settled handoffs; “—” means the stage had no handoffs to measure."
     )
 

@@ -36,14 +36,17 @@ week = st.selectbox(
 try:
     year, num = week.split("-W")
     monday = date.fromisocalendar(int(year), int(num), 1)
-except ValueError:
+    start = datetime(monday.year, monday.month, monday.day, tzinfo=UTC)
+    end = start + timedelta(days=7)
+    if not _ui.EARLIEST <= start < end <= _ui.LATEST:
+        raise ValueError(week)
+except (ValueError, OverflowError):
     st.warning(
-        f"Invalid input: week {week!r} is not an ISO week such as 2026-W48.",
+        f"Invalid input: week “{_ui.user_text(week)}” is not an ISO week such as 2026-W48 "
+        f"between {_ui.EARLIEST:%Y} and {_ui.LATEST:%Y}.",
         icon=":material/warning:",
     )
     st.stop()
-start = datetime(monday.year, monday.month, monday.day, tzinfo=UTC)
-end = start + timedelta(days=7)
 if week == weeks[0]:
     st.caption("This week is not over yet: its numbers are partial.")
 
