@@ -127,7 +127,8 @@ def open_client(target: StoreTarget, *, pid: int | None = None) -> Client:
             hint = (
                 " The store refused the credential: give serve's read token (or the ClickHouse "
                 f"password) as {settings.PASSWORD.env} or in the URL, "
-                "--store http://reader:TOKEN@127.0.0.1:8124."
+                "--store http://reader:TOKEN@127.0.0.1:8124. A serve of this user on this "
+                "machine is found without one; another's token is in its <store dir>/query-token."
             )
         raise StoreUnavailable(
             f"Cannot reach the store ({spec.describe()}): {_short(exc)}.{hint}"

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
+from foundation.checkpoint import Checkpoint
 from foundation.integrity import log_entry
 from foundation.keys import PublicKeys, SignedHead
 from foundation.ledger_heads import covers, newest_head, newest_heads, read_heads
@@ -51,6 +52,7 @@ __all__ = [
     "LogBatch",
     "LogPieces",
     "LogReport",
+    "check_checkpoint",
     "check_log",
     "covers",
     "newest_head",
@@ -265,6 +267,32 @@ def check_log(log: LedgerLog, heads: Sequence[SignedHead], keys: PublicKeys | No
         problems=tuple(problems[:_MAX_PROBLEMS]),
         notes=tuple(notes),
     )
+
+
+def check_checkpoint(log: LedgerLog, checkpoint: Checkpoint) -> tuple[str, ...]:
+    """What is wrong with the store's log against a checkpoint an auditor kept (pure): it
+    must reach the checkpoint's tree size (else the missing leaves and batches are named)
+    and have the checkpoint's root at that size (else a fork). Its signature is checked
+    apart (foundation.checkpoint.verify_note). O(checkpoint size) hashes."""
+    leaves = log.leaves()
+    n, size = len(leaves), checkpoint.tree_size
+    of = f"the checkpoint of {checkpoint.signed_at}" if checkpoint.signed_at else "the checkpoint"
+    if size > n:
+        batches = checkpoint.batches
+        which = (
+            f"batches {len(log.batches) + 1}..{batches} of the log's chain"
+            if batches is not None and batches > len(log.batches)
+            else "batches after the log's last"
+        )
+        return (f"the store's log ends at tree size {n}; {of} covers {size}: leaves "
+                f"{n}..{size - 1} ({which}) are missing (the store was rolled back or "
+                "truncated)",)  # fmt: skip
+    have = root(leaves[:size])
+    if have != checkpoint.root:
+        return (f"the store's log at tree size {size} has root {have.hex()}, {of} says "
+                f"{checkpoint.root.hex()}: the store holds another log (a fork: leaves below "
+                f"{size} were rewritten, removed or inserted)",)  # fmt: skip
+    return ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -77,7 +77,20 @@ QUERY_TOKENS: Final = Setting(
     "HANDOFFS_QUERY_TOKENS",
     "",
     "read tokens of serve's query port and the tenant each reads, 'token1=tenantA,token2=*' "
-    "('*' reads every tenant); empty = the port is open to every local user",
+    "('*' reads every tenant); empty = serve keeps an operator token in <store dir>/query-token",
+)
+QUERY_PORT_OPEN: Final = Setting(
+    "HANDOFFS_QUERY_PORT_OPEN",
+    "0",
+    "1 = serve's query port answers without a read token: every local user reads every tenant "
+    "(only for a machine nobody else uses); 0 = a read token is required",
+)
+STATE_DIR: Final = Setting(
+    "HANDOFFS_STATE_DIR",
+    "",
+    "per-user directory where serve leaves query-port-<port>.json, which points the CLI and the "
+    "dashboard on this machine at its read token; empty = $XDG_RUNTIME_DIR/handoffs, else "
+    "~/.local/state/handoffs",
 )
 SPOOL_DIR: Final = Setting(
     "HANDOFFS_SPOOL_DIR", "", "spool directory (default: <store dir>/spool, or ./handoffs-spool)"
@@ -191,6 +204,12 @@ INSTANCE_ID: Final = Setting(
     "this serve's instance id: its own ledger log and signed heads when several serves share "
     "a store (letters, digits, . _ : -); empty = derived from the host name and spool directory",
 )
+ACCEPT_LEDGER_ROLLBACK: Final = Setting(
+    "HANDOFFS_ACCEPT_LEDGER_ROLLBACK",
+    "0",
+    "1 = serve signs on a store whose signed log no longer reaches the checkpoint kept beside "
+    "its key (rolled back), with a warning; 0 = it refuses to sign",
+)
 SLO_RULES: Final = Setting(
     "HANDOFFS_SLO_RULES", "deploy/slos.yaml", "SLO rules file (YAML) the Alerts page reads"
 )
@@ -233,6 +252,8 @@ ENV: Final = (
     QUERY_CONCURRENCY,
     TOKENS,
     QUERY_TOKENS,
+    QUERY_PORT_OPEN,
+    STATE_DIR,
     SPOOL_DIR,
     MAX_BODY_BYTES,
     SPOOL_MAX_BYTES,
@@ -252,6 +273,7 @@ ENV: Final = (
     SIGNING_KEY,
     SIGN_EVERY_S,
     INSTANCE_ID,
+    ACCEPT_LEDGER_ROLLBACK,
     SLO_RULES,
     CONSUMER_LAG_MS,
     CONSUMER_LAG_OFFSETS,
@@ -292,3 +314,14 @@ def parse_tokens(spec: str, setting: Setting = TOKENS) -> dict[str, str]:
 
 def default_data_dir() -> Path:
     return Path("handoffs-data").resolve()
+
+
+def state_dir() -> Path:
+    """HANDOFFS_STATE_DIR, else $XDG_RUNTIME_DIR/handoffs, else ~/.local/state/handoffs."""
+    given = resolve(STATE_DIR)
+    if given:
+        return Path(given).expanduser()
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and Path(runtime).is_dir():
+        return Path(runtime) / "handoffs"
+    return Path.home() / ".local" / "state" / "handoffs"

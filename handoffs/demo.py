@@ -1,8 +1,8 @@
 """`handoffs demo`: serve on the embedded store + simulated agents + the dashboard.
 
 Starts `handoffs serve --store chdb://<data>` as a subprocess with one demo token per tenant
-and a fresh operator read token for its query port (given to the dashboard it starts, in
-its environment), waits for /health, backfills a past window (default 7 days), then keeps a live trickle going
+(serve keeps the query port's operator read token in `<data>/query-token`; the demo gives it
+to the dashboard it starts, in its environment, and the CLI finds it itself), waits for /health, backfills a past window (default 7 days), then keeps a live trickle going
 and (unless disabled) runs `handoffs dashboard` against serve's query port. Stops after
 `duration_s` or on SIGINT/SIGTERM: the exporters are flushed first, then serve gets SIGTERM
 and drains, so everything sent is stored and the CLI can open the same data directory.
@@ -11,7 +11,6 @@ and drains, so everything sent is stored and the CLI can open the same data dire
 from __future__ import annotations
 
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -94,14 +93,11 @@ def run_demo(
     stop = stop or threading.Event()
     restore = _install_signal_handlers(stop)
     data = opts.data_dir.resolve()
-    (data / "logs").mkdir(parents=True, exist_ok=True)
+    # serve's store, and the demo's logs in it: this user's alone (serve checks and keeps it so)
+    data.mkdir(mode=0o700, parents=True, exist_ok=True)
+    (data / "logs").mkdir(mode=0o700, exist_ok=True)
     tokens = demo_tokens()
     spec = ",".join(f"{tok}={tenant}" for tenant, tok in tokens.items())
-    read_token = secrets.token_urlsafe(18)  # reads every tenant; lives as long as this demo
-    token_file = data / "query-token"  # for the CLI while the demo runs; only this user reads it
-    token_file.unlink(missing_ok=True)
-    token_file.touch(mode=0o600)
-    token_file.write_text(read_token + "\n")
     t0 = time.monotonic()
     print(f"starting serve on chdb://{data} ...", file=out, flush=True)
     try:
@@ -111,7 +107,6 @@ def run_demo(
             store_dir=data,
             otlp_port=opts.otlp_port or free_port(),
             query_port=opts.query_port or free_port(),
-            query_tokens=f"{read_token}=*",
         )
     except RuntimeError as exc:
         print(f"handoffs demo: serve did not start: {str(exc).splitlines()[0]}", file=sys.stderr)
@@ -123,19 +118,15 @@ def run_demo(
         file=out,
         flush=True,
     )
-    print(
-        f'CLI while it runs: HANDOFFS_PASSWORD="$(cat {token_file})" '
-        f"handoffs metrics --store {serve.query_url}",
-        file=out,
-        flush=True,
-    )
+    # serve keeps its read token in <data>/query-token and tells this user's CLI where
+    print(f"CLI while it runs: handoffs metrics --store {serve.query_url}", file=out, flush=True)
     dash: subprocess.Popen | None = None
     stats: EmitStats | None = None
     try:
         if opts.dashboard and not stop.is_set():
             # started first (not awaited): the page fills in while the backfill runs
             dash = _start_dashboard(
-                serve.query_url, opts.dashboard_port, data / "logs", read_token=read_token
+                serve.query_url, opts.dashboard_port, data / "logs", read_token=serve.query_token
             )
             print(f"dashboard: http://127.0.0.1:{opts.dashboard_port}", file=out, flush=True)
         emitter = Emitter(
@@ -245,11 +236,16 @@ def _check_dashboard(
     return dash
 
 
-def _start_dashboard(query_url: str, port: int, logs: Path, *, read_token: str) -> subprocess.Popen:
-    log = open(logs / "dashboard.log", "wb")  # noqa: SIM115 - the child keeps writing to it
+def _start_dashboard(
+    query_url: str, port: int, logs: Path, *, read_token: str | None
+) -> subprocess.Popen:
+    fd = os.open(logs / "dashboard.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    log = open(fd, "wb")  # noqa: SIM115 - the child keeps writing to it
     # the token goes in the environment (HANDOFFS_PASSWORD), not argv, which any local user
     # can read
-    env = {**os.environ, "HANDOFFS_PASSWORD": read_token}
+    env = dict(os.environ)
+    if read_token:
+        env["HANDOFFS_PASSWORD"] = read_token
     proc = subprocess.Popen(
         [sys.executable, "-m", "handoffs", "dashboard", "--store", query_url, "--port", str(port)],
         stdout=log,

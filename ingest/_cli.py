@@ -1,4 +1,5 @@
-"""CLI subcommands of ingest/: `ingest FILE...`, `ledger verify` (alias `verify-chain`)."""
+"""CLI subcommands of ingest/: `ingest FILE...`, `ledger verify` (alias `verify-chain`),
+`ledger checkpoint`."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     register_ingest(sub)
 
-    led = sub.add_parser("ledger", help="the ingest ledger: `ledger verify`")
+    led = sub.add_parser("ledger", help="the ingest ledger: `ledger verify`, `ledger checkpoint`")
     ls = led.add_subparsers(dest="ledger_command", metavar="COMMAND")
     _verify_args(
         ls.add_parser(
@@ -24,6 +25,14 @@ def register(sub: argparse._SubParsersAction) -> None:
             help="check every ingest batch's ledger rows and chain link, the whole log against "
             "its signed heads (naming the first bad position), and every stored transition "
             "against its ledger entry (exit 1 if not intact)",
+        )
+    )
+    _checkpoint_args(
+        ls.add_parser(
+            "checkpoint",
+            help="print the newest checkpoint serve keeps beside its signing key (a C2SP "
+            "tlog-checkpoint signed note, for auditors to keep and pass to `ledger verify "
+            "--checkpoint`); --vkey prints its verifier key",
         )
     )
     led.set_defaults(func=lambda _a: (led.print_help(), 2)[1])
@@ -44,6 +53,14 @@ def _verify_args(v: argparse.ArgumentParser) -> None:
         metavar="PUB",
         help="a public key the heads may be signed with (repeat for rotated keys); without "
         "one the signatures are not checked",
+    )
+    v.add_argument(
+        "--checkpoint",
+        action="append",
+        metavar="FILE",
+        help="a checkpoint kept from `handoffs ledger checkpoint` (repeat for several): the "
+        "store's log must still reach it with the same root (else the missing leaves are "
+        "named); its signature is checked with --public-key",
     )
     v.add_argument("--json", action="store_true", help="print the report as JSON")
     v.set_defaults(func=_verify_chain)
@@ -71,10 +88,18 @@ def _verify_chain(args: argparse.Namespace) -> int:
         return EXIT_UNAVAILABLE
     try:
         report = verify_ledger(client, spec.database, keys)
+        checkpoints = [
+            _check_checkpoint(client, spec.database, path, args.public_key or [])
+            for path in args.checkpoint or []
+        ]
     finally:
         client.close()
+    ok = report.ok and all(c["ok"] for c in checkpoints)
     if args.json:
-        print(json.dumps(report.as_dict(), indent=2))
+        doc = report.as_dict()
+        if checkpoints:
+            doc = {**doc, "ok": ok, "checkpoints": checkpoints}
+        print(json.dumps(doc, indent=2))
     else:
         state = "intact" if report.ok else "NOT intact"
         log = report.log
@@ -94,4 +119,134 @@ def _verify_chain(args: argparse.Namespace) -> int:
             print(f"  {p}")
         for n in log.notes:
             print(f"  note: {n}")
-    return 0 if report.ok else 1
+        for c in checkpoints:
+            print(f"checkpoint {c['file']}: {'reached' if c['ok'] else 'NOT reached'}")
+            for p in c["problems"]:
+                print(f"  {p}")
+            for n in c["notes"]:
+                print(f"  note: {n}")
+    return 0 if ok else 1
+
+
+def _check_checkpoint(client, database: str, path: str, public_keys: list[str]) -> dict:
+    """One kept checkpoint against the store: its signature (with the public keys), then
+    foundation.ledger_log.check_checkpoint on its log."""
+    from pathlib import Path
+
+    from foundation.checkpoint import (
+        CheckpointError,
+        Verifier,
+        origin_log,
+        parse_checkpoint,
+        parse_note,
+        verify_note,
+    )
+    from foundation.keys import load_public_key
+    from foundation.ledger_log import check_checkpoint, read_log
+
+    out: dict = {"file": path, "ok": False, "problems": [], "notes": []}
+    try:
+        data = Path(path).read_bytes()
+        cp = parse_checkpoint(parse_note(data).text)
+        if public_keys:
+            verify_note(data, [Verifier(cp.origin, load_public_key(k)) for k in public_keys])
+        else:
+            out["notes"].append("checkpoint signature not checked (no public key given)")
+    except (OSError, CheckpointError, ValueError) as exc:
+        out["problems"].append(f"checkpoint {path}: {exc}")
+        return out
+    out.update(origin=cp.origin, tree_size=cp.tree_size, signed_at=cp.signed_at)
+    log_of = origin_log(cp.origin)
+    if log_of is None:
+        out["problems"].append(f"checkpoint origin {cp.origin!r} is not a handoffs ledger log")
+        return out
+    instance, db = log_of
+    if db != database:
+        out["notes"].append(f"the checkpoint is of database {db!r}, checked against {database!r}")
+    out["problems"] += check_checkpoint(read_log(client, database, instance), cp)
+    out["ok"] = not out["problems"]
+    return out
+
+
+def _checkpoint_args(c: argparse.ArgumentParser) -> None:
+    c.add_argument(
+        "--signing-key",
+        metavar="PATH",
+        help=f"serve's signing key: its checkpoints are kept beside it (env {settings.SIGNING_KEY.env})",
+    )
+    c.add_argument("--file", metavar="FILE", help="read this kept checkpoint file instead")
+    c.add_argument(
+        "--instance-id",
+        metavar="ID",
+        help="the serve instance whose log (when several keep checkpoints beside the key)",
+    )
+    c.add_argument("--database", help=f"database of the log (env {settings.DATABASE.env})")
+    c.add_argument("--public-key", metavar="PUB", help="verify the checkpoint with this public key")
+    c.add_argument(
+        "--vkey",
+        action="store_true",
+        help="print the checkpoint's verifier key (C2SP vkey: <name>+<key id>+<key>) instead",
+    )
+    c.set_defaults(func=_checkpoint)
+
+
+def _checkpoint(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from foundation.checkpoint import (
+        CheckpointError,
+        Verifier,
+        checkpoint_path,
+        log_origin,
+        read_checkpoint,
+        vkey,
+    )
+    from foundation.keys import KeyFileError, load_private_key, load_public_key
+
+    def fail(msg: str, code: int = 2) -> int:
+        print(f"handoffs ledger checkpoint: {msg}", file=sys.stderr)
+        return code
+
+    key = settings.resolve(settings.SIGNING_KEY, args.signing_key)
+    try:
+        public = (
+            load_public_key(args.public_key)
+            if args.public_key
+            else (load_private_key(key).public_key() if key else None)
+        )
+    except KeyFileError as exc:
+        return fail(str(exc))
+    if args.file:
+        path = Path(args.file)
+    elif not key:
+        return fail(f"give --signing-key (or {settings.SIGNING_KEY.env}) or --file")
+    elif args.instance_id:
+        db = settings.resolve(settings.DATABASE, args.database)
+        path = checkpoint_path(key, log_origin(args.instance_id, db))
+    else:
+        found = sorted(Path(key).parent.glob(f"{Path(key).stem}.*.checkpoint"))
+        if len(found) != 1:
+            return fail(f"{len(found)} checkpoints kept beside {key}"
+                        + (f" ({', '.join(p.name for p in found)}): name --instance-id"
+                           if found else ": serve has not signed a head with this key yet"))  # fmt: skip
+        path = found[0]
+    try:
+        got = read_checkpoint(path)
+        if got is not None and public is not None:
+            got = read_checkpoint(path, [Verifier(got[1].origin, public)])
+    except (OSError, CheckpointError) as exc:
+        return fail(f"{path}: {exc}", 1)
+    if got is None:
+        return fail(f"no checkpoint in {path}: serve has not signed a head of that log yet", 1)
+    note, cp = got
+    vk = vkey(cp.origin, public) if public is not None else None
+    if args.vkey:
+        if vk is None:
+            return fail("--vkey needs the key: give --signing-key or --public-key")
+        print(vk)
+        return 0
+    sys.stdout.write(note.encode())
+    print(f"checkpoint of log {cp.origin}, tree size {cp.tree_size}, {cp.signed_at or ''} "
+          f"(kept in {path}); verifier key: {vk or 'give --public-key to print it'}",
+          file=sys.stderr)  # fmt: skip
+    return 0

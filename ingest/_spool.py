@@ -53,7 +53,7 @@ def _lock_directory(directory: Path) -> int:
     """
     import fcntl
 
-    fd = os.open(directory / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(directory / "lock", os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -114,7 +114,7 @@ class Spool:
         segment_bytes: int = _SEGMENT_BYTES,
     ) -> None:
         self.dir = Path(directory)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # records are tenants' data
         self._lock_fd = _lock_directory(self.dir)
         self.max_bytes = max_bytes
         self._fsync = fsync
@@ -215,7 +215,7 @@ class Spool:
 
     def _open_segment(self) -> None:
         path = self.dir / _seg_name(self._seg_no)
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         self._segments.setdefault(self._seg_no, [0, 0])
         if self._fsync:
             dfd = os.open(self.dir, os.O_RDONLY)
@@ -348,7 +348,7 @@ class Spool:
         write: a replay after a crash must regroup them exactly."""
         line = (json.dumps({"seqs": seqs}, separators=(",", ":")) + "\n").encode()
         with self._sync_lock:
-            fd = os.open(self._groups_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            fd = os.open(self._groups_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             try:
                 view = memoryview(line)
                 while view:

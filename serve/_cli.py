@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import textwrap
 from pathlib import Path
@@ -47,7 +48,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--query-tokens",
         help="'token=tenant,...' read tokens of the query port, a tenant '*' reads every tenant "
-        f"(env {settings.QUERY_TOKENS.env}); none = every local user reads every tenant",
+        f"(env {settings.QUERY_TOKENS.env}); none = serve keeps an operator token in "
+        "<store dir>/query-token (0600), which the CLI and the dashboard of this user find",
+    )
+    p.add_argument(
+        "--query-port-open",
+        action="store_true",
+        default=None,
+        help="the query port answers without a read token: every local user reads every "
+        f"tenant; only on a machine nobody else uses (env {settings.QUERY_PORT_OPEN.env}=1)",
     )
     p.add_argument("--spool-dir", help=f"spool directory (env {settings.SPOOL_DIR.env})")
     p.add_argument(
@@ -111,6 +120,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=float,
         metavar="S",
         help="seconds between two signed ledger heads at most (env HANDOFFS_SIGN_EVERY_S, default 5)",
+    )
+    p.add_argument(
+        "--accept-ledger-rollback",
+        action="store_true",
+        default=None,
+        help="sign on (with a warning) although the store's signed log no longer reaches the "
+        "checkpoint kept beside the signing key: it was rolled back or replaced (env "
+        f"{settings.ACCEPT_LEDGER_ROLLBACK.env}=1; default: refuse to sign)",
     )
     p.add_argument(
         "--derive",
@@ -206,18 +223,40 @@ def _signing(args: argparse.Namespace) -> dict:
         from foundation.ledger_instances import check_instance
 
         check_instance(instance)
+    accept = settings.resolve(
+        settings.ACCEPT_LEDGER_ROLLBACK, "1" if args.accept_ledger_rollback else None
+    )
+    if accept not in ("0", "1"):
+        raise ValueError(f"{settings.ACCEPT_LEDGER_ROLLBACK.env} must be 0 or 1, got {accept!r}")
     return {
         "signing_key": Path(path).resolve() if path else None,
         "sign_every_s": every,
+        "accept_ledger_rollback": accept == "1",
         "instance_id": instance,
     }
 
 
+def _query_port_open(args: argparse.Namespace, query_tokens: dict[str, str]) -> bool:
+    raw = settings.resolve(settings.QUERY_PORT_OPEN, "1" if args.query_port_open else None)
+    if raw not in ("0", "1"):
+        raise ValueError(f"{settings.QUERY_PORT_OPEN.env} must be 0 or 1, got {raw!r}")
+    if raw == "1" and query_tokens:
+        raise ValueError(
+            f"read tokens ({settings.QUERY_TOKENS.env}) and an open query port "
+            f"({settings.QUERY_PORT_OPEN.env}) exclude each other: give one"
+        )
+    return raw == "1"
+
+
 def _serve(args: argparse.Namespace) -> int:
     from foundation.store import StoreError, parse_store
+    from serve._private import UnsafeDirectory
     from serve._run import ServeConfig, run_serve
     from serve._tuning import Tuning
 
+    # everything serve and its engine create (store, spool, token, logs of the engine) is
+    # its user's alone; set before the engine loads
+    os.umask(0o077)
     try:
         spec = parse_store(args.store, database=args.database)
         tokens = settings.parse_tokens(settings.resolve(settings.TOKENS, args.tokens))
@@ -235,6 +274,7 @@ def _serve(args: argparse.Namespace) -> int:
             query_port=query_port if (spec.embedded and query_port) else None,
             tokens=tokens,
             query_tokens=query_tokens,
+            query_port_open=_query_port_open(args, query_tokens),
             spool_dir=Path(spool_dir).resolve() if spool_dir else None,
             max_body_bytes=settings.resolve_int(settings.MAX_BODY_BYTES, args.max_body_bytes),
             spool_max_bytes=settings.resolve_int(settings.SPOOL_MAX_BYTES, args.spool_max_bytes),
@@ -267,6 +307,9 @@ def _serve(args: argparse.Namespace) -> int:
         return EXIT_UNAVAILABLE
     try:
         return run_serve(cfg)
+    except UnsafeDirectory as exc:
+        print(f"handoffs serve: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except StoreError as exc:
         print(f"handoffs serve: {exc}", file=sys.stderr)
         if spec.embedded and "lock" in str(exc).lower():

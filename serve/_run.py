@@ -1,6 +1,9 @@
 """`handoffs serve`: own the store, receive OTLP, answer read-only ClickHouse HTTP queries.
 
-Start: open the store, apply the schema, replay the spool a crash left, then listen.
+Start: check and make its directories private (serve._private), open the store, apply the
+schema, replay the spool a crash left, then listen. The query port takes a read token:
+the configured ones, else an operator token kept in `<store dir>/query-token` and announced
+to this user's local readers (foundation.read_token), unless `query_port_open`.
 SIGTERM / SIGINT: stop accepting, store everything spooled, exit 0.
 """
 
@@ -16,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+from foundation import read_token, settings
 from foundation.ledger_instances import resolve_instance
 from foundation.store import StoreSpec, apply_schema, connect
 from ingest import (
@@ -26,6 +30,7 @@ from ingest import (
     Telemetry,
     make_otlp_server,
 )
+from serve._private import UnsafeDirectory, private_dirs
 from serve._query_http import QueryEngine, make_query_server
 from serve._query_policy import QueryLimits
 from serve._tuning import MergePriority, Tuning, apply_process, plan
@@ -47,8 +52,11 @@ class ServeConfig:
     query_host: str = "127.0.0.1"
     query_port: int | None = 8124
     tokens: dict[str, str] = field(default_factory=dict)
-    #: read tokens of the query port: token -> tenant ("*" = every tenant); empty = open
+    #: read tokens of the query port: token -> tenant ("*" = every tenant); empty = one
+    #: operator token kept in <store dir>/query-token (foundation.read_token)
     query_tokens: dict[str, str] = field(default_factory=dict)
+    #: the query port answers without a read token (no token file is made or used)
+    query_port_open: bool = False
     spool_dir: Path | None = None
     max_body_bytes: int = 16 * 1024 * 1024
     spool_max_bytes: int = 1024 * 1024 * 1024
@@ -75,6 +83,9 @@ class ServeConfig:
     #: this serve's instance id: its own ledger log on a shared store (None: derived and kept
     #: in the spool directory, foundation.ledger_instances.resolve_instance)
     instance_id: str | None = None
+    #: sign on a store whose signed log no longer reaches the checkpoint kept beside the
+    #: signing key (serve._rollback), with a warning; False = refuse to sign
+    accept_ledger_rollback: bool = False
     #: derive handoffs from framework spans (derive/): a pass every HANDOFFS_DERIVE_EVERY_S s
     derive: bool = True
     #: anomaly settle thread (serve._settler): seconds between settles (0 = none) and lag
@@ -95,35 +106,75 @@ def _spool_dir(cfg: ServeConfig) -> Path:
     return Path("handoffs-spool").resolve()
 
 
-def _query_health(cfg: ServeConfig) -> dict[str, str]:
+def _query_on(cfg: ServeConfig) -> bool:
+    return cfg.store.embedded and cfg.query_port is not None
+
+
+def _query_tokens(cfg: ServeConfig) -> tuple[dict[str, str], read_token.ReadToken | None]:
+    """The query port's read tokens, and the store's token file when serve made or reused
+    one (no tokens configured, the port not declared open)."""
+    if not _query_on(cfg) or cfg.query_tokens or cfg.query_port_open:
+        return dict(cfg.query_tokens), None
+    try:
+        found = read_token.ensure_token(cfg.store.path or ".")
+    except OSError as exc:
+        raise UnsafeDirectory(f"refusing to start: the query port's read token: {exc}") from None
+    if found.tightened:
+        log.warning("serve: narrowed %s to mode 0600", found.path)
+    return {found.token: "*"}, found
+
+
+def _announce(port: int, found: read_token.ReadToken) -> bool:
+    """Tell this user's local readers where the token of `port` is; False (with a
+    warning) when the discovery file cannot be written."""
+    try:
+        where = read_token.publish(port, found.path)
+    except OSError as exc:
+        print(f"serve: warning: cannot write {read_token.discovery_path(port)} ({exc}): give "
+              f"readers the token in {found.path} as HANDOFFS_PASSWORD", file=sys.stderr, flush=True)  # fmt: skip
+        return False
+    made = "made" if found.created else "kept"
+    print(f"serve: query port read token (every tenant) {made} in {found.path}; the CLI and the "
+          f"dashboard of this user find it through {where}", file=sys.stderr, flush=True)  # fmt: skip
+    return True
+
+
+def _query_health(cfg: ServeConfig, tokens: dict[str, str]) -> dict[str, str]:
     """What /health says of the query port: `query_auth` on (read tokens), off, or none
     (no query port)."""
-    if not (cfg.store.embedded and cfg.query_port is not None):
+    if not _query_on(cfg):
         return {"query_auth": "none"}
-    return {"query_auth": "on" if cfg.query_tokens else "off"}
+    return {"query_auth": "on" if tokens else "off"}
 
 
-def _start_signer(cfg: ServeConfig, instance: str = ""):
-    """The ledger signer thread (serve._signer), or None with a warning when there is no key."""
+def _start_signer(cfg: ServeConfig, instance: str = "", health: dict[str, str] | None = None):
+    """The ledger signer thread (serve._signer), or None with a warning when there is no key.
+    It keeps its newest checkpoint beside the key; `health["signer"]` says why it stopped."""
     if cfg.signing_key is None:
         print("serve: warning: no signing key (--signing-key / HANDOFFS_SIGNING_KEY): ledger "
               "heads are not signed, evidence packages cannot be verified offline",
               file=sys.stderr, flush=True)  # fmt: skip
         return None
+    from foundation.checkpoint import checkpoint_path, log_origin
     from foundation.keys import key_id, load_private_key
     from serve._signer import Signer
 
     key = load_private_key(cfg.signing_key)
+    kept = checkpoint_path(cfg.signing_key, log_origin(instance, cfg.store.database))
     signer = Signer(
         lambda: connect(cfg.store),
         cfg.store.database,
         key,
         every_s=cfg.sign_every_s,
         instance=instance,
+        checkpoint_file=kept,
+        accept_rollback=cfg.accept_ledger_rollback,
+        on_state=None if health is None else lambda why: health.__setitem__("signer", why),
     )
     signer.start()
     print(f"serve: ledger heads signed with key {key_id(key.public_key())} at most every "
-          f"{cfg.sign_every_s:g} s", file=sys.stderr, flush=True)  # fmt: skip
+          f"{cfg.sign_every_s:g} s; newest checkpoint kept in {kept}", file=sys.stderr,
+          flush=True)  # fmt: skip
     return signer
 
 
@@ -146,6 +197,10 @@ def run_serve(
 ) -> int:
     """Run until SIGTERM/SIGINT (or `stop` is set); returns the exit code (0 after a full drain)."""
     spec = cfg.store
+    for note in private_dirs(Path(spec.path) if spec.embedded and spec.path else None,
+                             _spool_dir(cfg)):  # fmt: skip
+        print(f"serve: {note}: only serve's user may read it", file=sys.stderr, flush=True)
+    query_tokens, token_file = _query_tokens(cfg)
     # the one place serve tunes its process: before the engine loads (jemalloc reads its
     # options then, and chDB would import the dataframe libraries)
     tuned = plan(cfg.tuning, embedded=spec.embedded, environ=os.environ, loaded=sys.modules)
@@ -190,6 +245,13 @@ def run_serve(
             lambda: connect(spec), database=spec.database, top=cfg.metrics_top_pairs
         )
         telemetry.registry.register(FunnelCollector(funnel, refresh_s=cfg.metrics_refresh_s))
+    # one dict: the signer's state changes its "signer" value while serve runs
+    health = {
+        **_query_health(cfg, query_tokens),
+        "heads": "signed" if cfg.signing_key else "unsigned",
+        "signer": "signing" if cfg.signing_key else "none",
+        "instance": instance,
+    }
     otlp = make_otlp_server(
         cfg.otlp_host,
         cfg.otlp_port,
@@ -197,11 +259,7 @@ def run_serve(
         OtlpConfig(
             cfg.max_body_bytes,
             dict(cfg.tokens),
-            health_info={
-                **_query_health(cfg),
-                "heads": "signed" if cfg.signing_key else "unsigned",
-                "instance": instance,
-            },
+            health_info=health,
         ),
         telemetry=telemetry,
     )
@@ -216,6 +274,7 @@ def run_serve(
     servers = [otlp]
     engine = None
     query_url = None
+    announced = False
     if spec.embedded and cfg.query_port is not None:
         limits = dataclasses.replace(cfg.query_limits, thread_nice=tuned.query_thread_nice)
         engine = QueryEngine(spec.path or ".", limits=limits)
@@ -224,7 +283,7 @@ def run_serve(
             cfg.query_port,
             engine,
             database=spec.database,
-            tokens=cfg.query_tokens,
+            tokens=query_tokens,
         )
         servers.append(qs)
         query_url = f"http://{cfg.query_host}:{qs.server_address[1]}"
@@ -242,24 +301,26 @@ def run_serve(
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _on_signal)
         signal.signal(signal.SIGINT, _on_signal)
+    if engine is not None and token_file is not None:  # before the start-up line: ready then
+        announced = _announce(servers[1].server_address[1], token_file)
     host, port = cfg.otlp_host, otlp.server_address[1]
     print(
         f"serve: {spec.describe()}, database {spec.database}; OTLP http://{host}:{port}/v1/traces"
         + (f"; OTLP gRPC {grpc_rx.address}" if grpc_rx else "")
         + (f"; ClickHouse HTTP (read-only) {query_url}" if query_url else "")
         + f"; spool {spool.dir}; auth {'on' if cfg.tokens else 'off'}"
-        + (f"; query auth {'on' if cfg.query_tokens else 'off'}" if query_url else ""),
+        + (f"; query auth {'on' if query_tokens else 'off'}" if query_url else ""),
         file=sys.stderr,
         flush=True,
     )
-    if query_url and not cfg.query_tokens:
+    if query_url and not query_tokens:
         print(
-            f"serve: warning: the query port {query_url} has no read tokens "
-            "(--query-tokens / HANDOFFS_QUERY_TOKENS): every local user reads every tenant",
+            f"serve: warning: the query port {query_url} has no read tokens (--query-port-open / "
+            f"{settings.QUERY_PORT_OPEN.env}): every local user reads every tenant",
             file=sys.stderr,
             flush=True,
         )
-    signer = _start_signer(cfg, instance)
+    signer = _start_signer(cfg, instance, health)
     deriver = None
     if cfg.derive:  # a pass over recently stored traces, through the normal ingest path
         from derive import DERIVE_EVERY_S, DerivePass
@@ -297,6 +358,8 @@ def run_serve(
         signer.stop()
     spool.close()
     for s in servers[1:]:
+        if announced:
+            read_token.unpublish(s.server_address[1])
         s.shutdown()
         s.server_close()
     if engine is not None:

@@ -27,6 +27,12 @@ Each serve instance signs its own log (foundation.ledger_instances, sql/010): th
 instance `instance` walks only its own log's chain links (from GENESIS, its batches and
 those of no instance: foundation.ledger_instances.log_links), its own heads and pieces, and signs heads naming the instance, so serves sharing a store
 never sign, or assign positions in, each other's logs.
+
+With `checkpoint_file` it keeps the checkpoint of each head it signs outside the store
+(foundation.checkpoint: a C2SP signed note, written after the head is stored), and at start
+compares the store's newest head with it (serve._rollback.decide): a store whose signed log
+no longer reaches the kept checkpoint was rolled back, and the signer refuses to sign on
+(`state` says why) unless `accept_rollback`, when it signs on with a warning.
 """
 
 from __future__ import annotations
@@ -36,19 +42,34 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from foundation import settings
+from foundation.checkpoint import (
+    CheckpointError,
+    Verifier,
+    checkpoint_of,
+    log_origin,
+    parse_checkpoint,
+    parse_note,
+    sign_note,
+    verify_note,
+    write_checkpoint,
+)
 from foundation.integrity import GENESIS, chain_order
 from foundation.keys import sign_head
 from foundation.ledger_instances import INSTANCE_SQL, log_links
 from foundation.ledger_log import CHUNK_LEVEL, read_heads
 from foundation.merkle import Frontier
 from foundation.store import insert_rows
+from serve._rollback import StartView, TreeHead, decide
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from foundation.keys import SignedHead
 
 __all__ = ["SIGNING_KEY", "SIGN_EVERY_S", "Signer"]
 
@@ -90,8 +111,16 @@ class Signer:
         every_s: float = 5.0,
         clock: Callable[[], int] = time.time_ns,
         instance: str = "",
+        checkpoint_file: Path | None = None,
+        accept_rollback: bool = False,
+        on_state: Callable[[str], None] | None = None,
     ) -> None:
         self.instance = instance
+        self.origin = log_origin(instance, database)
+        self._kept_file = checkpoint_file
+        self._accept_rollback = accept_rollback
+        self._on_state = on_state
+        self._kept: TreeHead | None = None  # what the kept file holds
         self._connect = connect
         self._db = database
         self._key = key
@@ -192,11 +221,74 @@ class Signer:
         ).result_rows
         return {_s(b): list(hs) for b, hs in rows}
 
+    def _halt(self, why: str) -> None:
+        self.state = why
+        log.error("signer: %s", why)
+        if self._on_state is not None:
+            self._on_state(why)
+
+    def _read_kept(self) -> TreeHead | None:
+        """The kept checkpoint's head (None: no file); halts on a file altered or of
+        another log, unless accept_rollback."""
+        if self._kept_file is None:
+            return None
+        try:
+            data = self._kept_file.read_bytes()
+            note = parse_note(data)
+            mine = Verifier(self.origin, self._key.public_key())
+            if any((s.name, s.key_hash) == (mine.name, mine.key_hash) for s in note.signatures):
+                verify_note(data, [mine])  # else signed by a key since rotated
+            cp = parse_checkpoint(note.text)
+            if cp.origin != self.origin:
+                raise CheckpointError(f"it is a checkpoint of log {cp.origin}")
+        except FileNotFoundError:
+            return None
+        except (OSError, CheckpointError) as exc:
+            why = f"the kept checkpoint {self._kept_file} cannot be used: {exc}"
+            if self._accept_rollback:
+                log.warning("signer: LEDGER ROLLBACK ACCEPTED (--accept-ledger-rollback): %s", why)
+                return None
+            self._halt(f"halted: REFUSING TO SIGN: {why}")
+            return None
+        return TreeHead(cp.tree_size, cp.root)
+
+    def _keep(self, head: SignedHead) -> None:
+        """Write the checkpoint of `head` beside the key (after the head is stored)."""
+        if self._kept_file is None:
+            return
+        cp = checkpoint_of(head, self._db)
+        try:
+            write_checkpoint(self._kept_file, sign_note(cp.text(), self.origin, self._key))
+        except OSError as exc:
+            log.error("signer: cannot keep the checkpoint of tree size %d in %s (%s): a rollback "
+                      "of the store would go unseen", head.tree_size, self._kept_file, exc)  # fmt: skip
+            return
+        self._kept = TreeHead(cp.tree_size, cp.root)
+
+    def _check_kept(self, head: SignedHead | None, leaves: list[bytes]) -> bool:
+        """serve._rollback.decide on the kept checkpoint; False when it refuses."""
+        kept = self._kept = self._read_kept()
+        if self.state != "signing":
+            return False
+        signed = leaves[: head.tree_size] if head is not None else []
+        at = None
+        if kept is not None and kept.size <= len(signed):
+            at = Frontier.of(signed[: kept.size]).root()
+        newest = None if head is None else TreeHead(head.tree_size, bytes.fromhex(head.root))
+        d = decide(StartView(kept, newest, at, self._accept_rollback, str(self._kept_file)))
+        if not d.sign:
+            self._halt(d.message)
+        elif d.problem is not None:
+            log.warning("signer: %s", d.message)
+        return d.sign
+
     def _load(self, client: Client) -> None:
-        """Rebuild the tree up to the newest stored head and check it still matches."""
+        """Rebuild the tree up to the newest stored head and check it still matches (and
+        reaches the kept checkpoint)."""
         self._loaded = True
         heads = read_heads(client, self._db, self.instance)
         if not heads:
+            self._check_kept(None, [])
             return
         head = max(heads, key=lambda h: (h.tree_size, h.signed_at))
         ordered, info = self._batches(client, None)
@@ -210,15 +302,18 @@ class Signer:
             or last is None
             or info[last][0] != head.chain_hash
         ):
-            self.state = (
+            self._halt(
                 f"halted: the stored log no longer matches the newest signed head (size "
                 f"{head.tree_size}); run `handoffs ledger verify`"
             )
-            log.error("signer: %s", self.state)
+            return
+        if not self._check_kept(head, leaves):  # the store agrees with itself: and with us?
             return
         self._frontier, self._batches_signed = frontier, head.batches
         self._chain_hash, self._received_ns = head.chain_hash, info[last][2]
         self._backfill(client, ordered[: head.batches], info, hashes, nodes)
+        if self._kept != TreeHead(head.tree_size, bytes.fromhex(head.root)):
+            self._keep(head)  # a store signed before, or a rollback accepted
         if len(ordered) > head.batches:
             log.warning(
                 "signer: %d batch(es) stored after the newest signed head while no signer ran; "
@@ -290,11 +385,10 @@ class Signer:
                     parameters={"c": self._chain_hash},
                 ).result_rows[0][0]
             ):
-                self.state = (
+                self._halt(
                     "halted: the batch of the newest signed head is gone from ingest_batches "
                     "(removed or rewritten); run `handoffs ledger verify`"
                 )
-                log.error("signer: %s", self.state)
             return False
         hashes = self._leaves(client, new, min(info[b][2] for b in new))
         take: list[str] = []
@@ -338,4 +432,5 @@ class Signer:
         self._chain_hash = head.chain_hash
         self._received_ns = max(info[b][2] for b in take)
         self.heads_signed += 1
+        self._keep(head)
         return True

@@ -87,6 +87,11 @@ class ServeHandle:
         ) as r:
             return json.loads(r.read())
 
+    @property
+    def query_auth(self) -> tuple[str, str] | None:
+        """`query_token` as HTTP basic auth (`requests`' `auth=`), None without one."""
+        return ("reader", self.query_token) if self.query_token is not None else None
+
     def client(self, **kwargs):
         """A clickhouse-connect HTTP client on the query port (read-only), sending
         `query_token` as its password unless `password=` is given."""
@@ -144,6 +149,7 @@ def start_serve(
     query_port: int | None = None,
     grpc_port: int | None = None,
     query_tokens: str | None = None,
+    query_port_open: bool = False,
     extra_args: tuple[str, ...] = (),
     env: dict[str, str] | None = None,
     timeout: float = 90.0,
@@ -151,8 +157,10 @@ def start_serve(
     """Start `handoffs serve --store chdb://<store_dir>` and wait until /health answers.
 
     `tokens` is 'token=tenant,...' (None = no auth); `query_tokens` the query port's read
-    tokens, the same form with `*` for every tenant (None = open; ServeHandle.client() then
-    sends the first one). Ports None pick free ones; `grpc_port`
+    tokens, the same form with `*` for every tenant (ServeHandle.client() then sends the
+    first one); None = serve's default, an operator token it keeps in
+    `<store_dir>/query-token`, which the handle reads and client() sends;
+    `query_port_open` runs the port without tokens. Ports None pick free ones; `grpc_port`
     0 runs serve without OTLP/gRPC. Reusing `store_dir` (and the ports)
     restarts serve on the same store, e.g. after kill(). Raises RuntimeError with serve's log
     when it exits or does not answer within `timeout` seconds.
@@ -192,6 +200,8 @@ def start_serve(
     ]
     if tokens:
         cmd += ["--tokens", tokens]
+    if query_port_open:
+        cmd += ["--query-port-open"]
     full_env = {**os.environ, **(env or {})}
     if tokens is None:
         full_env.pop("HANDOFFS_TOKENS", None)
@@ -200,7 +210,10 @@ def start_serve(
         full_env["HANDOFFS_QUERY_TOKENS"] = query_tokens
     elif "HANDOFFS_QUERY_TOKENS" not in (env or {}):
         full_env.pop("HANDOFFS_QUERY_TOKENS", None)
-    with open(log_path, "wb") as logf:
+    if "HANDOFFS_QUERY_PORT_OPEN" not in (env or {}):
+        full_env.pop("HANDOFFS_QUERY_PORT_OPEN", None)
+    # the log may sit in the store directory (handoffs demo): this user's alone, like it
+    with open(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as logf:
         proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=full_env)
     handle = ServeHandle(
         otlp_url=f"http://127.0.0.1:{otlp_port}",
@@ -227,6 +240,12 @@ def start_serve(
         # /health answers as soon as the server thread runs; serve prints its start-up
         # line (addresses, spool, auth) just after: a caller may read it from the log
         if "OTLP http" in handle.log():
+            if handle.query_token is None and not (
+                query_port_open
+                or full_env.get("HANDOFFS_QUERY_TOKENS")
+                or full_env.get("HANDOFFS_QUERY_PORT_OPEN") == "1"
+            ):
+                handle.query_token = _generated_token(store)
             return handle
         time.sleep(0.01)
     handle.kill()
@@ -234,6 +253,17 @@ def start_serve(
         f"serve did not start (answer /health, print its addresses) within {timeout}s:\n"
         f"{handle.log()}"
     )
+
+
+def _generated_token(store: Path) -> str | None:
+    """The read token serve keeps in the store when it was given none (None: the port is
+    open, or serve was given its tokens through the environment)."""
+    from foundation.read_token import TOKEN_FILE
+
+    try:
+        return (store / TOKEN_FILE).read_text().strip() or None
+    except FileNotFoundError:
+        return None
 
 
 # --------------------------------------------------------------------- building requests

@@ -34,7 +34,9 @@ except ImportError:
 
 @pytest.fixture(scope="module")
 def serve(tmp_path_factory):
-    h = start_serve(tmp_path_factory.mktemp("serve-q"))
+    # the transport itself (compression, request forms, framing): an open port; read tokens
+    # are tests/reliability/test_query_port_auth.py's and test_read_token_default.py's
+    h = start_serve(tmp_path_factory.mktemp("serve-q"), query_port_open=True)
     spans = [
         span_json(
             trace_id=f"{i + 1:032x}",
@@ -303,7 +305,7 @@ LIMITED = {
 
 @pytest.fixture(scope="module")
 def limited(tmp_path_factory):
-    h = start_serve(tmp_path_factory.mktemp("serve-limits"), env=LIMITED)
+    h = start_serve(tmp_path_factory.mktemp("serve-limits"), env=LIMITED, query_port_open=True)
     yield h
     assert h.stop() == 0, h.log()
 

@@ -130,10 +130,11 @@ def health_or_none(handle) -> dict | None:
 
 @contextlib.contextmanager
 def tmpfs(path: Path, size: str) -> Iterator[Path]:
-    """Mount a tmpfs of `size` (e.g. '2m') at `path` (needs root); lazily unmounted after."""
+    """Mount a tmpfs of `size` (e.g. '2m') at `path` (needs root); lazily unmounted after.
+    Mode 0700 (a tmpfs root is 1777 by default, which serve refuses as its store or spool)."""
     path.mkdir(parents=True, exist_ok=True)
     r = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)],
         capture_output=True,
         text=True,
     )

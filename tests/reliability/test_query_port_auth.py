@@ -393,7 +393,7 @@ def test_the_operator_reads_every_tenant(operator):
 
 @pytest.fixture(scope="module")
 def open_serve(tmp_path_factory):
-    h = start_serve(tmp_path_factory.mktemp("qp-open"))
+    h = start_serve(tmp_path_factory.mktemp("qp-open"), query_port_open=True)
     yield h
     assert h.stop() == 0, h.log()
 

@@ -113,12 +113,14 @@ class Canaries:
         """Send `sql` one way; returns the answer's text (whatever its status)."""
         url = self.h.query_url + "/"
         if how == "get":
-            r = requests.get(url, params={"query": sql}, timeout=30)
+            r = requests.get(url, params={"query": sql}, auth=self.h.query_auth, timeout=30)
         elif how == "post":
-            r = requests.post(url, data=sql.encode(), timeout=30)
+            r = requests.post(url, data=sql.encode(), auth=self.h.query_auth, timeout=30)
         elif how == "form":
             body, ctype = encode_multipart_formdata({"query": sql, "param_x": "1"})
-            r = requests.post(url, data=body, headers={"Content-Type": ctype}, timeout=30)
+            r = requests.post(
+                url, data=body, headers={"Content-Type": ctype}, auth=self.h.query_auth, timeout=30
+            )
         else:
             c = self.h.client()
             try:
@@ -256,8 +258,11 @@ def test_a_setting_sent_any_way_is_gone_for_the_next_request(canaries, effect):
     name, value = (
         ("max_threads", "1") if effect == "set threads" else ("additional_table_filters", filt)
     )
-    requests.post(url, params={name: value}, data=b"SELECT 1", timeout=30).raise_for_status()
-    requests.post(url, data=f"SELECT 1 SETTINGS {name} = {value}".encode(), timeout=30)
-    refused = requests.post(url, data=f"SET {name} = {value}".encode(), timeout=30)
+    auth = canaries.h.query_auth
+    requests.post(
+        url, params={name: value}, data=b"SELECT 1", auth=auth, timeout=30
+    ).raise_for_status()
+    requests.post(url, data=f"SELECT 1 SETTINGS {name} = {value}".encode(), auth=auth, timeout=30)
+    refused = requests.post(url, data=f"SET {name} = {value}".encode(), auth=auth, timeout=30)
     assert refused.status_code == 403
     assert not canaries.untouched()

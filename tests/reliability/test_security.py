@@ -209,7 +209,7 @@ def _refused(h, sql: str) -> list[tuple[str, int, str]]:
     """POST and GET `sql` raw; the (transport, status, body) of each answer that was a 200."""
     leaks = []
     for how, kw in (("get", {"params": {"query": sql}}), ("post", {"data": sql.encode()})):
-        r = getattr(requests, how)(h.query_url + "/", timeout=30, **kw)
+        r = getattr(requests, how)(h.query_url + "/", timeout=30, auth=h.query_auth, **kw)
         if r.status_code == 200:
             leaks.append((how, r.status_code, r.text[:200]))
         else:
@@ -280,12 +280,14 @@ def test_read_only_cannot_be_lifted_by_url_settings(seeded):
         {"user": "default", "password": ""},
         {"max_execution_time": "1'; DROP TABLE otel_traces; --"},
     ):
-        r = requests.post(h.query_url + "/", params=params, data=sql.encode(), timeout=30)
+        r = requests.post(
+            h.query_url + "/", params=params, data=sql.encode(), auth=h.query_auth, timeout=30
+        )
         assert r.status_code != 200, (params, r.text)
     # A setting name is never spliced into SQL: a malicious name is refused up front.
     r = requests.get(
         h.query_url + "/", params={"query": "SELECT 1", "x = 1; DROP TABLE otel_traces; --": "1"},
-        timeout=30,
+        auth=h.query_auth, timeout=30,
     )  # fmt: skip
     assert r.status_code == 400 and "Unknown setting" in r.text
     assert _count(h, "SELECT count() FROM otel_traces WHERE SpanId = '0000000000000bad'") == 0
