@@ -128,8 +128,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--store",
         default=None,
-        help=f"store URL (env {settings.STORE.env}); e.g. http://127.0.0.1:8124; serve's read "
-        f"token as its password (http://reader:TOKEN@127.0.0.1:8124) or as {settings.PASSWORD.env}",
+        help=f"store URL (env {settings.STORE.env}); e.g. http://127.0.0.1:8124: the read token "
+        "of a serve of this user on this machine is found by itself; another token as the "
+        f"password (http://reader:TOKEN@127.0.0.1:8124) or as {settings.PASSWORD.env}",
     )
     p.add_argument(
         "--database",

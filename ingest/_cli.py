@@ -80,6 +80,10 @@ def _verify_chain(args: argparse.Namespace) -> int:
     except KeyFileError as exc:
         print(f"handoffs ledger verify: {exc}", file=sys.stderr)
         return 2
+    for path in args.checkpoint or []:  # a file that is not a checkpoint is bad input
+        if problem := _unreadable_checkpoint(path):
+            print(f"handoffs ledger verify: --checkpoint {path}: {problem}", file=sys.stderr)
+            return 2
     try:
         spec = parse_store(args.store, database=args.database)
         client = connect(spec)
@@ -126,6 +130,22 @@ def _verify_chain(args: argparse.Namespace) -> int:
             for n in c["notes"]:
                 print(f"  note: {n}")
     return 0 if ok else 1
+
+
+def _unreadable_checkpoint(path: str) -> str | None:
+    """Why the file at `path` cannot be read as a checkpoint (a C2SP signed note holding a
+    tlog-checkpoint), or None; its signature is checked later, against the store's log."""
+    from pathlib import Path
+
+    from foundation.checkpoint import CheckpointError, parse_checkpoint, parse_note
+
+    try:
+        parse_checkpoint(parse_note(Path(path).read_bytes()).text)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    except (CheckpointError, ValueError) as exc:
+        return f"not a checkpoint ({exc})"
+    return None
 
 
 def _check_checkpoint(client, database: str, path: str, public_keys: list[str]) -> dict:

@@ -226,3 +226,19 @@ def test_check_checkpoint_names_the_missing_leaves_and_a_fork():
     forked = LedgerLog((*full.batches[:3], LogBatch("x", "y", 2, ("f" * 64, "e" * 64))))
     (problem,) = check_checkpoint(forked, cp)
     assert "the store's log at tree size 8 has root" in problem and "a fork" in problem
+
+
+def test_ledger_verify_refuses_a_file_that_is_not_a_checkpoint_before_opening_the_store(
+    tmp_path, capsys
+):
+    from handoffs.cli import main
+
+    bad = tmp_path / "bad.checkpoint"
+    bad.write_text("garbage\n")
+    store = tmp_path / "no-store"
+    for path, says in ((bad, "not a checkpoint"), (tmp_path / "missing", "No such file")):
+        code = main(["ledger", "verify", "--store", f"chdb://{store}", "--checkpoint", str(path)])
+        assert code == 2
+        err = capsys.readouterr().err
+        assert f"--checkpoint {path}: {says}" in err
+    assert not store.exists()  # nothing was opened, nor made
