@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # pytest workers (pytest-xdist, one test file per worker at a time); 0 runs the suite in one process
 TEST_WORKERS ?= 2
 
-.PHONY: demo test lint bench venv adk-venv clean
+.PHONY: demo test lint bench venv app-venvs clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -16,11 +16,11 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-## Google ADK's own virtualenv for its derivation test, in the user's cache
-## (tests/adk/requirements.txt; rebuilt when that file changes: google-adk pins
-## opentelemetry <= 1.44, the project >= 1.45)
-adk-venv:
-	PY=$(PY) bash scripts/adk-venv >/dev/null
+## Each framework test app's own virtualenv, in the user's cache (tests/APP/requirements.txt;
+## rebuilt when that file changes: frameworks pin OpenTelemetry versions the project's
+## .venv cannot hold, e.g. google-adk pins opentelemetry <= 1.44, the project >= 1.45)
+app-venvs:
+	PY=$(PY) bash scripts/app-venv --all
 
 ## Run the demo: embedded store, simulated agents, dashboard on http://127.0.0.1:8501
 demo: $(STAMP)
@@ -29,8 +29,8 @@ demo: $(STAMP)
 ## Lint (ruff, pinned), type-check (mypy, pinned), the layer contracts (import-linter), then
 ## the whole test suite
 ## (installs Debian's chromium for the browser tests and prometheus for promtool if missing,
-## and builds the Google ADK test venv when its requirements changed)
-test: $(STAMP) adk-venv
+## and builds the framework test apps' venvs when their requirements changed)
+test: $(STAMP) app-venvs
 	bash scripts/ensure-chromium
 	bash scripts/ensure-promtool
 	$(BIN)/ruff check .

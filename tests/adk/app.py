@@ -1,4 +1,4 @@
-"""A Google ADK multi-agent app, run offline in ADK's own virtualenv (scripts/adk-venv) by
+"""A Google ADK multi-agent app, run offline in ADK's own virtualenv (scripts/app-venv adk) by
 tests/integration/test_derive_adk.py: real `google-adk` agents and runner, ADK's built-in
 tracing, the real OTLP/HTTP exporter (batched) to the endpoint given, and a scripted model in
 place of the remote one (a BaseLlm subclass: each agent's turns are scripted steps).

@@ -1,6 +1,6 @@
 """Google ADK, with its built-in OpenTelemetry tracing: a real ADK multi-agent app
 (tests/adk/app.py, a scripted model in place of the remote one) runs in ADK's own
-virtualenv (scripts/adk-venv: google-adk pins opentelemetry <= 1.44, the project >= 1.45)
+virtualenv (scripts/app-venv adk: google-adk pins opentelemetry <= 1.44, the project >= 1.45)
 and exports through the real OTLP/HTTP exporter, batched, to a real `handoffs serve`, which
 derives the handoffs from ADK's spans.
 """
@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def adk_python() -> str:
     """The ADK venv's python (built from tests/adk/requirements.txt on first use, then kept)."""
     done = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "adk-venv")],
+        ["bash", str(ROOT / "scripts" / "app-venv"), "adk"],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
