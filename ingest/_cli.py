@@ -123,6 +123,9 @@ def _verify_chain(args: argparse.Namespace) -> int:
             print(f"  {p}")
         for n in log.notes:
             print(f"  note: {n}")
+        if report.rows.late_rows:
+            print(f"  note: {report.rows.late_rows} stored rows and ledger entries of batches "
+                  "written during the check were left out of it (run again to check them)")  # fmt: skip
         for c in checkpoints:
             print(f"checkpoint {c['file']}: {'reached' if c['ok'] else 'NOT reached'}")
             for p in c["problems"]:

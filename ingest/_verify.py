@@ -19,6 +19,7 @@ deleted is named by handoff and span. One pass over both tables, streamed in key
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -43,6 +44,8 @@ __all__ = [
 ]
 
 _MAX_PROBLEMS = 100
+#: seconds the rows check waits for a batch it read rows of to be named in ingest_batches
+LATE_BATCH_WAIT_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,8 +71,12 @@ def _s(v: object) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
-def verify_chain(client: Client, database: str) -> ChainReport:
-    """Check every ingest batch of `database` (see the module doc); never raises on tampering."""
+def verify_chain(
+    client: Client, database: str, *, settle_s: float = LATE_BATCH_WAIT_S
+) -> ChainReport:
+    """Check every ingest batch of `database` (see the module doc); never raises on tampering.
+    Ledger rows of a batch without its ingest_batches row are reported only when that row is
+    still missing `settle_s` seconds later (serve writes it last: a write under way)."""
     db = database
     rows = client.query(
         f"""
@@ -103,11 +110,20 @@ def verify_chain(client: Client, database: str) -> ChainReport:
             problems.append(f"batch {bid}: follows a chain link no batch has (a batch was removed)")
         if is_head:
             heads.append(_s(chain_hash))
-    ledger_orphans = client.query(
-        f"SELECT DISTINCT ingest_batch FROM {db}.transition_ledger "
-        f"WHERE ingest_batch NOT IN (SELECT ingest_batch FROM {db}.ingest_batches) LIMIT 10"
-    ).result_rows
-    problems += [f"ledger rows of batch {b} with no ingest_batches row" for (b,) in ledger_orphans]
+    orphans = frozenset(
+        _s(b)
+        for (b,) in client.query(
+            f"SELECT DISTINCT ingest_batch FROM {db}.transition_ledger "
+            f"WHERE ingest_batch NOT IN (SELECT ingest_batch FROM {db}.ingest_batches) LIMIT 10"
+        ).result_rows
+    )
+    deadline = time.monotonic() + settle_s
+    while orphans:
+        _meanwhile, orphans = late_batches(orphans, _batches(client, db))
+        if not orphans or time.monotonic() >= deadline:
+            break
+        time.sleep(0.2)  # polling the store: a write under way stores its batch row last
+    problems += [f"ledger rows of batch {b} with no ingest_batches row" for b in sorted(orphans)]
     return ChainReport(len(rows), tuple(heads), tuple(problems[:_MAX_PROBLEMS]))
 
 
@@ -149,7 +165,11 @@ class LedgerReport:
                 i: {**_log_dict(r), "ok": r.ok, "problems": list(r.problems)}
                 for i, r in self.instances
             },
-            "rows": {"checked": self.rows.rows, "problems": list(self.rows.problems)},
+            "rows": {
+                "checked": self.rows.rows,
+                "problems": list(self.rows.problems),
+                "late_rows": self.rows.late_rows,
+            },
         }
 
 
@@ -214,13 +234,14 @@ def verify_ledger(client: Client, database: str, keys: PublicKeys | None = None)
 class RowsReport:
     rows: int  # handoff_transitions rows checked
     problems: tuple[str, ...]  # at most 100, each naming handoff and span
+    late_rows: int = 0  # rows and ledger entries of batches stored during the check
 
 
 _ROWS = """tenant, toUnixTimestamp64Nano(time) AS time_ns, trace_id, span_id, task_id, handoff_id,
     event, from_state, to_state, actor, attributes, valid, protocol, mode, from_agent, to_agent,
     topology, idempotency_key, payload_hash, deadline_ms, capabilities, evidence_refs,
     evidence_count, evidence_valid, error_code, fence_token, state_version, receipt_status,
-    receipt_hash, claimed_tenant"""
+    receipt_hash, claimed_tenant, ingest_batch"""
 
 
 _PAGE = 20_000  # rows per read: pages end on a handoff boundary
@@ -258,7 +279,7 @@ def _pages(client: Client, db: str, page: int) -> Iterator[tuple[list[dict], lis
         upper = "(tenant, handoff_id) <= ({t1:String}, {h1:String})"
         lcond = f"WHERE {cond.removeprefix('WHERE ')} AND {upper}" if cond else f"WHERE {upper}"
         ledger = _query(client, "SELECT tenant, handoff_id, span_id, toString(row_hash) AS "
-                                f"row_hash FROM {db}.transition_ledger {lcond} "
+                                f"row_hash, ingest_batch FROM {db}.transition_ledger {lcond} "
                                 "ORDER BY tenant, handoff_id, span_id",
                         {**params, "t1": last[0], "h1": last[1]})  # fmt: skip
         yield rows, ledger
@@ -268,8 +289,8 @@ def _pages(client: Client, db: str, page: int) -> Iterator[tuple[list[dict], lis
     if after is not None:
         cond, params = "WHERE (tenant, handoff_id) > ({t:String}, {h:String})", {
             "t": after[0], "h": after[1]}  # fmt: skip
-    tail = _query(client, "SELECT tenant, handoff_id, span_id, toString(row_hash) AS row_hash "
-                          f"FROM {db}.transition_ledger {cond} ORDER BY tenant, handoff_id, "
+    tail = _query(client, "SELECT tenant, handoff_id, span_id, toString(row_hash) AS row_hash, "
+                          f"ingest_batch FROM {db}.transition_ledger {cond} ORDER BY tenant, handoff_id, "
                           "span_id", params)  # fmt: skip
     if tail:
         yield [], tail
@@ -282,16 +303,49 @@ def _groups(rows: list[dict[str, Any]]) -> dict[tuple[str, str, str], list[dict[
     return out
 
 
-def verify_rows(client: Client, database: str, *, page: int = _PAGE) -> RowsReport:
+def _batches(client: Client, db: str) -> frozenset[str]:
+    return frozenset(
+        _s(b) for (b,) in client.query(f"SELECT ingest_batch FROM {db}.ingest_batches").result_rows
+    )
+
+
+def late_batches(
+    late: frozenset[str], stored_after: frozenset[str]
+) -> tuple[frozenset[str], frozenset[str]]:
+    """Of the batches of rows and ledger entries read during a check but not stored when it
+    began (`late`): (those stored meanwhile: written during the check, left out of it; those
+    no stored batch names: rows nobody acknowledged). Pure."""
+    return late & stored_after, late - stored_after
+
+
+def verify_rows(
+    client: Client, database: str, *, page: int = _PAGE, settle_s: float = LATE_BATCH_WAIT_S
+) -> RowsReport:
     """Every handoff_transitions row against transition_ledger, merged in key order (tenant,
     handoff_id, span_id): each row's recomputed row hash must have its own ledger entry,
     each ledger entry its row, and each typed column must be what the row's attributes
     derive. `page`: rows read at once (a page ends on a handoff boundary). Never raises on
-    tampering."""
+    tampering.
+
+    A live store keeps writing while it is checked: the check covers the batches stored
+    when it began (serve writes a batch's rows and ledger entries before its ingest_batches
+    row). Rows and entries of a batch stored later are left out and counted (`late_rows`);
+    those of a batch that no ingest_batches row names `settle_s` seconds after the pages
+    were read (time for a write under way to finish) are reported."""
     problems: list[str] = []
     checked = 0
+    began = _batches(client, database)
+    late: dict[str, int] = {}
     for page_rows, page_ledger in _pages(client, database, page):
-        stored, ledger = _groups(page_rows), _groups(page_ledger)
+        kept: tuple[list[dict[str, Any]], list[dict[str, Any]]] = ([], [])
+        for side, items in enumerate((page_rows, page_ledger)):
+            for item in items:
+                batch = _s(item.pop("ingest_batch"))
+                if batch in began:
+                    kept[side].append(item)
+                else:
+                    late[batch] = late.get(batch, 0) + 1
+        stored, ledger = _groups(kept[0]), _groups(kept[1])
         for k in sorted(set(stored) | set(ledger)):
             where = f"handoff {k[1]} span {k[2]} (tenant {k[0]})"
             entries = Counter(_s(e["row_hash"]) for e in ledger.get(k, []))
@@ -314,4 +368,14 @@ def verify_rows(client: Client, database: str, *, page: int = _PAGE) -> RowsRepo
                                 "without their stored row (deleted from handoff_transitions)")  # fmt: skip
         if len(problems) >= _MAX_PROBLEMS:
             break
-    return RowsReport(checked, tuple(problems[:_MAX_PROBLEMS]))
+    deadline = time.monotonic() + settle_s
+    while True:
+        meanwhile, unknown = late_batches(frozenset(late), _batches(client, database))
+        if not unknown or time.monotonic() >= deadline:
+            break
+        time.sleep(0.2)  # polling the store: a write under way stores its batch row last
+    for b in sorted(unknown):
+        problems.append(f"batch {b}: {late[b]} stored rows or ledger entries of a batch that no "
+                        "ingest_batches row names (not acknowledged by serve)")  # fmt: skip
+    late_rows = sum(late[b] for b in meanwhile)
+    return RowsReport(checked, tuple(problems[:_MAX_PROBLEMS]), late_rows)
