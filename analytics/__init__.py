@@ -19,6 +19,7 @@ if TYPE_CHECKING:
         anomaly_handoff_ids,
         backfill_task_index,
     )
+    from analytics.coverage import blind_spots
     from analytics.evidence import VerifyResult, evidence_package, verify_package
     from analytics.metrics import (
         STAGES,
@@ -43,6 +44,7 @@ _LAZY: dict[str, str] = {
     "anomalies": "analytics.anomalies",
     "anomaly_handoff_ids": "analytics.anomalies",
     "backfill_task_index": "analytics.anomalies",
+    "blind_spots": "analytics.coverage",
     "VerifyResult": "analytics.evidence",
     "evidence_package": "analytics.evidence",
     "verify_package": "analytics.evidence",
@@ -78,6 +80,7 @@ __all__ = [
     "anomalies",
     "anomaly_handoff_ids",
     "backfill_task_index",
+    "blind_spots",
     "evidence_package",
     "find_handoffs",
     "funnel",

@@ -29,6 +29,7 @@ __all__ = [
     "QueryFailed",
     "Source",
     "anomalies",
+    "blind_spots",
     "evidence_package",
     "find_handoffs",
     "funnel",
@@ -308,6 +309,20 @@ def origins(
 
     return _call(funnel_by_origin, store, database, window=_window(start, end, as_of),
                  tenant=tenant)  # fmt: skip
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False, max_entries=64)
+def blind_spots(
+    store: str, database: str, start: str, end: str, as_of: str | None, tenant: str | None = None
+) -> list[dict[str, Any]]:
+    """analytics.coverage.blind_spots over [start, end) (traces by first span start) as dicts
+    (tenant, scope, traces, examples, agents, last_seen), per tenant biggest first."""
+    from dataclasses import asdict
+
+    from analytics.coverage import blind_spots as load
+
+    found = _call(load, store, database, window=_window(start, end, as_of), tenant=tenant)
+    return [asdict(b) for b in found]
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False, max_entries=64)

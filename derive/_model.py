@@ -53,6 +53,8 @@ class SpanRecord:
     attributes: Mapping[str, str] = field(default_factory=dict)
     events: tuple[SpanEvent, ...] = ()
     tenant: str = "default"
+    #: the span's links as (trace id, span id), in stored order
+    links: tuple[tuple[str, str], ...] = ()
 
     def attr(self, key: str) -> str:
         return self.attributes.get(key, "")
@@ -107,7 +109,10 @@ class Observed:
     None: the target agent's run is not stored (yet). `run_ended`: the run's root span is
     stored, so what is missing now will not come. `ignored`: agents also requested in the same
     turn, each a rejected handoff (`multiple_handoffs`). `causation_id`: the earlier handoff of
-    the run whose target made this one (it hands that one's result on)."""
+    the run whose target made this one (it hands that one's result on). `ends`: the handoff
+    ended at the source span's end without a target run: `("reject", error code)` (never
+    delivered; actor the target) or `("escalate", "")` (to a human, whose work no span shows;
+    actor the source)."""
 
     rule: str
     task_id: str
@@ -121,6 +126,7 @@ class Observed:
     run_ended_ns: int | None = None
     ignored: tuple[str, ...] = ()
     causation_id: str | None = None
+    ends: tuple[str, str] | None = None
 
 
 def slug(message: str | None) -> str:
@@ -148,6 +154,10 @@ def _steps(o: Observed) -> list[tuple[str, SpanRecord, int, str, dict[str, AttrV
     steps: list[tuple[str, SpanRecord, int, str, dict[str, AttrValue]]] = [
         ("create", src, src.start_ns, o.from_agent, {})
     ]
+    if o.ends is not None:
+        event, code = o.ends
+        actor = dst if event == "reject" else o.from_agent
+        return [*steps, (event, src, src.end_ns, actor, {sc.ERROR_CODE: code} if code else {})]
     t = o.target
     if t is None and o.run_ended_ns is None:
         return steps

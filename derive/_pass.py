@@ -41,6 +41,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final
 
 from collector.tracer import INSTRUMENTATION_NAME, SPAN_NAME
+from derive._blind import BlindSpotLog, verdicts
 from derive._model import Derived, SpanEvent, SpanRecord
 from derive._otlp import SCOPE, encode
 from derive._rules import RULES, SCOPES, Rule, derive_trace
@@ -98,7 +99,8 @@ _SPANS_SQL: Final = """
 SELECT Tenant, TraceId, SpanId, ParentSpanId, SpanName,
        toUnixTimestamp64Nano(Timestamp) AS start_ns, Duration, StatusCode, StatusMessage,
        ScopeName, ServiceName, SpanAttributes, `Events.Name`,
-       arrayMap(a -> a['exception.type'], `Events.Attributes`) AS exception_types
+       arrayMap(a -> a['exception.type'], `Events.Attributes`) AS exception_types,
+       `Links.TraceId`, `Links.SpanId`
 FROM {db}.otel_traces
 WHERE Tenant = {{tenant:String}} AND TraceId IN {{ids:Array(String)}}
   AND Timestamp >= {{oldest:DateTime64(9)}}
@@ -118,7 +120,8 @@ class PassResult:
 
 
 def _record(row: Sequence[Any]) -> SpanRecord:
-    tenant, tid, sid, psid, name, start, dur, status, msg, scope, service, attrs, evs, exc = row
+    (tenant, tid, sid, psid, name, start, dur, status, msg, scope, service, attrs, evs, exc,
+     link_tids, link_sids) = row  # fmt: skip
     events = tuple(
         SpanEvent(n, 0, {"exception.type": t} if t else {}) for n, t in zip(evs, exc, strict=False)
     )
@@ -136,6 +139,7 @@ def _record(row: Sequence[Any]) -> SpanRecord:
         attributes=attrs,
         events=events,
         tenant=tenant or "default",
+        links=tuple(zip(link_tids, link_sids, strict=False)),
     )
 
 
@@ -198,6 +202,7 @@ class DerivePass:
         self._clock = clock
         self._cursor = int(clock() - trace_window_s)
         self._sent: OrderedDict[tuple[str, str], None] = OrderedDict()  # (tenant, span id)
+        self._blind = BlindSpotLog(database, clock=clock)  # traces no rule derives (_blind)
         self._client: Client | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -260,8 +265,10 @@ class DerivePass:
                 parameters={"tenant": turn.tenant, "ids": ids[i : i + _CHUNK], "oldest": oldest},
             ).result_rows
             spans += len(rows)
+            records = [_record(r) for r in rows]
+            derived = derive_traces(records, self._rules)
             fresh: dict[str, list[Derived]] = {}
-            for d in derive_traces((_record(r) for r in rows), self._rules):
+            for d in derived:
                 if (d.tenant, d.span_id) not in self._sent:
                     fresh.setdefault(d.tenant, []).append(d)
             for tenant, items in fresh.items():
@@ -269,6 +276,7 @@ class DerivePass:
                 for d in items:
                     self._sent[(d.tenant, d.span_id)] = None
                 submitted += len(items)
+            self._blind.write(c, verdicts(records, derived))  # multi-agent traces (_blind)
         return spans, submitted
 
     def collect(self) -> Iterator[Any]:

@@ -8,9 +8,13 @@ from typing import Final
 from derive._model import Derived, Observed, SpanRecord, plan
 from derive._trace import TraceIndex
 from derive.adk import ADK_SCOPE, adk_rule
+from derive.agent_framework import AGENT_FRAMEWORK_SCOPE, agent_framework_rule
+from derive.dialects import CREWAI_SCOPE, LLAMA_INDEX_SCOPE, crewai_rule, llama_index_rule
 from derive.genai import genai_rule
 from derive.langgraph import langgraph_rule
 from derive.openai_agents import openinference_rule, openllmetry_rule
+from derive.pydantic_ai import PYDANTIC_AI_SCOPE, pydantic_ai_rule
+from derive.strands import STRANDS_SCOPE, strands_rule
 
 Rule = Callable[[TraceIndex], list[Observed]]
 
@@ -21,6 +25,11 @@ SCOPES: Final = (
     "opentelemetry.instrumentation.openai_agents",
     "openinference.instrumentation.langchain",
     ADK_SCOPE,
+    AGENT_FRAMEWORK_SCOPE,
+    LLAMA_INDEX_SCOPE,
+    CREWAI_SCOPE,
+    PYDANTIC_AI_SCOPE,
+    STRANDS_SCOPE,
 )
 
 #: in order; a span is read by at most one rule (the first that derives from it)
@@ -29,6 +38,11 @@ RULES: Final[tuple[Rule, ...]] = (
     openllmetry_rule,
     langgraph_rule,
     adk_rule,
+    agent_framework_rule,
+    llama_index_rule,
+    crewai_rule,
+    pydantic_ai_rule,
+    strands_rule,
     genai_rule,
 )
 

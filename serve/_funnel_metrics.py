@@ -12,6 +12,8 @@ of the whole store at every refresh. Families (all `window`-labelled):
 - `handoffs_cohort_handoffs{tenant,stage,window}`: per tenant, window 5m, 30m, 1h, 6h, 24h;
 - `handoffs_anomalies{tenant,kind,window="24h"}`: handoffs flagged, per anomaly kind;
 - `handoffs_funnel_pairs{tenant}`: distinct pairs in the 24 h cohort before bucketing;
+- `handoffs_blind_spot_traces{tenant,scope}`: traces whose first span started in the last
+  24 h in which two or more agents ran and no handoff was derived (analytics.coverage);
 - `handoffs_funnel_refresh_errors_total`, `handoffs_funnel_last_refresh_timestamp_seconds`,
   `handoffs_funnel_refresh_duration_seconds`.
 
@@ -111,6 +113,7 @@ class Snapshot:
     cohorts: tuple[CohortCounts, ...] = ()
     anomalies: tuple[tuple[str, str, int], ...] = ()
     pairs_seen: tuple[tuple[str, int], ...] = ()
+    blind_spots: tuple[tuple[str, str, int], ...] = ()  # (tenant, scope, traces)
 
 
 def _add(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
@@ -150,6 +153,7 @@ def build_snapshot(
     anomalies: Mapping[str, Mapping[str, int]],
     *,
     top: int,
+    blind_spots: Iterable[tuple[str, str, int]] = (),
 ) -> Snapshot:
     """A Snapshot from analytics.counts.funnel_by_age rows (keys tenant, from_agent,
     to_agent; ages in WINDOWS order; stages "volume" then STAGES) and {tenant: {kind:
@@ -181,12 +185,13 @@ def build_snapshot(
             (t, kind, int(n)) for t in sorted(anomalies) for kind, n in anomalies[t].items()
         ),
         pairs_seen=tuple(sorted(seen.items())),
+        blind_spots=tuple(sorted(blind_spots)),
     )
 
 
 class StoreLoader:
     """Reads one Snapshot from the store through analytics.counts (one funnel query, and one
-    query per anomaly pass and tenant). `connect` opens a client; it is kept between
+    query per anomaly pass and tenant) and analytics.coverage (one query). `connect` opens a client; it is kept between
     refreshes and reopened after an error. `clock`: wall seconds (the cohorts' as_of)."""
 
     def __init__(
@@ -205,6 +210,7 @@ class StoreLoader:
     def __call__(self) -> Snapshot:
         from analytics import Window
         from analytics.counts import anomaly_counts, funnel_by_age
+        from analytics.coverage import blind_spots
 
         client = self._client or self._connect()
         self._client = client
@@ -222,10 +228,13 @@ class StoreLoader:
                 t: anomaly_counts(client, database=self._database, window=window, tenant=t)
                 for t in sorted({a.keys[0] for a in aged})
             }
+            blind = blind_spots(client, database=self._database, window=window, examples=0)
         except Exception:
             self.close()
             raise
-        return build_snapshot(aged, found, top=self._top)
+        return build_snapshot(
+            aged, found, top=self._top, blind_spots=((b.tenant, b.scope, b.traces) for b in blind)
+        )
 
     def close(self) -> None:
         client, self._client = self._client, None
@@ -326,6 +335,16 @@ class FunnelCollector:
         for tenant, n in snap.pairs_seen:
             seen.add_metric([tenant], n)
         yield seen
+        blind = GaugeMetricFamily(
+            "handoffs_blind_spot_traces",
+            f"Traces whose first span started in the last {PAIR_WINDOW} in which two or more "
+            "agents ran but no handoff was derived (no rule knows the framework), per "
+            "instrumentation scope, as of the last refresh",
+            labels=["tenant", "scope"],
+        )
+        for tenant, scope, n in snap.blind_spots:
+            blind.add_metric([tenant, scope], n)
+        yield blind
         yield CounterMetricFamily(
             "handoffs_funnel_refresh_errors",
             "Funnel metric refreshes that failed to read the store (the last values stay)",

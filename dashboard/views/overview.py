@@ -4,7 +4,9 @@ Every tile can list the handoffs behind it (links into the explorer). "Why hando
 refused" counts the refusals by error code (share of the refusals and of the settled
 handoffs) with example handoffs linking into the explorer. "Where handoffs came from"
 slices the funnel by origin: the shim, an adapter, or derivation from framework spans
-(analytics.origin). Optional auto-refresh for a wall
+(analytics.origin). Above the tiles, a warning when traces of the window had several agents
+but no derived handoff (analytics.coverage): their handoffs are in none of these numbers, so
+an empty funnel is not mistaken for a healthy one. Optional auto-refresh for a wall
 screen re-runs only the body (st.fragment), moving a "Last ..." range with the clock.
 """
 
@@ -14,6 +16,7 @@ import streamlit as st
 from analytics.display import markdown_link_text
 from analytics.rollup import rollup
 from dashboard import _charts, _data, _ui
+from dashboard._store import StoreUnavailable
 
 #: (funnel column, tile label, kind, handoffs_behind stage, help). kind: rate | count.
 KPIS = (
@@ -171,9 +174,44 @@ def refusals(p: _ui.Picked) -> None:
         )
 
 
+#: scopes named in the blind-spot warning at most
+BLIND_SCOPES = 5
+
+
+def blind_spots(p: _ui.Picked) -> None:
+    """A warning naming the window's blind-spot traces (several agents ran, no handoff was
+    derived), their scopes and an example trace; nothing when there are none. A failed read
+    is a caption, not a stop: the funnel below does not depend on it."""
+    try:
+        rows = _data.blind_spots(src.store, src.database, *p.args, tenant=p.tenant)
+    except (_data.QueryFailed, StoreUnavailable):
+        st.caption("Blind spots (traces no rule derives handoffs from) could not be read.")
+        return
+    total = sum(int(r["traces"]) for r in rows)
+    if not total:
+        return
+    scopes = ", ".join(
+        _ui.user_text(r["scope"] or "(no scope)")
+        + f" ({int(r['traces']):,}"
+        + ("" if p.tenant else f", tenant {_ui.user_text(r['tenant'])}")
+        + ")"
+        for r in rows[:BLIND_SCOPES]
+    )
+    more = f" and {len(rows) - BLIND_SCOPES} more" if len(rows) > BLIND_SCOPES else ""
+    example = next((r["examples"][0] for r in rows if r["examples"]), "")
+    st.warning(
+        f"**{total:,} traces in which several agents ran but no handoff was derived** — "
+        f"scopes {scopes}{more}, e.g. trace {_ui.user_text(example, limit=64)}. Their handoffs "
+        "are in none of the numbers on this page: no derivation rule knows these spans. List "
+        "them with `handoffs blind-spots`; what to do: docs/derived-handoffs.md, “Blind spots”.",
+        icon=":material/visibility_off:",
+    )
+
+
 @st.fragment(run_every=every)
 def body() -> None:
     p = picked.refreshed() if auto else picked
+    blind_spots(p)  # above the fold, and shown with an empty funnel too
     with _ui.guard():
         # one query split by tenant (and hour or day): tiles, trend, tenant list roll it up
         split = _data.tenant_split(src.store, src.database, *p.split_args())

@@ -1,0 +1,84 @@
+"""Strands Agents, with its built-in OpenTelemetry tracing: a real Strands swarm
+(tests/strands/app.py: triage, billing and refund handing off by the swarm's
+`handoff_to_agent` tool; a scripted OpenAI-compatible server on loopback in place of the
+remote model) runs in its own virtualenv (scripts/app-venv strands) and exports through the
+real OTLP/HTTP exporter, batched, to a real `handoffs serve`, which derives the handoffs.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from _derived import anomaly_counts, wait_for_funnel
+
+import analytics
+
+RULE = "strands.handoff_to_agent.handoff"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def app_python() -> str:
+    """The app venv's python (built from tests/strands/requirements.txt on first use)."""
+    done = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "app-venv"), "strands"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip().splitlines()[-1]
+
+
+# default: the target only in the tool span's gen_ai.tool.message event;
+# latest: in gen_ai.tool.call.arguments (OTEL_SEMCONV_STABILITY_OPT_IN)
+@pytest.mark.parametrize("conventions", ["default", "latest"])
+def test_strands_handoffs_become_handoffs(derive_serve, app_python, conventions):
+    serve = derive_serve
+    start = datetime.now(UTC) - timedelta(milliseconds=1)
+    extra = ["latest"] if conventions == "latest" else []
+    ran = subprocess.run(
+        [app_python, str(ROOT / "tests" / "strands" / "app.py"), serve.otlp_url, *extra],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    traces = json.loads(ran.stdout.strip().splitlines()[-1])
+    window = analytics.Window(start=start, end=datetime.now(UTC) + timedelta(seconds=1))
+
+    # billing, refund: committed; bounce: triage -> refund -> triage, both committed;
+    # failing: triage -> billing, whose model call failed (the swarm's span stays Unset)
+    wait_for_funnel(
+        serve, window, {"volume": 5, "settled": 5, "accepted": 5, "executed": 4, "committed": 4}
+    )
+    # refund handed straight back (a bounce), naming triage's handoff as its cause
+    assert anomaly_counts(serve, window) == {"bounce": 1, "consumed_before_verified": 1}
+    with serve.client() as c:
+        rows = c.query(
+            f"SELECT trace_id, from_agent, to_agent, mode, attributes['handoff.derived_by'] "
+            f"FROM {serve.database}.handoff_transitions "
+            "WHERE event = 'create' AND time >= {t:DateTime64(9)} ORDER BY time",
+            parameters={"t": start},
+        ).result_rows
+        assert rows == [
+            (traces["billing"], "triage", "billing", "transfer", RULE),
+            (traces["refund"], "triage", "refund", "transfer", RULE),
+            (traces["bounce"], "triage", "refund", "transfer", RULE),
+            (traces["bounce"], "refund", "triage", "transfer", RULE),
+            (traces["failing"], "triage", "billing", "transfer", RULE),
+        ]
+        (hid,) = c.query(
+            f"SELECT handoff_id FROM {serve.database}.handoff_transitions "
+            "WHERE event = 'fail' AND time >= {t:DateTime64(9)}",
+            parameters={"t": start},
+        ).result_columns[0]
+        pkg = analytics.evidence_package(c, database=serve.database, handoff_id=hid)
+        assert analytics.verify_package(c, pkg, database=serve.database).ok
+    assert hid.startswith(f"{traces['failing']}/")
+    events = pkg["transitions"]
+    assert [t["event"] for t in events] == ["create", "accept", "start", "fail"]
+    assert (pkg["envelope"]["from_agent"], pkg["envelope"]["to_agent"]) == ("triage", "billing")
+    assert pkg["terminal"]["state"] == "failed"
+    assert events[-1]["attributes"]["handoff.error_code"] == "internal_server_error"
+    assert {t["attributes"]["handoff.derived_by"] for t in events} == {RULE}
