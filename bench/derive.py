@@ -26,6 +26,12 @@ cpu_ms_per_1k_spans_base=.. derive_cpu_ms_per_1k_spans=..`
 
     .venv/bin/python bench/derive.py --handoffs 100 --rate 20 --cpu-handoffs 2000
     .venv/bin/python bench/derive.py --source adk
+    .venv/bin/python bench/derive.py --source strands
+
+`--source strands`: a Strands Swarm handoff (scope `strands.telemetry.tracer`: the source's
+`invoke_agent` with its `chat` and `execute_tool handoff_to_agent` naming the target in
+`gen_ai.tool.call.arguments`, the target's `invoke_agent` with its `chat`, the
+`invoke_swarm` root; 6 spans per handoff), derived by the Strands rule.
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ SOURCES = {
     "openinference": ("openinference.instrumentation.openai_agents",
                       "openinference.openai_agents.handoff"),
     "adk": ("gcp.vertex.agent", "adk.transfer_to_agent.handoff"),
+    "strands": ("strands.telemetry.tracer", "strands.handoff_to_agent.handoff"),
 }  # fmt: skip
 MS = 1_000_000
 
@@ -82,6 +89,8 @@ def handoff_requests(rng: random.Random, t0: int, source: str) -> tuple[bytes, b
     """(source side, target side + workflow, handoff id) of one handoff, OTLP/protobuf."""
     if source == "adk":
         return adk_requests(rng, t0)
+    if source == "strands":
+        return strands_requests(rng, t0)
     tid = rng.randbytes(16)
     ids = iter(range(rng.getrandbits(40) << 8, (1 << 63)))
     root, wf, a, turn, gen, h, b, turn2, gen2 = (next(ids) for _ in range(9))
@@ -130,6 +139,30 @@ def adk_requests(rng: random.Random, t0: int) -> tuple[bytes, bytes, str]:
               **{op: "invoke_workflow"}, gen_ai__workflow__name="triage"),
     ]  # fmt: skip
     scope = SOURCES["adk"][0]
+    return _request(src, scope), _request(dst, scope), f"{tid.hex()}/{tool:016x}"
+
+
+def strands_requests(rng: random.Random, t0: int) -> tuple[bytes, bytes, str]:
+    """One Strands Swarm handoff, as Strands' tracer records it (module doc)."""
+    tid = rng.randbytes(16)
+    ids = iter(range(rng.getrandbits(40) << 8, (1 << 63)))
+    swarm, a, chat, tool, b, chat2 = (next(ids) for _ in range(6))
+    op = "gen_ai__operation__name"
+    src = [
+        _span(tid, a, swarm, "invoke_agent triage", t0 + 1 * MS, t0 + 10 * MS, False,
+              **{op: "invoke_agent"}, gen_ai__agent__name="triage"),
+        _span(tid, chat, a, "chat", t0 + 2 * MS, t0 + 8 * MS, False, **{op: "chat"}),
+        _span(tid, tool, a, "execute_tool handoff_to_agent", t0 + 8 * MS, t0 + 9 * MS, False,
+              **{op: "execute_tool"}, gen_ai__tool__name="handoff_to_agent",
+              gen_ai__tool__call__arguments='{"agent_name": "coder", "message": "fix it"}'),
+    ]  # fmt: skip
+    dst = [
+        _span(tid, b, swarm, "invoke_agent coder", t0 + 11 * MS, t0 + 20 * MS, False,
+              **{op: "invoke_agent"}, gen_ai__agent__name="coder"),
+        _span(tid, chat2, b, "chat", t0 + 12 * MS, t0 + 18 * MS, False, **{op: "chat"}),
+        _span(tid, swarm, 0, "invoke_swarm", t0, t0 + 21 * MS, False, **{op: "invoke_swarm"}),
+    ]  # fmt: skip
+    scope = SOURCES["strands"][0]
     return _request(src, scope), _request(dst, scope), f"{tid.hex()}/{tool:016x}"
 
 
