@@ -10,6 +10,7 @@ import argparse
 import json
 import logging
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from analytics._cli import (
@@ -22,6 +23,7 @@ from analytics._cli import (
     _time,
     _Usage,
 )
+from foundation.units import plural
 
 if TYPE_CHECKING:
     from analytics.slo import Rule, SloStatus
@@ -45,11 +47,27 @@ firing, at most one notification per alert within its shortest window. 5xx and c
 errors are retried with backoff; SIGINT/SIGTERM stop it cleanly."""
 
 
-def _load(path: str) -> tuple[Rule, ...]:
+def rules_path(given: str | None) -> Path:
+    """The SLO rules file: --rules, else HANDOFFS_SLO_RULES (both relative to the working
+    directory), else the dashboard's default deploy/slos.yaml, of the working directory or
+    else of this source tree. _Usage naming the file and how to give one when it does not
+    exist."""
+    from analytics.slo import SLO_RULES, rules_file
+
+    path = rules_file(given)
+    if not path.is_file():
+        raise _Usage(f"no SLO rules file at {path}: write one (schema: docs/alerts.md) and pass "
+                     f"--rules FILE or set {SLO_RULES.env}=FILE")  # fmt: skip
+    return path
+
+
+def _load(args) -> tuple[Rule, ...]:
+    """The rules of args.rules (resolved by rules_path, and set to the path read)."""
     from analytics.slo import RulesError, load_rules
 
+    args.rules = str(rules_path(args.rules))
     try:
-        return load_rules(path)
+        return load_rules(args.rules)
     except RulesError as exc:
         raise _Usage(f"bad SLO rules:\n{exc}") from None
 
@@ -59,7 +77,9 @@ def _x(v: float | None) -> str:
 
 
 def _budget(v: float | None) -> str:
-    return "—" if v is None else f"{100 * v:.1f}%"
+    from analytics.slo import budget_text
+
+    return budget_text(v)
 
 
 def status_json(st: SloStatus) -> dict[str, Any]:
@@ -146,20 +166,23 @@ def _as_of(args) -> datetime:
 
 def _cmd_check(args) -> int:
     from analytics.slo_store import evaluate_rules
+    from analytics.verdict import verdict
 
-    rules = _load(args.rules)
+    rules = _load(args)
     as_of = _as_of(args)
     client, db = _client(args)
     statuses = evaluate_rules(client, rules, as_of=as_of, database=db)
     firing = [a.name for st in statuses for a in st.alerts if a.firing]
     if args.json:
-        print(json.dumps({"as_of": as_of.isoformat().replace("+00:00", "Z"), "firing": firing,
+        print(json.dumps({"as_of": as_of.isoformat().replace("+00:00", "Z"),
+                          "verdict": verdict(statuses).level, "firing": firing,
                           "slos": [status_json(s) for s in statuses]}, indent=2))  # fmt: skip
     else:
         print(f"SLOs of {args.rules} as of {as_of:%Y-%m-%dT%H:%M:%SZ}; burn rate = bad fraction / "
               "allowed bad fraction (1× spends the budget exactly over the window)")  # fmt: skip
         _print_statuses(statuses)
         print(f"\nfiring: {', '.join(firing) or 'none'}")
+        print(f"verdict: {verdict(statuses).summary}")
     return EXIT_CHECK_FAILED if firing else EXIT_OK
 
 
@@ -171,7 +194,7 @@ def _cmd_watch(args) -> int:
     from analytics.slo import fmt_duration, parse_duration
     from analytics.slo_store import evaluate_rules
 
-    rules = _load(args.rules)
+    rules = _load(args)
     try:
         every = parse_duration(args.every)
         stop = threading.Event()
@@ -195,7 +218,7 @@ def _cmd_watch(args) -> int:
             log.info("sent %s %s (HTTP %s)", body["alert"], body["state"], d.status)
         return d
 
-    log.info("watching %d SLO(s) of %s every %s; webhook %s", len(rules), args.rules,
+    log.info("watching %s of %s every %s; webhook %s", plural(len(rules), "SLO"), args.rules,
              fmt_duration(every), sender.url.split("?")[0])  # fmt: skip
     run_watch(
         evaluate=lambda t: evaluate_rules(client, rules, as_of=t, database=db),
@@ -208,7 +231,10 @@ def _cmd_watch(args) -> int:
 
 def _store_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--rules", required=True, metavar="FILE", help="SLO rules (YAML; docs/alerts.md)"
+        "--rules",
+        metavar="FILE",
+        help="SLO rules (YAML; docs/alerts.md); default: env HANDOFFS_SLO_RULES, else "
+        "deploy/slos.yaml (the dashboard's Alerts page reads the same)",
     )
     p.add_argument("--store", help="chdb:///abs/dir or http://host:port (env HANDOFFS_STORE)")
     p.add_argument("--database", help="database name (env HANDOFFS_DATABASE, default handoffs)")

@@ -6,6 +6,7 @@ import argparse
 import json
 
 from analytics._cli import EXIT_OK, _client, _common, _guard, _print_table, _window, _windowed
+from foundation.units import plural
 
 _HELP = """\
 Traces in which two or more distinct agents ran and from which no handoff was derived (and
@@ -31,7 +32,7 @@ def _cmd_blind_spots(args) -> int:
         print(f"no blind spots: no trace that started {span} had two or more agents and no "
               "derived handoff")  # fmt: skip
         return EXIT_OK
-    print(f"{total:,} trace(s) started {span} in which two or more agents ran but no handoff "
+    print(f"{plural(total, 'trace')} started {span} in which two or more agents ran but no handoff "
           "was derived: these handoffs are in no funnel")  # fmt: skip
     _print_table(
         ["tenant", "scope", "traces", "agents", "example trace ids"],

@@ -11,12 +11,15 @@ import argparse
 import json
 import logging
 import math
+import re
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from analytics.display import terminal_safe
+from foundation import settings
+from foundation.units import shorten
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
 
@@ -69,7 +72,22 @@ def _client(args):
         hint = ""
         if spec.embedded:
             hint = " (is `handoffs serve` holding it? then use --store http://127.0.0.1:8124)"
-        raise StoreUnavailable(f"{str(exc).splitlines()[0][:300]}{hint}") from None
+        if _auth_refused(str(exc)):
+            raise StoreUnavailable(f"cannot open {spec.describe()}: {AUTH_REFUSED}") from None
+        raise StoreUnavailable(f"{shorten(str(exc).splitlines()[0])}{hint}") from None
+
+
+#: what a reader is told when the query port refuses its read token (HTTP 401, code 516)
+AUTH_REFUSED = (
+    "the query port refused the read token: serve's token is found by itself for a local "
+    f"serve of this user; else pass it as {settings.PASSWORD.env} or http://reader:TOKEN@host:port"
+)
+_AUTH_FAILED = re.compile(r"AUTHENTICATION_FAILED|\bcode:? 516\b|\b401 Unauthorized", re.I)
+
+
+def _auth_refused(text: str) -> bool:
+    """True when a store error is the server refusing the credentials."""
+    return _AUTH_FAILED.search(text) is not None
 
 
 def _write(path: str, text: str) -> None:
@@ -105,6 +123,19 @@ def _say(line: str) -> None:
     print(terminal_safe(line))
 
 
+def _tenant_note(client, db: str, w, tenant: str | None) -> None:
+    """Say on stderr when --tenant names a tenant with no handoff in the window (a typo
+    otherwise reads as a quiet week), with the tenants that have one."""
+    if not tenant:
+        return
+    from analytics import tenants
+
+    seen = tenants(client, database=db, window=w)
+    if tenant not in seen:
+        print(f"note: no data for tenant {tenant!r} in this window; tenants seen: "
+              f"{', '.join(seen) or 'none'}", file=sys.stderr)  # fmt: skip
+
+
 def _print_table(header: list[str], rows: list[list[Any]]) -> None:
     cells = [header, *[[terminal_safe(c, one_line=True) for c in r] for r in rows]]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
@@ -114,13 +145,56 @@ def _print_table(header: list[str], rows: list[list[Any]]) -> None:
             print("  ".join("-" * w for w in widths))
 
 
+def _min_n(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise _Usage(f"--min-n {value!r}: expected a whole number of settled handoffs >= 0")
+    return n
+
+
+def _print_lost(df, w, args) -> int:
+    """`metrics --by pair --sort lost`: analytics.pairs_lost, ranked pairs first."""
+    from analytics.pairs_lost import LOST_STAGES, MIN_N, lost_by_pair
+
+    min_n = MIN_N if args.min_n is None else _min_n(args.min_n)
+    lost = lost_by_pair(df, min_n=min_n)
+    if args.json:
+        print(json.dumps(_records(lost), indent=2))
+        return EXIT_OK
+    print(f"handoffs created {w.start:%Y-%m-%dT%H:%M:%SZ} .. {w.end:%Y-%m-%dT%H:%M:%SZ} "
+          f"(as of {w.clock():%Y-%m-%dT%H:%M:%SZ}); settled handoffs lost per stage, most "
+          f"first; pairs with fewer than {min_n} settled last, not ranked")  # fmt: skip
+    _print_table(
+        ["pair", "settled", "lost", "beyond fleet", "failing stage",
+         *(f"lost {s}" for s in LOST_STAGES), "p_execute %", "p_e2e %", "ranked"],
+        [
+            [r["pair"], r["settled"], r["lost"], f"{r['excess_lost']:+.0f}",
+             r["failing_stage"] or "—",
+             *(r[f"lost_{s}"] for s in LOST_STAGES), _pct(r["p_execute"]), _pct(r["p_e2e"]),
+             "yes" if r["rankable"] else f"no: n < {min_n}"]
+            for r in lost.to_dict(orient="records")
+        ],
+    )  # fmt: skip
+    return EXIT_OK
+
+
 def _cmd_metrics(args) -> int:
     from analytics import funnel
     from analytics.metrics import COUNT_COLUMNS, RATE_COLUMNS
 
     by = tuple(d for part in (args.by or []) for d in part.split(",") if d)
+    if args.sort == "lost" and (by != ("pair",) or args.bucket):
+        raise _Usage("--sort lost ranks agent pairs: use it with --by pair alone (no --bucket)")
+    if args.min_n is not None and args.sort != "lost":
+        raise _Usage("--min-n applies to --sort lost (the sample a pair needs to be ranked)")
+    if args.min_n is not None:
+        _min_n(args.min_n)  # refused before the store is opened
     w = _window(args)
     client, db = _client(args)
+    _tenant_note(client, db, w, args.tenant)
     try:
         if "origin" in by:
             if by != ("origin",) or args.bucket:
@@ -134,6 +208,8 @@ def _cmd_metrics(args) -> int:
             )
     except ValueError as exc:
         raise _Usage(str(exc)) from None
+    if args.sort == "lost":
+        return _print_lost(df, w, args)
     recs = _records(df)
     unsliced = not by and not args.bucket
     if unsliced:  # the task level and the topology tables beside the funnel
@@ -184,6 +260,7 @@ def _cmd_anomalies(args) -> int:
 
     w = _window(args)
     client, db = _client(args)
+    _tenant_note(client, db, w, args.tenant)
     df = anomalies(client, database=db, window=w, tenant=args.tenant, examples=args.examples)
     spiked = int(df.loc[df["kind"] == "rejection_spike", "count"].sum())
     when = rejection_spikes(client, database=db, window=w, tenant=args.tenant) if spiked else None
@@ -213,32 +290,40 @@ def _cmd_anomalies(args) -> int:
 
 
 def _cmd_report(args) -> int:
-    from analytics import Window, funnel, weekly_report
-    from analytics.report import DEFAULT_SLO, default_week, parse_slo, parse_week, slo_status
+    from analytics import Window, weekly_report
+    from analytics._report_slo import slo_section
+    from analytics.report import report_window
+    from analytics.slo import RulesError, load_rules, rules_file
 
     try:
-        slo = parse_slo(args.slo) if args.slo else dict(DEFAULT_SLO)
+        rules_path = str(rules_file(args.rules))
+        rules = load_rules(rules_path)
         as_of = _time(args.as_of, "--as-of")
-        week = args.week or default_week(as_of)
-        start = parse_week(week)
+        rw = report_window(week=args.week, as_of=as_of)
+    except RulesError as exc:
+        raise _Usage(f"bad SLO rules:\n{exc}") from None
     except ValueError as exc:
         raise _Usage(str(exc)) from None
     client, db = _client(args)
-    text = weekly_report(client, database=db, week=week, fmt=args.format, slo=slo, as_of=as_of)
-    row = funnel(
-        client, database=db, window=Window(start=start, end=start + timedelta(days=7), as_of=as_of)
+    week = args.week
+    text = weekly_report(
+        client, database=db, week=week, fmt=args.format, rules=rules_path, as_of=rw.as_of
     )
-    status = slo_status(row.iloc[0].to_dict(), slo)
-    breached = [s.metric for s in status if s.status == "breached"]
+    slo = slo_section(
+        client, rules, week=Window(start=rw.start, end=rw.end, as_of=rw.as_of), database=db
+    )
+    breached = [s.rule.name for s in slo.rows if s.status == "breached"]
     if args.out:
         _write(args.out, text)
     if args.json:
-        print(json.dumps({"week": week, "out": args.out, "format": args.format, "bytes": len(text.encode()),
-                          "slo": [{"metric": s.metric, "target": s.target, "actual": _clean(s.actual),
-                                   "status": s.status} for s in status]}, indent=2))  # fmt: skip
+        print(json.dumps({"week": week, "window": rw.inclusive(), "incomplete": rw.incomplete,
+                          "out": args.out, "format": args.format, "bytes": len(text.encode()),
+                          "rules": rules_path, "verdict": slo.verdict.level, "firing": list(slo.verdict.firing),
+                          "slo": [{"slo": s.rule.name, "metric": s.rule.objective, "target": s.rule.target,
+                                   "actual": s.good, "status": s.status} for s in slo.rows]}, indent=2))  # fmt: skip
     elif args.out:
         print(
-            f"wrote {args.out} (week {week}, {len(text.encode()):,} bytes); SLO breached: {', '.join(breached) or 'none'}"
+            f"wrote {args.out} ({rw.title}: {rw.inclusive()}, {len(text.encode()):,} bytes); SLO breached: {', '.join(breached) or 'none'}"
         )
     else:
         print(text)
@@ -282,9 +367,14 @@ def _guard(func):
         except ValueError as exc:  # bad argument values refused by the analytics API
             print(f"error: {exc}", file=sys.stderr)
             return EXIT_USAGE
+        except BrokenPipeError:
+            raise  # stdout's reader left (`| head`): handoffs.cli.main ends quietly
         except (ClickHouseError, OSError, RuntimeError) as exc:
+            if _auth_refused(str(exc)):
+                print(f"error: {AUTH_REFUSED}", file=sys.stderr)
+                return EXIT_UNAVAILABLE
             line = next((ln for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
-            print(f"error: store query failed: {line[:300]}", file=sys.stderr)
+            print(f"error: store query failed: {shorten(line)}", file=sys.stderr)
             return EXIT_UNAVAILABLE
 
     return run
@@ -307,6 +397,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--bucket", choices=["hour", "day"], help="add a time bucket (created time, UTC)"
     )
+    p.add_argument(
+        "--sort",
+        choices=["lost"],
+        help="with --by pair: rank pairs by settled handoffs lost, with the failing stage",
+    )
+    p.add_argument(
+        "--min-n",
+        metavar="N",
+        help="with --sort lost: settled handoffs a pair needs to be ranked (default 20)",
+    )
     p.set_defaults(func=_guard(_cmd_metrics))
 
     p = sub.add_parser("anomalies", help="anomaly counts with example handoff ids")
@@ -319,10 +419,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     rs = p.add_subparsers(dest="report_kind", metavar="KIND")
     r = rs.add_parser("weekly", help="weekly reliability report (self-contained HTML or Markdown)")
     _common(r)
-    r.add_argument("--week", help="ISO week, e.g. 2026-W48 (default: the last full week)")
+    r.add_argument("--week", help="ISO week, e.g. 2026-W48 (default: the last 7 days)")
     r.add_argument("--out", metavar="FILE", help="write the report here (default: stdout)")
     r.add_argument("--format", choices=["html", "md"], default="html")
-    r.add_argument("--slo", help="targets, e.g. p_e2e=0.9,unknown_rate=0.02 (fractions)")
+    r.add_argument(
+        "--rules",
+        metavar="FILE",
+        help="SLO rules (YAML; docs/alerts.md); default: env HANDOFFS_SLO_RULES, else "
+        "deploy/slos.yaml (the dashboard and `alerts check` read the same)",
+    )
     r.add_argument("--as-of", metavar="TIME", help="clock for the settle rule (default now)")
     r.add_argument("--fail-on-breach", action="store_true", help="exit 1 when an SLO is breached")
     r.set_defaults(func=_guard(_cmd_report))

@@ -1,7 +1,9 @@
-"""CLI of evidence packages: `handoffs evidence HANDOFF_ID | --task TASK_ID | verify FILE`.
+"""CLI of evidence packages: `handoffs evidence HANDOFF_ID | --task TASK_ID | export | show
+FILE | verify FILE|DIR`.
 
 Builds or checks the packages of analytics.evidence and analytics.verify; shared helpers
-(store, usage errors, tables) come from analytics._cli.
+(store, usage errors, tables) come from analytics._cli; saved files (show, export, verify
+of an export directory) are analytics._evidence_files.
 """
 
 from __future__ import annotations
@@ -24,15 +26,37 @@ from analytics._cli import (
     _Usage,
     _write,
 )
+from analytics._evidence_files import keys as _keys
+from analytics._evidence_files import offline as _offline
+from foundation.units import plural
 
 
 def _cmd_evidence(args) -> int:
+    from analytics import _evidence_files as files
+
     if args.target and args.target[0] == "verify":
         if len(args.target) != 2 or args.task:
             raise _Usage(
-                "usage: handoffs evidence verify FILE [--public-key PUB]... [--store S | --offline]"
+                "usage: handoffs evidence verify FILE|DIR [--public-key PUB]... [--store S | --offline]"
             )
+        if Path(args.target[1]).is_dir():
+            return files.cmd_verify_dir(args, Path(args.target[1]))
         return _verify(args, Path(args.target[1]))
+    if args.target and args.target[0] == "show":
+        if len(args.target) != 2:
+            raise _Usage("usage: handoffs evidence show FILE [--format text|html] [--out OUT] "
+                         "[--public-key PUB | --store S]")  # fmt: skip
+        return files.cmd_show(args, Path(args.target[1]))
+    if args.target and args.target[0] == "export":
+        if len(args.target) != 1:
+            raise _Usage("usage: handoffs evidence export --task ID | --agent NAME | --from T "
+                         "--to T [--tenant T] --out DIR")  # fmt: skip
+        return files.cmd_export(args)
+    if len(args.target) == 1 and files.looks_like_file(args.target[0]):
+        f = args.target[0]
+        raise _Usage(f"{f} is a saved package, not a handoff id: read it with `handoffs evidence "
+                     f"show {f}` (or --format html --out page.html), check it with `handoffs "
+                     f"evidence verify {f}`")  # fmt: skip
     if args.task:
         if args.target:
             raise _Usage("usage: handoffs evidence --task TASK_ID --out FILE (no HANDOFF_ID)")
@@ -66,9 +90,9 @@ def _cmd_evidence(args) -> int:
         return EXIT_OK
     _print_package(pkg)
     if args.out:
-        print(
-            f"\nwrote {args.out} ({len(text):,} bytes); check it later with: handoffs evidence verify {args.out}"
-        )
+        print(f"\nwrote {args.out} ({len(text):,} bytes)")
+        for line in files.verify_hint(args, pkg, args.out):
+            print(line)
     return EXIT_OK
 
 
@@ -95,9 +119,11 @@ def _task_bundle(args, *, quiet_missing: bool = False) -> int:
         print()
     _say(f"task {bundle['task_id']}: {len(bundle['packages'])} handoffs in created-time order")
     if args.out:
-        print(
-            f"wrote {args.out} ({len(text):,} bytes); check it with: handoffs evidence verify {args.out}"
-        )
+        from analytics._evidence_files import verify_hint
+
+        print(f"wrote {args.out} ({len(text):,} bytes)")
+        for line in verify_hint(args, bundle, args.out):
+            print(line)
     return EXIT_OK
 
 
@@ -151,31 +177,6 @@ def _print_package(pkg: dict[str, Any]) -> None:
               "verifies only against the store")  # fmt: skip
 
 
-def _keys(args):
-    from foundation.keys import KeyFileError, PublicKeys, load_public_key
-
-    if not args.public_key:
-        return None
-    try:
-        return PublicKeys.of(load_public_key(p) for p in args.public_key)
-    except KeyFileError as exc:
-        raise _Usage(str(exc)) from None
-
-
-def _offline(args) -> bool:
-    """Offline when asked, or when public keys are given and no store is (flag or env)."""
-    from foundation import settings
-
-    if args.offline:
-        if args.store:
-            raise _Usage("--offline and --store exclude each other")
-        if not args.public_key:
-            raise _Usage("--offline needs --public-key (what else would the package prove?)")
-        return True
-    no_store = not args.store and settings.resolve(settings.STORE, None) == settings.STORE.default
-    return bool(args.public_key) and no_store
-
-
 def _verify(args, path: Path) -> int:
     from analytics.verify import VerifyResult, instance_notes, verify_offline, verify_package
 
@@ -184,6 +185,9 @@ def _verify(args, path: Path) -> int:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         print(f"cannot read evidence package {path}: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    from analytics._evidence_files import check_something_given, late_notes
+
+    check_something_given(args, pkg)
     keys = _keys(args)
     packages = (
         pkg.get("packages")
@@ -212,6 +216,8 @@ def _verify(args, path: Path) -> int:
         print(f"{path}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     res = results[0]
+    if client is not None:
+        res.notes.extend(late_notes(client, db, [pkg]))
     if args.json:
         print(json.dumps({"ok": res.ok, "problems": res.problems, "notes": res.notes}, indent=2))
     elif res.ok:
@@ -226,7 +232,7 @@ def _verify(args, path: Path) -> int:
         for n in res.notes:
             print(f"  note: {n}")
     else:
-        print(f"FAILED: {path} does not verify ({len(res.problems)} problems):")
+        print(f"FAILED: {path} does not verify ({plural(len(res.problems), 'problem')}):")
         for p in res.problems:
             _say(f"  - {p}")
         for n in res.notes:
@@ -240,9 +246,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "evidence",
         help="evidence package of one handoff or task, or verify a saved one",
         usage="handoffs evidence HANDOFF_ID [--out FILE] [--tenant T] | handoffs evidence --task "
-        "TASK_ID [--out FILE] | handoffs evidence verify FILE [--public-key PUB]... "
+        "TASK_ID [--out FILE] | handoffs evidence export (--task ID | --agent NAME | --from T "
+        "--to T) [--tenant T] --out DIR | handoffs evidence show FILE [--format text|html] "
+        "[--out OUT] | handoffs evidence verify FILE|DIR [--public-key PUB]... "
         "[--store S | --offline]",
-        description="verify exits 0 when the package verifies, 1 when anything differs (each "
+        description="export writes one package per handoff and manifest.json into DIR; show "
+        "prints a summary for people, or one self-contained HTML page (--format html), verified "
+        "when --public-key or --store is given. "
+        "verify exits 0 when the package verifies, 1 when anything differs (each "
         "difference named), 2 on bad usage or a malformed file, 3 when the store is unreachable. "
         "With --public-key and no store (no --store, no HANDOFFS_STORE) it verifies offline: "
         "no store is opened and nothing is written.",
@@ -251,7 +262,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "target",
         nargs="*",
-        metavar="ID | verify FILE",
+        metavar="ID | export | show FILE | verify FILE|DIR",
         help="a handoff id (an A2A task id is one); a task id (an A2A context id, an OpenAI "
         "Agents SDK trace id) gives the task's bundle",
     )
@@ -266,5 +277,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--offline", action="store_true", help="verify: never open a store (needs --public-key)"
+    )
+    p.add_argument("--agent", metavar="NAME", help="export: the handoffs this agent is part of")
+    p.add_argument("--from", dest="from", metavar="TIME", help="export: created at or after (UTC)")
+    p.add_argument("--to", metavar="TIME", help="export: created before (ISO-8601 UTC)")
+    p.add_argument(
+        "--format", choices=("text", "html"), default="text", help="show: terminal text or HTML"
     )
     p.set_defaults(func=_guard(_cmd_evidence))

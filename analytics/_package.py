@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from analytics import reference as ref
+from analytics._why import Reason, handoff_reasons, reason_dicts
 from analytics.reference_audit import audit_anomalies
 from collector import semconv as sc
 from collector.contract import TERMINAL
@@ -146,10 +147,12 @@ def build_package(
     related_spans: Sequence[Mapping[str, Any]] = (),
     log: Mapping[str, Any] | None = None,
     typed_mismatched: Sequence[str] = (),
+    extra_reasons: Sequence[Reason | Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     """The package of one handoff's stored rows, copies included (pure). Every field comes
-    from `proven_row` of the rows, so equal proven rows give an equal package. ValueError
-    when rows is empty."""
+    from `proven_row` of the rows, so equal proven rows give an equal package; the
+    `anomaly_reasons` of the kinds in `extra_anomalies` come from `extra_reasons`
+    (analytics._why_task). ValueError when rows is empty."""
     if not rows:
         raise ValueError("no transitions: cannot build an evidence package")
     proven = [proven_row(r) for r in rows]
@@ -240,6 +243,11 @@ def build_package(
             "log": dict(log) if log is not None else {"head": None, "entries": [], "pending": []},
         },
     }
+    # why each kind fired: a field of a transition, or another handoff (analytics._why)
+    pkg["anomaly_reasons"] = reason_dicts(
+        pkg["anomalies"],
+        [*handoff_reasons(pkg["anomalies"], ordered, as_of_ns=as_of_ns), *extra_reasons],
+    )
     pkg["integrity"]["package_sha256"] = package_sha256(pkg)
     return pkg
 

@@ -7,16 +7,18 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from foundation.units import fmt_duration_ms
+
 if TYPE_CHECKING:
     import pandas as pd
     from clickhouse_connect.driver.client import Client
 
     from analytics._common import Window
 
-#: table name -> (title, columns shown); numbers are ms (lag) or counts
+#: table name -> (title, columns shown); numbers are counts, lags (`_ms` columns) durations
 TITLES: dict[str, tuple[str, tuple[str, ...]]] = {
     "queue_lag": (
-        "queue lag (enqueue -> accept, ms) per consumer and queue",
+        "queue lag (enqueue -> accept) per consumer and queue",
         ("consumer", "queue", "handoffs", "p50_ms", "p95_ms", "max_ms"),
     ),
     "task_fan_out": (
@@ -63,7 +65,15 @@ def _cell(v: Any) -> str:
 def rows(name: str, df: pd.DataFrame) -> tuple[str, list[str], list[list[str]]]:
     """(title, header, formatted rows) of one table for the terminal."""
     title, cols = TITLES[name]
-    return title, list(cols), [[_cell(r[c]) for c in cols] for r in df.to_dict(orient="records")]
+    header = [c.removesuffix("_ms") for c in cols]
+    return (
+        title,
+        header,
+        [
+            [fmt_duration_ms(r[c]) if c.endswith("_ms") else _cell(r[c]) for c in cols]
+            for r in df.to_dict(orient="records")
+        ],
+    )
 
 
 def tasks_line(t: dict[str, Any]) -> str:

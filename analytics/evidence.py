@@ -33,6 +33,7 @@ from analytics._evidence_logs import StoreLogs
 from analytics._evidence_store import cross_anomalies, fetch_task_rows, related
 from analytics._package import FORMAT, build_package, iso_ns, typed_mismatches
 from analytics._rows import fetch_handoff, fetch_ledger_entries
+from analytics._why_task import cross_reasons
 from analytics.verify import VerifyResult, package_sha256, verify_offline, verify_package
 from foundation.keys import PublicKeys
 from foundation.store import query_each
@@ -107,6 +108,7 @@ def _package(client: Client, db: str, rows, now_ns: int, logs: StoreLogs) -> dic
         extra_anomalies=extra,
         related_spans=related_spans,
         typed_mismatched=typed_mismatches(rows),
+        extra_reasons=cross_reasons(client, db, extra, rows, task_rows),
     )
     # the proofs, in the package's transition order (one per distinct row)
     pkg["integrity"]["log"] = logs.section(pkg["transitions"], ledger.batches)

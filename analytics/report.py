@@ -1,4 +1,5 @@
-"""The weekly reliability report: one self-contained HTML file (plotly inlined) or Markdown.
+"""The weekly reliability report: one self-contained HTML file (SVG charts, no script) or
+Markdown, over the last 7 days (default) or one ISO week.
 
 Built only from the public loaders (funnel, latencies, anomalies, handoffs_behind), so the
 report shows exactly the numbers the dashboard and `handoffs metrics` show.
@@ -8,52 +9,38 @@ from __future__ import annotations
 
 import html
 import math
-import re
-from dataclasses import dataclass
-from datetime import UTC, date, datetime, timedelta
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final
 
-import pandas as pd
-
+from analytics import _report_charts as charts
 from analytics._common import Window, check_db
+from analytics._report_slo import html_section, md_lines, slo_section
+from analytics._report_window import ReportWindow, parse_week, report_window
 from analytics.anomalies import anomalies
 from analytics.display import html_safe
 from analytics.metrics import RATE_COLUMNS, funnel, handoffs_behind, latencies
+from analytics.pairs_lost import LOST_STAGES, MIN_N, lost_by_pair
 from analytics.rollup import rollup
+from analytics.slo import load_rules, rules_file
+from foundation.units import fmt_duration_ms
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
 
+    from analytics.slo import Rule
+
 __all__ = [
-    "DEFAULT_SLO",
-    "SLO_MAX_METRICS",
     "default_week",
     "fmt_rate",
-    "parse_slo",
     "parse_week",
-    "slo_status",
+    "report_window",
     "weekly_report",
 ]
 
-#: SLO targets used when none are given: fractions 0..1.
-DEFAULT_SLO: Final = {"p_e2e": 0.9, "p_accept": 0.95, "unknown_rate": 0.02}
-#: Metrics where lower is better (the target is a ceiling); every other rate is a floor.
-SLO_MAX_METRICS: Final = frozenset({"unknown_rate", "escalation_rate"})
-_WEEK = re.compile(r"^(\d{4})-W(\d{2})$")
-#: Pairs / modes need this many settled handoffs to be ranked among the worst.
-MIN_SETTLED_TO_RANK: Final = 5
-
-
-def parse_week(week: str) -> datetime:
-    """Monday 00:00 UTC of ISO week 'YYYY-Www'; ValueError naming the problem otherwise."""
-    m = _WEEK.match(week or "")
-    if not m:
-        raise ValueError(f"week {week!r}: expected ISO week like 2026-W48")
-    try:
-        d = date.fromisocalendar(int(m.group(1)), int(m.group(2)), 1)
-    except ValueError as exc:
-        raise ValueError(f"week {week!r}: {exc}") from None
-    return datetime(d.year, d.month, d.day, tzinfo=UTC)
+#: Worst agent pairs listed: ranked by handoffs lost beyond the fleet's rate, pairs with at
+#: least MIN_N settled.
+WORST_PAIRS: Final = 10
 
 
 def default_week(now: datetime | None = None) -> str:
@@ -61,28 +48,6 @@ def default_week(now: datetime | None = None) -> str:
     now = now or datetime.now(UTC)
     y, w, _ = (now - timedelta(days=7)).isocalendar()
     return f"{y}-W{w:02d}"
-
-
-def parse_slo(spec: str | None) -> dict[str, float]:
-    """'p_e2e=0.9,unknown_rate=0.02' -> {name: target}; ValueError naming the bad part."""
-    out: dict[str, float] = {}
-    for part in filter(None, (p.strip() for p in (spec or "").split(","))):
-        name, sep, value = part.partition("=")
-        name = name.strip()
-        if not sep:
-            raise ValueError(f"SLO {part!r}: expected metric=target, e.g. p_e2e=0.9")
-        if name not in RATE_COLUMNS:
-            raise ValueError(
-                f"SLO {part!r}: unknown metric {name!r}; choose from {', '.join(RATE_COLUMNS)}"
-            )
-        try:
-            target = float(value)
-        except ValueError:
-            raise ValueError(f"SLO {part!r}: target {value!r} is not a number") from None
-        if not 0 <= target <= 1:
-            raise ValueError(f"SLO {part!r}: target must be a fraction in [0, 1]")
-        out[name] = target
-    return out
 
 
 def fmt_rate(x: Any, digits: int = 1) -> str:
@@ -99,44 +64,18 @@ def _fmt_delta(now: float, before: float) -> str:
 
 
 def _fmt_ms(x: Any) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "—"
-    return f"{float(x):,.0f} ms"
+    return fmt_duration_ms(None if x is None else float(x))
 
 
-@dataclass(frozen=True, slots=True)
-class SloRow:
-    metric: str
-    target: float
-    actual: float
-    status: str  # "met" | "breached" | "no data"
-
-
-def slo_status(row: dict[str, Any], slo: dict[str, float]) -> list[SloRow]:
-    """Each target against the funnel row: a floor for p_* rates, a ceiling for
-    SLO_MAX_METRICS; "no data" when the rate is undefined."""
-    out = []
-    for metric, target in slo.items():
-        actual = float(row.get(metric, math.nan))
-        if math.isnan(actual):
-            status = "no data"
-        elif metric in SLO_MAX_METRICS:
-            status = "met" if actual <= target else "breached"
-        else:
-            status = "met" if actual >= target else "breached"
-        out.append(SloRow(metric, target, actual, status))
-    return out
-
-
-def _collect(client: Client, db: str, week: str, as_of: datetime | None, slo: dict[str, float]):
-    start = parse_week(week)
-    w = Window(start=start, end=start + timedelta(days=7), as_of=as_of)
-    prev = Window(start=start - timedelta(days=7), end=start, as_of=as_of)
+def _collect(client: Client, db: str, rw: ReportWindow, rules: Sequence[Rule], source: str):
+    as_of = rw.as_of
+    w = Window(start=rw.start, end=rw.end, as_of=as_of)
+    prev = Window(start=rw.prev_start, end=rw.start, as_of=as_of)
     kw: dict[str, Any] = {"database": db}
     # one split of the week's cohort, rolled up to the total, the days, the pairs, the modes
     split = funnel(client, window=w, by=("pair", "mode"), bucket="day", **kw)
     data = {
-        "week": week,
+        "rw": rw,
         "window": w,
         "now": rollup(split).iloc[0].to_dict(),
         "prev": funnel(client, window=prev, **kw).iloc[0].to_dict(),
@@ -147,16 +86,34 @@ def _collect(client: Client, db: str, week: str, as_of: datetime | None, slo: di
         "anom": anomalies(client, window=w, **kw),
         "unresolved": handoffs_behind(client, window=w, stage="unresolved", limit=50, **kw),
     }
-    data["slo"] = slo_status(data["now"], slo)
+    data["slo"] = slo_section(client, rules, week=w, database=db)
+    data["slo_source"] = source
+    lost = lost_by_pair(data["pairs"])
+    data["worst"] = lost[lost["rankable"] & (lost["lost"] > 0)].head(WORST_PAIRS)
+    data["unranked"] = int((~lost["rankable"]).sum())
     return data
 
 
-def _worst(df: pd.DataFrame, key: str, n: int = 10) -> pd.DataFrame:
-    if df.empty:
-        return df
-    ranked = df[df["settled"] >= MIN_SETTLED_TO_RANK].copy()
-    ranked["_r"] = ranked["p_e2e"].fillna(2.0)
-    return ranked.sort_values(["_r", key]).head(n).drop(columns="_r")
+def _worst_rows(d) -> list[list[Any]]:
+    """pair, settled, lost, lost beyond the fleet's rate, failing stage, the stage rates, P(e2e)."""
+    return [
+        [r.pair, r.settled, r.lost, f"{r.excess_lost:+.0f}", r.failing_stage, fmt_rate(r.p_accept), fmt_rate(r.p_execute),
+         fmt_rate(r.p_evidence), fmt_rate(r.p_commit), fmt_rate(r.p_e2e)]
+        for r in d["worst"].itertuples()
+    ]  # fmt: skip
+
+
+_WORST_HEADER: Final = ["pair", "settled", "lost", "beyond fleet", "failing stage", "P(accept)", "P(execute)",
+                        "P(evidence)", "P(commit)", "P(e2e)"]  # fmt: skip
+
+
+def _worst_note(d) -> str:
+    return (
+        "Ranked by handoffs lost beyond the fleet's rate (lost: settled, not committed), with "
+        "the stage losing the most; "
+        "beyond fleet = lost minus what the pair would lose at the whole fleet's rate; "
+        f"pairs with at least {MIN_N} settled ({d['unranked']} smaller pairs not ranked)."
+    )
 
 
 _HEADLINE = (
@@ -175,6 +132,7 @@ _HEADLINE = (
 
 
 def _headline_rows(d) -> list[tuple[str, str, str, str]]:
+    """metric, this period, the period before, change."""
     rows = []
     for key, label in _HEADLINE:
         a, b = d["now"][key], d["prev"][key]
@@ -186,25 +144,17 @@ def _headline_rows(d) -> list[tuple[str, str, str, str]]:
 
 
 def _md(d) -> str:
-    w = d["window"]
+    rw = d["rw"]
     lines = [
-        f"# Handoff reliability, week {d['week']}",
-        f"Window {w.start:%Y-%m-%d} to {w.end:%Y-%m-%d} (UTC, created time); as of "
-        f"{w.clock():%Y-%m-%dT%H:%M:%SZ}. Rates over settled handoffs; — = undefined.",
+        f"# Handoff reliability, {rw.title}",
+        f"{rw.describe()}. Rates over settled handoffs; — = undefined.",
         "",
         "## Headline",
-        "| metric | this week | last week | change |",
+        f"| metric | {' | '.join(rw.columns)} | change |",
         "|---|---|---|---|",
         *(f"| {a.replace('|', '&#124;')} | {b} | {c} | {e} |" for a, b, c, e in _headline_rows(d)),
         "",
-        "## SLO status",
-        "| metric | target | actual | status |",
-        "|---|---|---|---|",
-        *(
-            f"| {s.metric} | {'<=' if s.metric in SLO_MAX_METRICS else '>='} {fmt_rate(s.target)} "
-            f"| {fmt_rate(s.actual)} | {s.status} |"
-            for s in d["slo"]
-        ),
+        *md_lines(d["slo"], d["slo_source"]),
         "",
         "## Latency",
         *(
@@ -213,13 +163,12 @@ def _md(d) -> str:
             for name in ("accept", "result", "commit", "resolve")
         ),
         "",
-        "## Worst agent pairs (by P(end to end), at least 5 settled)",
-        "| pair | settled | P(e2e) | P(accept) | unknown rate |",
-        "|---|---|---|---|---|",
-        *(
-            f"| {r.pair} | {r.settled} | {fmt_rate(r.p_e2e)} | {fmt_rate(r.p_accept)} | {fmt_rate(r.unknown_rate)} |"
-            for r in _worst(d["pairs"], "pair").itertuples()
-        ),
+        "## Worst agent pairs",
+        _worst_note(d),
+        "",
+        f"| {' | '.join(_WORST_HEADER)} |",
+        "|---" * len(_WORST_HEADER) + "|",
+        *(f"| {' | '.join(str(c).replace('|', '&#124;') for c in r)} |" for r in _worst_rows(d)),
         "",
         "## Modes",
         "| mode | settled | P(e2e) | escalation rate |",
@@ -250,34 +199,17 @@ def _table(header: list[str], rows: list[list[Any]]) -> str:
 
 
 def _charts(d) -> list[str]:
-    import plotly.graph_objects as go
-
-    daily = d["daily"]
-    x = [b.strftime("%Y-%m-%d") for b in daily["bucket"]] if len(daily) else []
-    trend = go.Figure()
-    for col, name in (
-        ("p_e2e", "P(e2e)"),
-        ("p_accept", "P(accept)"),
-        ("unknown_rate", "unknown rate"),
-    ):
-        trend.add_trace(
-            go.Scatter(
-                x=x, y=list(daily[col]) if len(daily) else [], mode="lines+markers", name=name
-            )
-        )
-    trend.update_layout(
-        title="Daily rates (created day, UTC)",
-        yaxis={"tickformat": ".0%", "range": [0, 1]},
-        height=360,
-    )
-    vol = go.Figure(go.Bar(x=x, y=list(daily["volume"]) if len(daily) else [], name="handoffs"))
-    vol.update_layout(title="Handoffs created per day", height=300)
-    stages = ["settled", "accepted", "executed", "evidenced", "committed"]
-    fun = go.Figure(go.Funnel(y=stages, x=[int(d["now"][s]) for s in stages]))
-    fun.update_layout(title="Funnel of settled handoffs", height=320)
-    out = []
-    for i, fig in enumerate((fun, trend, vol)):
-        out.append(fig.to_html(full_html=False, include_plotlyjs=(i == 0), default_width="100%"))
+    """The funnel, the daily trend, the handoffs lost by the worst pairs (SVG)."""
+    stages = (("settled", "Settled"), ("accepted", "Accepted"), ("executed", "Executed"),
+              ("evidenced", "Evidenced"), ("committed", "Committed"))  # fmt: skip
+    out = [
+        charts.funnel_svg(d["now"], stages),
+        charts.trend_svg(
+            d["daily"], ("p_e2e", "p_accept", "unknown_rate"), "Daily rates (created day, UTC)"
+        ),
+    ]
+    if len(d["worst"]):
+        out.append(charts.lost_svg(d["worst"], tuple(LOST_STAGES)))
     return out
 
 
@@ -287,25 +219,15 @@ th{background:#f3f3f3}.met{color:#17803d}.breached{color:#b42318;font-weight:bol
 
 
 def _html(d) -> str:
-    w = d["window"]
-    slo_rows = "".join(
-        f"<tr><td>{s.metric}</td><td>{'≤' if s.metric in SLO_MAX_METRICS else '≥'} {fmt_rate(s.target)}</td>"
-        f"<td>{fmt_rate(s.actual)}</td><td class='{s.status.replace(' ', '-')}'>{s.status}</td></tr>"
-        for s in d["slo"]
-    )
-    worst = _worst(d["pairs"], "pair")
+    rw = d["rw"]
     parts = [
-        f"<!doctype html><html><head><meta charset='utf-8'><title>Handoff reliability {html.escape(d['week'])}</title>",
+        f"<!doctype html><html><head><meta charset='utf-8'><title>Handoff reliability, {rw.title}</title>",
         f"<style>{_CSS}</style></head><body>",
-        f"<h1>Handoff reliability, week {html.escape(d['week'])}</h1>",
-        f"<p>Cohort: handoffs created {w.start:%Y-%m-%d} to {w.end:%Y-%m-%d} (UTC); as of "
-        f"{w.clock():%Y-%m-%dT%H:%M:%SZ}. Rates are over settled handoffs; — means undefined.</p>",
+        f"<h1>Handoff reliability, {rw.title}</h1>",
+        f"<p>{html.escape(rw.describe())}. Rates are over settled handoffs; — means undefined.</p>",
         "<h2>Headline</h2>",
-        _table(
-            ["metric", "this week", "last week", "change"], [list(r) for r in _headline_rows(d)]
-        ),
-        "<h2>SLO status</h2><table><thead><tr><th>metric</th><th>target</th><th>actual</th>"
-        f"<th>status</th></tr></thead><tbody>{slo_rows}</tbody></table>",
+        _table(["metric", *rw.columns, "change"], [list(r) for r in _headline_rows(d)]),
+        html_section(d["slo"], d["slo_source"]),
         *_charts(d),
         "<h2>Latency</h2>",
         _table(
@@ -319,21 +241,8 @@ def _html(d) -> str:
                 for name in ("accept", "result", "commit", "resolve")
             ],
         ),
-        f"<h2>Worst agent pairs</h2><p>By P(end to end), pairs with at least {MIN_SETTLED_TO_RANK} settled.</p>",
-        _table(
-            ["pair", "settled", "P(e2e)", "P(accept)", "P(evidence)", "unknown rate"],
-            [
-                [
-                    r.pair,
-                    r.settled,
-                    fmt_rate(r.p_e2e),
-                    fmt_rate(r.p_accept),
-                    fmt_rate(r.p_evidence),
-                    fmt_rate(r.unknown_rate),
-                ]
-                for r in worst.itertuples()
-            ],
-        ),
+        f"<h2>Worst agent pairs</h2><p>{html.escape(_worst_note(d))}</p>",
+        _table(_WORST_HEADER, _worst_rows(d)),
         "<h2>Modes</h2>",
         _table(
             ["mode", "settled", "P(e2e)", "escalation rate"],
@@ -375,22 +284,24 @@ def weekly_report(
     database: str | None = None,
     week: str | None = None,
     fmt: str = "html",
-    slo: dict[str, float] | None = None,
+    rules: str | None = None,
     as_of: datetime | None = None,
 ) -> str:
-    """The report for ISO week `week` (default: the last full week) as a string.
+    """The report for ISO week `week`, by default the 7 days before `as_of`, as a string
+    (report_window: the cohort, printed with an inclusive end; a week in progress is
+    marked incomplete).
 
-    fmt "html": one self-contained page (plotly.js inlined, opens offline); "md": Markdown.
-    slo: {rate: target} (default DEFAULT_SLO). Both weeks are evaluated at `as_of`
-    (default now), so last week is at least as settled as this one. ValueError for a bad
-    week, format or SLO metric.
+    fmt "html": one self-contained page (SVG charts, no script: opens offline); "md": Markdown.
+    rules: the SLO rules file (analytics.slo.rules_file: this, else HANDOFFS_SLO_RULES, else
+    deploy/slos.yaml — the file the dashboard and `handoffs alerts check` read). Both weeks
+    are evaluated at `as_of` (default now), so last week is at least as settled as this one.
+    ValueError for a bad week or format; analytics.slo.RulesError (a ValueError) for rules
+    that cannot be read or are refused.
     """
     db = check_db(database)
     if fmt not in ("html", "md"):
         raise ValueError(f"fmt must be 'html' or 'md', got {fmt!r}")
-    targets = dict(DEFAULT_SLO if slo is None else slo)
-    for k in targets:
-        if k not in RATE_COLUMNS:
-            raise ValueError(f"unknown SLO metric {k!r}; choose from {', '.join(RATE_COLUMNS)}")
-    data = _collect(client, db, week or default_week(as_of), as_of, targets)
+    path = str(rules_file(rules))
+    rw = report_window(week=week, as_of=as_of)
+    data = _collect(client, db, rw, load_rules(path), path)
     return _html(data) if fmt == "html" else _md(data)

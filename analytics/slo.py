@@ -19,6 +19,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Final, Literal
 
 from analytics._slo_rules import (
@@ -50,16 +51,19 @@ __all__ = [
     "RulesError",
     "SloStatus",
     "budget_remaining",
+    "budget_text",
     "burn_rate",
     "decide",
     "default_burn_windows",
     "evaluate",
     "fmt_duration",
+    "fmt_vs_target",
     "load_rules",
     "notification_body",
     "objective_counts",
     "parse_duration",
     "parse_rules",
+    "rules_file",
 ]
 
 #: The rules file the dashboard's Alerts page reads when none is given.
@@ -321,8 +325,26 @@ def _x(v: float | None) -> str:
     return "—" if v is None or math.isnan(v) else f"{v:.1f}×"
 
 
-def _pct(v: float | None) -> str:
-    return "—" if v is None else f"{100 * v:.1f}%"
+def budget_text(remaining: float | None) -> str:
+    """The error budget remaining as a reader takes it: "42.0%" while some is left,
+    "exhausted (burn 227×)" once it is spent (the burn over the SLO window, 1 - remaining,
+    instead of a negative percentage), "—" without events."""
+    if remaining is None or math.isnan(remaining):
+        return "—"
+    if remaining > 0:
+        return f"{100 * remaining:.1f}%"
+    burn = 1.0 - remaining
+    return f"exhausted (burn {burn:.1f}×)" if burn < 10 else f"exhausted (burn {burn:.0f}×)"
+
+
+def fmt_vs_target(actual: float, target: float, *, digits: int = 1, most: int = 4) -> str:
+    """`actual` (a fraction) as a percentage with `digits` decimals, more (up to `most`) while
+    it would print the same as `target`: 0.9496 against 0.95 is "94.96%", never a "95.0%"
+    that reads as met. Equal values print with `digits`."""
+    d = digits
+    while d < most and actual != target and f"{100 * actual:.{d}f}" == f"{100 * target:.{d}f}":
+        d += 1
+    return f"{100 * actual:.{d}f}%"
 
 
 def _iso(t: datetime) -> str:
@@ -343,7 +365,7 @@ def notification_body(n: Notification) -> dict[str, object]:
     head = "[FIRING]" if n.state == "firing" else "[RESOLVED]"
     text = (
         f"{head} {alert.name}: {rule.objective}{f' ({scope})' if scope else ''} burn rate "
-        f"{burns}; error budget remaining {_pct(n.status.budget_remaining)} "
+        f"{burns}; error budget remaining {budget_text(n.status.budget_remaining)} "
         f"(target {100 * rule.target:g}% over {fmt_duration(rule.window)})"
     )
     return {
@@ -391,6 +413,17 @@ def _rule(m: RuleModel, line: int) -> Rule:
 def parse_rules(text: str, *, path: str = "<rules>") -> tuple[Rule, ...]:
     """Rules from YAML text (schema: docs/alerts.md). RulesError with every line and reason."""
     return tuple(_rule(m, line) for m, line in parse(text, path=path))
+
+
+def rules_file(given: str | None = None) -> Path:
+    """The SLO rules file every reader uses (dashboard, `alerts check`, `watch`, the weekly
+    report): `given`, else HANDOFFS_SLO_RULES, else deploy/slos.yaml of the working directory
+    or, when there is none, of the source tree this package runs from. May not exist."""
+    chosen = settings.resolve(SLO_RULES, given)
+    path = Path(chosen).expanduser()
+    if chosen == SLO_RULES.default and not path.is_file():
+        path = Path(__file__).resolve().parent.parent / chosen  # run outside the source tree
+    return path
 
 
 def load_rules(path: str) -> tuple[Rule, ...]:

@@ -18,7 +18,7 @@ from analytics.slo import Counts, Rule, SloStatus, evaluate, objective_counts
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
 
-__all__ = ["evaluate_rules", "window_counts"]
+__all__ = ["cohort_counts", "evaluate_rules", "window_counts"]
 
 #: Flagged handoffs counted per anomaly window at most (handoffs_behind's row limit).
 ANOMALY_LIMIT = 100_000
@@ -77,3 +77,30 @@ def evaluate_rules(
         evaluate(r, window_counts(client, r, as_of=as_of, database=database), as_of=as_of)
         for r in rules
     )
+
+
+def cohort_counts(
+    client: Client, rule: Rule, *, window: Window, database: str | None = None
+) -> Counts:
+    """Counts of `rule`'s objective over one cohort window (created in [start, end), settled
+    by window's clock), in the rule's scope: what the weekly report compares to the target."""
+    from analytics.metrics import funnel, handoffs_behind
+
+    where = dict(rule.where)
+    tenant = where.pop("tenant", None)
+    df = funnel(client, database=database, window=window, by=tuple(where), tenant=tenant)
+    row = _row(df, where)
+    kind = rule.anomaly_kind
+    if kind is not None:
+        flagged = handoffs_behind(
+            client,
+            database=database,
+            window=window,
+            stage="all",
+            tenant=tenant,
+            filters=where or None,
+            anomaly=kind,
+            limit=ANOMALY_LIMIT,
+        )
+        row["anomalous"] = float(len(flagged))
+    return objective_counts(rule.objective, row)

@@ -41,8 +41,10 @@ from analytics._package import (
     typed_mismatches,
 )
 from analytics._rows import fetch_handoff, fetch_ledger_entries
+from analytics._why_task import cross_reasons
 from foundation.integrity import HASHED_COLUMNS, row_hash
 from foundation.keys import PublicKeys, SignedHead
+from foundation.units import plural
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
@@ -126,8 +128,9 @@ def _rebuild(
     extra_anomalies: Sequence[str],
     related_spans: Sequence[Mapping[str, Any]],
     typed: Sequence[str],
+    extra_reasons: Sequence[Any],
 ) -> dict[str, Any]:
-    return build_package(
+    rebuilt = build_package(
         rows,
         ledger=ledger,
         as_of_ns=parse_iso_ns(package["generated_at"]),
@@ -135,7 +138,24 @@ def _rebuild(
         related_spans=related_spans,
         log=package["integrity"].get("log"),
         typed_mismatched=typed,
+        extra_reasons=extra_reasons,
     )
+    if "anomaly_reasons" not in package:  # exported before packages said why: not compared
+        rebuilt.pop("anomaly_reasons")
+        rebuilt["integrity"]["package_sha256"] = package_sha256(rebuilt)
+    return rebuilt
+
+
+def _cross_reasons_of(package: Mapping[str, Any]) -> list[Any]:
+    """The package's own reasons for the cross-handoff kinds (offline, they are taken as
+    given, like the kinds themselves)."""
+    return [
+        a["reason"]
+        for a in package.get("anomaly_reasons") or []
+        if isinstance(a, Mapping)
+        and a.get("kind") in CROSS_KINDS
+        and isinstance(a.get("reason"), Mapping)
+    ]
 
 
 def verify_offline(
@@ -163,6 +183,7 @@ def verify_offline(
         extra_anomalies=sorted(set(package.get("anomalies") or []) & CROSS_KINDS),
         related_spans=package.get("related_spans") or [],
         typed=(integ.get("typed_columns") or {}).get("mismatched", []),
+        extra_reasons=_cross_reasons_of(package),
     )
     problems += _differences(package, rebuilt, "rebuilt from its rows")
     for what in ("missing", "mismatched"):
@@ -216,13 +237,15 @@ def verify_package(
                 break
     if stored:
         task_rows = fetch_task_rows(client, db, tenant, stored[0]["task_id"], stored)
+        cross = cross_anomalies(client, db, tenant, stored, task_rows, hid)
         rebuilt = _rebuild(
             package,
             stored,
             ledger=ledger,
-            extra_anomalies=cross_anomalies(client, db, tenant, stored, task_rows, hid),
+            extra_anomalies=cross,
             related_spans=package.get("related_spans") or [],
             typed=typed_mismatches(stored),
+            extra_reasons=cross_reasons(client, db, cross, stored, task_rows),
         )
         problems += _store_differences(package, rebuilt, rows_differ=bool(row_problems))
         related_now = related(client, db, sorted({r["trace_id"] for r in stored}), stored)
@@ -269,7 +292,7 @@ def instance_notes(section: Any, store_sizes: Mapping[str, int] | None = None) -
     for inst, head in sorted(heads.items()):
         n = sum(1 for e in entries if isinstance(e, Mapping) and e.get("index") is not None
                 and e.get("instance", head.instance if len(heads) == 1 else None) == inst)  # fmt: skip
-        line = (f"log of instance {inst or '(none)'}: {n} transition(s) proven against its "
+        line = (f"log of instance {inst or '(none)'}: {plural(n, 'transition')} proven against its "
                 f"head of size {head.tree_size} signed by key {head.key_id}")  # fmt: skip
         if store_sizes is not None:
             now = store_sizes.get(inst)

@@ -114,8 +114,16 @@ def trend_figure(
     return fig
 
 
-def pair_heatmap(df: pd.DataFrame, *, value: str = "p_e2e") -> go.Figure:
-    """Matrix from_agent (rows) × to_agent (columns) of `value`, each cell with its settled count."""
+#: the veil over a cell whose sample is too small to be called worst (a white wash at 70%)
+SMALL_SAMPLE_VEIL = "rgba(255,255,255,0.7)"
+
+
+def pair_heatmap(df: pd.DataFrame, *, value: str = "p_e2e", min_n: int = 0) -> go.Figure:
+    """Matrix from_agent (rows) × to_agent (columns) of `value`, each cell with its settled count.
+
+    Cells with fewer than `min_n` settled handoffs (but at least one) are faded: a second
+    trace, "small sample", lays SMALL_SAMPLE_VEIL over them (its z is 1 there, None elsewhere),
+    so 0% of 2 handoffs no longer shows as dark as a real problem."""
     if len(df):
         rates = df.pivot_table(
             index="from_agent", columns="to_agent", values=value, aggfunc="first", dropna=False
@@ -154,6 +162,17 @@ def pair_heatmap(df: pd.DataFrame, *, value: str = "p_e2e") -> go.Figure:
             colorbar={"tickformat": ".0%"},
         )
     )
+    small = [[1 if 0 < n < min_n else None for n in row] for row in custom]
+    if any(v for row in small for v in row):
+        fig.add_heatmap(
+            z=small,
+            x=xs,
+            y=ys,
+            name="small sample",
+            colorscale=[[0, SMALL_SAMPLE_VEIL], [1, SMALL_SAMPLE_VEIL]],
+            showscale=False,
+            hoverinfo="skip",
+        )
     fig.update_layout(
         title=f"{value} by agent pair (from ↓, to →)",
         xaxis={"title": "to_agent", "type": "category"},

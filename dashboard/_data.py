@@ -251,6 +251,14 @@ def find_handoffs(store: str, database: str, query: str, limit: int = 50) -> pd.
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False, max_entries=64)
+def search_handoffs(store: str, database: str, query: str, limit: int = 50) -> pd.DataFrame:
+    """analytics.search.search_handoffs: by handoff id, task id, agent or idempotency key."""
+    from analytics.search import search_handoffs as load
+
+    return _call(load, store, database, query=query, limit=limit)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False, max_entries=64)
 def task_handoffs(store: str, database: str, tenant: str, task_id: str) -> pd.DataFrame:
     """analytics.graph.task_handoffs: one task's handoffs with their causation ids."""
     from analytics.graph import task_handoffs as load

@@ -117,6 +117,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="handoff intents in the backfill (default %(default)s)",
     )
     demo.add_argument(
+        "--backfill",
+        action="store_true",
+        help="backfill even when the data directory already holds demo data (by default a "
+        "second run only adds live traffic)",
+    )
+    demo.add_argument(
         "--backfill-days",
         type=float,
         default=7.0,
@@ -296,6 +302,7 @@ def _demo(args: argparse.Namespace) -> int:
             rates=_rates(args),
             outage=args.outage,
             workers=args.workers,
+            backfill_again=args.backfill,
         )
     except (SimulatorConfigError, ValueError) as exc:
         print(f"handoffs demo: {exc}", file=sys.stderr)

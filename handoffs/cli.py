@@ -2,18 +2,21 @@
 
 Exit codes used by every subcommand: 0 success, 1 the check failed (e.g. an evidence package
 that does not verify, an SLO breached with --fail-on-breach), 2 bad usage or input,
-3 the store or server cannot be reached.
+3 the store or server cannot be reached; 141 (as a process killed by SIGPIPE) when the
+reader of its output left early, e.g. `handoffs metrics | head`, quietly.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 __all__ = ["build_parser", "main"]
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
+EXIT_BROKEN_PIPE = 128 + 13  # SIGPIPE
 
 #: Modules with a `register(subparsers)` function; each adds its subcommands with
 #: `set_defaults(func=...)`, where func(args) -> int exit code.
@@ -52,9 +55,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return EXIT_USAGE
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a reader that left shows here, not in the interpreter's exit
+        return code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # the interpreter flushes stdout once more at exit: point it at devnull first
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

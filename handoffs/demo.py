@@ -2,7 +2,7 @@
 
 Starts `handoffs serve --store chdb://<data>` as a subprocess with one demo token per tenant
 (serve keeps the query port's operator read token in `<data>/query-token`; the demo gives it
-to the dashboard it starts, in its environment, and the CLI finds it itself), waits for /health, backfills a past window (default 7 days), then keeps a live trickle going
+to the dashboard it starts, in its environment, and the CLI finds it itself), waits for /health, backfills a past window (default 7 days; skipped when the store already holds demo data, unless `backfill_again`), then keeps a live trickle going
 and (unless disabled) runs `handoffs dashboard` against serve's query port. Stops after
 `duration_s` or on SIGINT/SIGTERM: the exporters are flushed first, then serve gets SIGTERM
 and drains, so everything sent is stored and the CLI can open the same data directory.
@@ -63,6 +63,8 @@ class DemoOptions:
     latency_scale_live: float = 0.05  # live handoffs finish in seconds, not minutes
     outage: str = "coder:code.test@0.70-0.74"  # AGENT:CAPABILITY@FROM-TO of the backfill; "none"
     workers: int = 1  # backfill processes (the shim + SDK cost ~1 ms of CPU per handoff)
+    #: backfill although the store already holds demo data (a second run adds another window)
+    backfill_again: bool = False
 
     def __post_init__(self) -> None:
         if self.backfill_days <= 0:
@@ -101,12 +103,14 @@ def run_demo(
     t0 = time.monotonic()
     print(f"starting serve on chdb://{data} ...", file=out, flush=True)
     try:
+        key, pub = _signing_key(data)  # signed heads: packages verify offline with `pub`
         serve = start_serve(
             data / "logs",
             spec,
             store_dir=data,
             otlp_port=opts.otlp_port or free_port(),
             query_port=opts.query_port or free_port(),
+            extra_args=("--signing-key", str(key)),
         )
     except RuntimeError as exc:
         print(f"handoffs demo: serve did not start: {str(exc).splitlines()[0]}", file=sys.stderr)
@@ -120,6 +124,7 @@ def run_demo(
     )
     # serve keeps its read token in <data>/query-token and tells this user's CLI where
     print(f"CLI while it runs: handoffs metrics --store {serve.query_url}", file=out, flush=True)
+    print(f"evidence packages are signed: verify with --public-key {pub}", file=out, flush=True)
     dash: subprocess.Popen | None = None
     stats: EmitStats | None = None
     try:
@@ -145,7 +150,12 @@ def run_demo(
             id_prefix=f"d{now // _S:x}-",
         )
         t1 = time.monotonic()
-        if opts.workers > 1:
+        held = 0 if opts.backfill_again else _demo_spans(serve)
+        if held:
+            print(f"{data} already holds demo data ({held:,} spans): no backfill this time "
+                  "(--backfill adds another; a new --data directory starts afresh)",
+                  file=out, flush=True)  # fmt: skip
+        if opts.workers > 1 and not held:
             backfill = run_backfill_parallel(
                 otlp_url=serve.otlp_url,
                 tokens=tokens,
@@ -164,8 +174,8 @@ def run_demo(
                 cfg,
                 start_ns=start,
                 end_ns=now,
-                handoffs=opts.backfill_handoffs,
-                progress=progress,
+                handoffs=0 if held else opts.backfill_handoffs,
+                progress=progress and not held,
                 stop=stop,
             )
             backfill = emitter.close()  # flushed; live traffic gets fresh providers
@@ -175,12 +185,13 @@ def run_demo(
                 service_name="demo-agents",
             )
         stats = backfill
-        print(
-            f"backfilled {backfill.intents} handoff intents ({backfill.handoffs} attempts, "
-            f"{backfill.spans} spans) over {opts.backfill_days:g} days in {time.monotonic() - t1:.1f}s",
-            file=out,
-            flush=True,
-        )
+        if not held:
+            print(
+                f"backfilled {backfill.intents} handoff intents ({backfill.handoffs} attempts, "
+                f"{backfill.spans} spans) over {opts.backfill_days:g} days in {time.monotonic() - t1:.1f}s",
+                file=out,
+                flush=True,
+            )
         dash = _check_dashboard(dash, opts.dashboard_port, data / "logs")
         if not stop.is_set():
             remaining = None
@@ -220,6 +231,32 @@ def run_demo(
             flush=True,
         )
     return 0
+
+
+def _demo_spans(serve) -> int:
+    """Spans of the demo's agents the store already holds (0 on a new store): a second run
+    on the same data directory would otherwise add a second backfill on top of the first."""
+    client = serve.client()
+    try:
+        return int(
+            client.command(
+                "SELECT count() FROM otel_traces WHERE startsWith(ServiceName, 'demo-agents')"
+            )
+        )
+    finally:
+        client.close()
+
+
+def _signing_key(data: Path) -> tuple[Path, Path]:
+    """The demo's key pair, `<data>/ledger.key` (0600) and `ledger.pub`: made at the first
+    run, kept after (a new key would start heads no earlier public key verifies)."""
+    from foundation.keys import generate_keypair
+
+    key, pub = data / "ledger.key", data / "ledger.pub"
+    if not key.exists():
+        pub.unlink(missing_ok=True)  # a public key without its private key signs nothing
+        generate_keypair(data / "ledger")
+    return key, pub
 
 
 def _check_dashboard(

@@ -7,6 +7,7 @@ import argparse
 import sys
 
 from foundation import settings
+from foundation.units import plural
 
 EXIT_UNAVAILABLE = 3
 
@@ -107,14 +108,15 @@ def _verify_chain(args: argparse.Namespace) -> int:
     else:
         state = "intact" if report.ok else "NOT intact"
         log = report.log
-        print(f"{report.chain.batches} ingest batches, {len(report.chain.heads)} chain head(s); "
-              f"log of {log.leaves} leaves, {log.heads} signed head(s), {log.verified_size} "
+        print(f"{plural(report.chain.batches, 'ingest batch', 'ingest batches')}, "
+              f"{plural(len(report.chain.heads), 'chain head')}; log of {log.leaves} leaves, "
+              f"{plural(log.heads, 'signed head')}, {log.verified_size} "
               f"leaves verified; {report.rows.rows} stored transitions checked against the "
               f"ledger: {state}")  # fmt: skip
         if len(report.instances) > 1 or any(i for i, _r in report.instances):
             for inst, r in report.instances:
-                print(f"  instance {inst or '(none)'}: log of {r.leaves} leaves, {r.heads} signed "
-                      f"head(s), {r.verified_size} leaves verified"
+                print(f"  instance {inst or '(none)'}: log of {r.leaves} leaves, "
+                      f"{plural(r.heads, 'signed head')}, {r.verified_size} leaves verified"
                       + ("" if r.first_bad is None else f", first bad position: leaf {r.first_bad}")
                       + f": {'intact' if r.ok else 'NOT intact'}")  # fmt: skip
         elif log.first_bad is not None:

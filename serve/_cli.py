@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import os
+import socket
 import sys
 import textwrap
 from pathlib import Path
@@ -248,6 +250,41 @@ def _query_port_open(args: argparse.Namespace, query_tokens: dict[str, str]) -> 
     return raw == "1"
 
 
+#: (ServeConfig field, what listens there, the flag that moves it) of each port serve opens
+_PORTS = (
+    ("otlp_port", "OTLP HTTP", "--otlp-port"),
+    ("grpc_port", "OTLP gRPC", "--grpc-port"),
+    ("query_port", "query", "--query-port"),
+)
+
+
+def _taken(host: str, port: int) -> bool:
+    """True when another socket listens on host:port (a bind test; a socket in TIME_WAIT
+    does not count). Other bind failures (no such address, a privileged port) are left to
+    serve's own bind, which names them."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            return exc.errno == errno.EADDRINUSE
+    return False
+
+
+def _busy_port(cfg) -> str | None:
+    """The line naming the first of serve's ports another process holds, or None. Checked
+    before serve opens anything: the gRPC server would otherwise fail late and noisily,
+    after the store and the spool are open."""
+    for name, what, flag in _PORTS:
+        port = getattr(cfg, name)
+        host = cfg.query_host if name == "query_port" else cfg.otlp_host
+        if port and _taken(host, port):
+            return (f"port {port} ({what}) is in use by another process; pick another with "
+                    f"{flag} or stop it")  # fmt: skip
+    return None
+
+
 def _serve(args: argparse.Namespace) -> int:
     from foundation.store import StoreError, parse_store
     from serve._private import UnsafeDirectory
@@ -298,6 +335,10 @@ def _serve(args: argparse.Namespace) -> int:
     from foundation.store import store_locked
     from ingest import SpoolLocked
 
+    busy = _busy_port(cfg)
+    if busy is not None:
+        print(f"handoffs serve: {busy}", file=sys.stderr)
+        return EXIT_USAGE
     if spec.embedded and store_locked(spec.path or ""):
         print(
             f"handoffs serve: the embedded store {spec.path} is locked by another process "

@@ -22,6 +22,7 @@ from typing import Final
 from foundation import read_token, settings
 from foundation.ledger_instances import resolve_instance
 from foundation.store import StoreSpec, apply_schema, connect
+from foundation.units import plural
 from ingest import (
     SQL_MIN_BYTES,
     Ingestor,
@@ -234,7 +235,10 @@ def run_serve(
     )
     replayed = ingestor.start()
     if replayed:
-        print(f"serve: replayed {replayed} spooled request(s) left by a crash", file=sys.stderr)
+        print(
+            f"serve: replayed {plural(replayed, 'spooled request')} left by a crash",
+            file=sys.stderr,
+        )
     telemetry = Telemetry()  # one for both receivers: GET /metrics on the HTTP port
     telemetry.watch(ingestor)
     funnel = None

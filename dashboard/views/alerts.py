@@ -1,46 +1,22 @@
 """Alerts: the SLOs of the rules file, firing burn-rate alerts first, then each SLO's remaining
 error budget and its burn rates per window pair (method and schema: docs/alerts.md).
 
-The rules file: `--rules FILE` after `--` on a streamlit command line, else HANDOFFS_SLO_RULES
-(`handoffs dashboard --rules FILE` sets it), else deploy/slos.yaml.
+The rules file (dashboard._slo): `--rules FILE` after `--` on a streamlit command line, else
+HANDOFFS_SLO_RULES (`handoffs dashboard --rules FILE` sets it), else deploy/slos.yaml: the one
+the Overview's verdict, `handoffs alerts check` and the weekly report read. The verdict on top
+(healthy / ticket / paging) is analytics.verdict's, as on the Overview.
 `?as_of=2026-11-23T12:00:00Z` evaluates at that time instead of now (a link to what the SLOs
 looked like then).
 """
 
-import argparse
-import sys
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pandas as pd
 import streamlit as st
 
 from analytics import slo
-from analytics.slo_store import evaluate_rules
-from dashboard import _data, _ui
-from foundation import settings
-
-
-def _rules_path() -> str:
-    p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--rules")
-    known, _ = p.parse_known_args(sys.argv[1:])
-    return known.rules or settings.resolve(slo.SLO_RULES)
-
-
-@st.cache_data(ttl=_data.TTL_S, show_spinner=False, max_entries=32)
-def _evaluate(
-    store: str, database: str, path: str, text: str, as_of: str
-) -> tuple[slo.SloStatus, ...]:
-    rules = slo.parse_rules(text, path=path)
-    client = _data.client(_data.source())
-    try:
-        return evaluate_rules(client, rules, as_of=datetime.fromisoformat(as_of), database=database)
-    except ValueError:
-        raise
-    except Exception as exc:  # the store went away or refused the query
-        text = " ".join(str(exc).split())[:300]
-        raise _data.QueryFailed(f"Could not evaluate the SLOs: {text}") from exc
+from analytics.verdict import verdict
+from dashboard import _slo, _ui
 
 
 def _x(v: float | None) -> str:
@@ -48,10 +24,9 @@ def _x(v: float | None) -> str:
 
 
 src = _ui.start_page("Alerts")
-path = _rules_path()
-try:
-    text = Path(path).read_text(encoding="utf-8")
-except OSError:
+path = _slo.rules_path()
+text = _slo.read_rules(path)
+if text is None:
     st.info(
         f"No SLO rules file at `{path}`. Write one (docs/alerts.md has the schema) and point "
         f"the dashboard at it with `handoffs dashboard --rules FILE` or {slo.SLO_RULES.env}=FILE.",
@@ -71,12 +46,14 @@ with _ui.guard():
         if raw
         else datetime.now(UTC).replace(second=0, microsecond=0)
     )
-    statuses = _evaluate(src.store, src.database, path, text, as_of.isoformat())
+    statuses = _slo.evaluate(src.store, src.database, path, text, as_of.isoformat())
 
 if not statuses:
     st.info(f"`{path}` defines no SLOs.", icon=":material/inbox:")
     st.stop()
 
+v = verdict(statuses)
+st.markdown(f"**Verdict: {v.level}** — {v.summary.partition(': ')[2]}")
 st.caption(f"{len(statuses)} SLO(s) of `{path}` evaluated as of {as_of:%Y-%m-%d %H:%M} UTC")
 firing = [(s, a) for s in statuses for a in s.alerts if a.firing]
 st.subheader("Firing")
@@ -99,7 +76,7 @@ for i, s in enumerate(statuses):
     b = s.budget_remaining
     cols[i % len(cols)].metric(
         s.rule.name,
-        "—" if b is None else f"{100 * b:.1f}%",
+        slo.budget_text(b),
         help=f"{s.rule.objective}, target {100 * s.rule.target:g}% over "
         f"{slo.fmt_duration(s.rule.window)}: 1 - bad fraction / allowed bad fraction",
         border=True,

@@ -1,7 +1,8 @@
 """Handoff explorer: one handoff's evidence package, its integrity check, and a JSON download.
 
-Find by handoff_id, task_id or idempotency key; `?handoff_id=...` opens one directly (read
-once on arrival). The integrity check runs against the store as it is now, never cached.
+Find by handoff_id (or its start), task_id, agent (sender or receiver) or idempotency key;
+`?handoff_id=...` opens one directly (read once on arrival). "Why flagged" says, per anomaly
+kind, which field of which transition (or which other handoff) made it fire. The integrity check runs against the store as it is now, never cached.
 The handoffs of the same task are drawn as a small graph (nodes are handoffs, in causation
 order); clicking one opens it. The protocol audit shows the retry chain (previous and next
 attempts), the handoff this one consumes and its consumers (buttons open them), the
@@ -16,7 +17,7 @@ import streamlit as st
 
 from analytics.audit_view import grant_view, receipt_view
 from analytics.display import markdown_link_text
-from dashboard import _charts, _data, _graph, _graph_layout, _ui
+from dashboard import _charts, _data, _graph, _graph_layout, _ui, _why
 
 
 def _open(h, label: str, key: str) -> None:
@@ -52,7 +53,7 @@ if got:
     st.session_state["ex_query"] = got["handoff_id"]
 st.session_state.setdefault("ex_query", "")
 query = st.text_input(
-    "Handoff id, task id or idempotency key",
+    "Handoff id, task id, agent or idempotency key",
     key="ex_query",
     placeholder="e.g. h-3f2a…",
     persist_state="session",
@@ -60,7 +61,8 @@ query = st.text_input(
 
 if not query:
     st.info(
-        "Enter a handoff id, a task id or an idempotency key to open its evidence package.",
+        "Enter a handoff id, a task id, an agent or an idempotency key to open its evidence "
+        "package.",
         icon=":material/search:",
     )
     st.stop()
@@ -68,10 +70,10 @@ if not query:
 with _ui.guard():
     package = _data.evidence_package(src.store, src.database, query)
     if package is None:
-        matches = _data.find_handoffs(src.store, src.database, query)
+        matches = _data.search_handoffs(src.store, src.database, query)
         if len(matches) == 0:
             st.warning(
-                "No handoff found with handoff id, task id or idempotency key "
+                "No handoff found with handoff id, task id, agent or idempotency key "
                 f"“{_ui.user_text(query)}”. "
                 "Check the id, or widen what the store holds (raw spans are kept 30 days, transitions 400).",
                 icon=":material/search_off:",
@@ -87,7 +89,7 @@ with _ui.guard():
             pick = st.selectbox(
                 "Open handoff", ids, index=None, placeholder="Pick one", key="ex_pick"
             )
-            _ui.handoffs_table(matches, key="ex_matches")
+            _why.id_table(matches, key="ex_matches")
             if pick is None:
                 st.stop()
             package = _data.evidence_package(src.store, src.database, pick)
@@ -106,6 +108,11 @@ terminal = package.get("terminal") or {}
 transitions = package.get("transitions") or []
 env = package.get("envelope") or {}
 st.subheader(f"Handoff {hid}")
+id_cols = st.columns(2)
+with id_cols[0]:
+    _why.copyable("Handoff id", hid)
+with id_cols[1]:
+    _why.copyable("Task id", str(package.get("task_id") or ""))
 m = st.columns([3, 1, 1])
 m[0].markdown(
     f"**Task** `{package.get('task_id') or _ui.DASH}` · **Tenant** `{package.get('tenant') or _ui.DASH}`  \n"
@@ -128,6 +135,7 @@ else:
         "Integrity check FAILED:\n\n" + "\n".join(f"- {p}" for p in verdict.problems),
         icon=":material/gpp_bad:",
     )
+_why.why_flagged(package)
 
 st.plotly_chart(_charts.timeline_figure(transitions), key="ex_timeline")
 if package.get("task_id"):
@@ -161,23 +169,34 @@ if package.get("task_id"):
             )
             + " Click a node to open that handoff."
         )
+        _why.id_table(
+            siblings[
+                [
+                    c
+                    for c in (
+                        "handoff_id",
+                        "from_agent",
+                        "to_agent",
+                        "mode",
+                        "created",
+                        "last_state",
+                    )
+                    if c in siblings
+                ]
+            ],
+            key="ex_task_handoffs",
+            current=hid,
+        )
         for pt in (picked.selection.points if picked else None) or []:
             data = pt.get("customdata") if isinstance(pt, dict) else None
             if isinstance(data, list | tuple) and data and str(data[0]) != hid:
                 # a new arrival for the next run: the search box is set before it is drawn
                 st.query_params["handoff_id"] = str(data[0])
                 st.rerun()
-tdf = pd.DataFrame(transitions)
+tdf = _why.transitions_frame(package)
 if len(tdf):
-    # the handoff's own ids are in the header; time_ns would overflow a JS number
-    drop = [c for c in ("time_ns", "tenant", "task_id", "handoff_id") if c in tdf]
-    # arrivals: how often the same span was stored (a transport resend, counted once)
-    cols = ("event", "from_state", "to_state", "actor", "time", "valid", "arrivals")
-    first = [c for c in cols if c in tdf]
-    tdf = tdf.drop(columns=drop)
-    st.dataframe(
-        tdf[first + [c for c in tdf if c not in first]], hide_index=True, key="ex_transitions"
-    )
+    # "legal": the state machine's verdict; the evidence flag is the row's, as stored
+    st.dataframe(tdf, hide_index=True, key="ex_transitions")
 
 st.markdown("#### Protocol audit")
 with _ui.guard():
@@ -308,12 +327,9 @@ with left:
         st.write(summary)
 with right:
     st.markdown("**Evidence references**")
-    refs = package.get("evidence_refs") or []
-    if refs:
-        st.dataframe(
-            pd.DataFrame(refs if isinstance(refs[0], dict) else {"evidence_ref": refs}),
-            hide_index=True,
-        )
+    refs = _why.evidence_refs_frame(package)
+    if len(refs):
+        st.dataframe(refs, hide_index=True, key="ex_evidence_refs")
     else:
         st.write("none")
     st.markdown("**Terminal state and receipt**")
@@ -365,4 +381,7 @@ st.download_button(
     icon=":material/download:",
     key="ex_download",
 )
+from dashboard._downloads import task_bundle_button  # noqa: E402 - the task's packages, zipped
+
+task_bundle_button(src, package)
 _ui.footer(src, "Handoff explorer")

@@ -8,6 +8,10 @@ slices the funnel by origin: the shim, an adapter, or derivation from framework 
 but no derived handoff (analytics.coverage): their handoffs are in none of these numbers, so
 an empty funnel is not mistaken for a healthy one. Optional auto-refresh for a wall
 screen re-runs only the body (st.fragment), moving a "Last ..." range with the clock.
+
+On top, one line of verdict (dashboard._verdict): healthy / ticket / paging from the
+burn-rate alerts of the SLO rules file the Alerts page, `handoffs alerts check` and the weekly
+report read, the pair and stage losing the most handoffs in the window, and one link to act.
 """
 
 import pandas as pd
@@ -15,7 +19,7 @@ import streamlit as st
 
 from analytics.display import markdown_link_text
 from analytics.rollup import rollup
-from dashboard import _charts, _data, _ui
+from dashboard import _charts, _data, _ui, _verdict
 from dashboard._store import StoreUnavailable
 
 #: (funnel column, tile label, kind, handoffs_behind stage, help). kind: rate | count.
@@ -211,6 +215,7 @@ def blind_spots(p: _ui.Picked) -> None:
 @st.fragment(run_every=every)
 def body() -> None:
     p = picked.refreshed() if auto else picked
+    _verdict.show(src, p)  # one line above the fold: the SLOs' verdict and what to look at
     blind_spots(p)  # above the fold, and shown with an empty funnel too
     with _ui.guard():
         # one query split by tenant (and hour or day): tiles, trend, tenant list roll it up

@@ -1,4 +1,5 @@
-"""Slices: the agent-pair matrix of P_e2e; each topology's own failure rates as cards, with
+"""Slices: the pairs losing the most handoffs, with the failing stage; the agent-pair matrix
+of P_e2e, small samples faded; each topology's own failure rates as cards, with
 the shared queue's consumer lag and agent-as-tool fan-out; tables by mode, topology,
 protocol, capability.
 
@@ -12,6 +13,7 @@ queried: the selected tab (`?sl_tab=<label>` opens one) and the queue expander o
 
 import streamlit as st
 
+from analytics.pairs_lost import MIN_N, lost_by_pair
 from analytics.rollup import rollup
 from dashboard import _charts, _data, _topology_data, _ui
 
@@ -34,6 +36,8 @@ _TABLES = (
     ("capability", "Capability"),
 )
 _LATENCY_TAB = "Latency by pair"
+#: rows of the "most handoffs lost" table above the heatmap
+_TOP_LOST = 5
 
 src = _ui.start_page("Slices")
 p = _ui.pickers(src, "slices")
@@ -48,6 +52,40 @@ def _table(df, dim: str) -> None:
     config = {c: st.column_config.NumberColumn(c, format="%.1f%%") for c in _RATE_COLS}
     st.dataframe(
         view, hide_index=True, column_config=config, placeholder=_ui.DASH, key=f"sl_tab_{dim}"
+    )
+
+
+def _lost_table(pairs) -> None:
+    """The pairs (at least MIN_N settled) that lose the most handoffs beyond the fleet's rate,
+    and where."""
+    lost = lost_by_pair(pairs)
+    top = lost[lost["rankable"] & (lost["lost"] > 0)].head(_TOP_LOST)
+    st.markdown(
+        f"**Most handoffs lost beyond the fleet's rate** (pairs with at least {MIN_N} settled)"
+    )
+    if not len(top):
+        st.caption(f"No pair with at least {MIN_N} settled handoffs lost any.")
+        return
+    view = top.assign(
+        pair=top["from_agent"] + " → " + top["to_agent"],
+        excess_lost=top["excess_lost"].round(0),
+    )[["pair", "lost", "excess_lost", "failing_stage", "settled"]]
+    st.dataframe(
+        view.rename(columns={"failing_stage": "failing stage", "settled": "n"}),
+        hide_index=True,
+        key="sl_lost",
+        column_config={
+            "lost": st.column_config.NumberColumn("lost", help="settled, not committed"),
+            "excess_lost": st.column_config.NumberColumn(
+                "beyond fleet",
+                format="%+.0f",
+                help="lost minus what the pair would lose at the whole fleet's rate",
+            ),
+            "failing stage": st.column_config.TextColumn(
+                help="the stage losing the most: accept, execute, evidence or commit"
+            ),
+            "n": st.column_config.NumberColumn("n", help="settled handoffs"),
+        },
     )
 
 
@@ -131,9 +169,11 @@ if not len(total) or not total["volume"].sum():
     st.stop()
 pairs = rollup(split, ("from_agent", "to_agent"))
 
-st.plotly_chart(_charts.pair_heatmap(pairs), key="sl_heatmap")
+_lost_table(pairs)
+st.plotly_chart(_charts.pair_heatmap(pairs, min_n=MIN_N), key="sl_heatmap")
 st.caption(
-    "Cells show P_e2e of settled handoffs from the row agent to the column agent; “—”: none settled."
+    "Cells show P_e2e of settled handoffs from the row agent to the column agent; “—”: none "
+    f"settled. Faded cells: fewer than {MIN_N} settled, too few to call a pair worst."
 )
 
 with st.expander("Agent pairs as a table (worst first)"):

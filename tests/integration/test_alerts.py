@@ -26,7 +26,7 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from analytics._watch import WebhookSender, run_watch
-from analytics.slo import load_rules
+from analytics.slo import budget_text, load_rules
 from analytics.slo_store import evaluate_rules
 from foundation.store import apply_schema
 from handoffs.cli import main
@@ -353,7 +353,8 @@ def test_dashboard_shows_firing_alerts_and_budgets(alerts_page, regression, chdb
         database=regression["db"],
     )
     budgets = {m.label: m.value for m in at.metric}
-    assert budgets == {s.rule.name: f"{100 * s.budget_remaining:.1f}%" for s in statuses}
+    assert budgets == {s.rule.name: budget_text(s.budget_remaining) for s in statuses}
+    assert budgets["coder-e2e"].startswith("exhausted (burn ")  # overspent: no negative %
     table = at.dataframe[0].value
     assert list(table["state"]) == ["FIRING", "FIRING", "ok", "ok"]
     assert list(table["scope"]) == ["to_agent=coder"] * 2 + ["all"] * 2

@@ -168,7 +168,7 @@ def test_an_unknown_multi_agent_framework_is_counted_and_shown(serve, monkeypatc
     (doc,) = json.loads(_cli(serve, *span, "--json").stdout)
     assert doc["scope"] == UNKNOWN and doc["traces"] == 1 and doc["examples"] == [blind]
     text = _cli(serve, *span).stdout
-    assert "1 trace(s) started" in text and UNKNOWN in text and blind in text
+    assert "1 trace started" in text and UNKNOWN in text and blind in text
     assert "researcher, writer" in text
     other = _cli(serve, *span, "--tenant", "nobody").stdout
     assert other.startswith("no blind spots")

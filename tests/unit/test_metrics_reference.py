@@ -12,7 +12,7 @@ import pytest
 from analytics import _contract_sql as cs
 from analytics import reference as ref
 from analytics.evidence import build_package, verify_offline
-from analytics.report import default_week, parse_slo, parse_week, slo_status
+from analytics.report import default_week, parse_week
 from collector.contract import ACCEPTED_OR_LATER, STATES, TERMINAL, TRANSITIONS, is_legal
 from foundation.store import SQL_DIR
 
@@ -112,22 +112,12 @@ def test_reference_task_anomalies():
     assert ref.task_anomalies(rows, "a") == []
 
 
-def test_week_and_slo_parsing():
+def test_week_parsing():
     assert parse_week("2026-W48") == datetime(2026, 11, 23, tzinfo=UTC)
     assert default_week(datetime(2026, 11, 30, 9, tzinfo=UTC)) == "2026-W48"
     for bad in ("2026-48", "2026-W54", ""):
         with pytest.raises(ValueError, match="week"):
             parse_week(bad)
-    assert parse_slo("p_e2e=0.9, unknown_rate=0.02") == {"p_e2e": 0.9, "unknown_rate": 0.02}
-    with pytest.raises(ValueError, match="unknown metric 'p_fun'"):
-        parse_slo("p_fun=0.5")
-    with pytest.raises(ValueError, match="not a number"):
-        parse_slo("p_e2e=high")
-    with pytest.raises(ValueError, match="fraction"):
-        parse_slo("p_e2e=90")
-    st = {s.metric: s.status for s in slo_status({"p_e2e": 0.8, "unknown_rate": 0.01, "p_accept": math.nan},
-                                                 {"p_e2e": 0.9, "unknown_rate": 0.02, "p_accept": 0.9})}  # fmt: skip
-    assert st == {"p_e2e": "breached", "unknown_rate": "met", "p_accept": "no data"}
 
 
 def _stored(event, f, t, sec, **kw):

@@ -88,9 +88,12 @@ slos:
 def test_the_shipped_defaults_parse():
     rules = load_rules(str(REPO / "deploy" / "slos.yaml"))
     assert [(r.name, r.objective, r.target, r.window) for r in rules] == [
-        ("e2e-fleet", "p_e2e", 0.999, timedelta(days=30)),
-        ("unknown-rate", "unknown_rate", 0.995, timedelta(days=30)),
+        ("e2e-fleet", "p_e2e", 0.7, timedelta(days=30)),
+        ("accept-fleet", "p_accept", 0.9, timedelta(days=30)),
+        ("unknown-rate", "unknown_rate", 0.95, timedelta(days=30)),
+        ("triage-coder-accept", "p_accept", 0.9, timedelta(days=30)),
     ]
+    assert rules[3].where == (("pair", "triage->coder"),)
 
 
 @pytest.mark.parametrize(
@@ -185,7 +188,7 @@ def test_check_exits_2_naming_file_and_line_before_touching_the_store(tmp_path, 
 def test_check_exits_2_for_a_missing_rules_file(tmp_path, capsys):
     missing = tmp_path / "nope.yaml"
     assert main(["alerts", "check", "--rules", str(missing)]) == 2
-    assert f"{missing}:0: cannot read the rules file" in capsys.readouterr().err
+    assert f"no SLO rules file at {missing}" in capsys.readouterr().err
 
 
 def test_watch_refuses_a_bad_webhook_url_and_interval(tmp_path, capsys):
