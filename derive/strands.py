@@ -110,6 +110,14 @@ def _run_keys(trace: TraceIndex, s: SpanRecord) -> list[tuple[str | None, str | 
     return [(scope, s.attr(_AGENT)), (scope, None)]
 
 
+def _task_id(tool: SpanRecord, swarm: SpanRecord | None, node: SpanRecord | None) -> str:
+    """The swarm's id as the task: its span's id, known from the node run's parent before the
+    swarm's own span (which ends, and so is exported, last) is stored; the same on every pass,
+    so a task's handoffs stay one task."""
+    swarm_id = swarm.span_id if swarm is not None else (node.parent_span_id if node else "")
+    return f"{tool.trace_id}/{swarm_id}" if swarm_id else tool.trace_id
+
+
 def strands_rule(trace: TraceIndex) -> list[Observed]:
     """Handoffs of Strands `handoff_to_agent` tool spans in `trace` (module doc)."""
     # one per span id: a resent span may be stored twice
@@ -146,7 +154,7 @@ def strands_rule(trace: TraceIndex) -> list[Observed]:
         out.append(
             Observed(
                 rule=STRANDS,
-                task_id=f"{t.trace_id}/{swarm.span_id}" if swarm else t.trace_id,
+                task_id=_task_id(t, swarm, enclosing),
                 handoff_id=handoff_id,
                 causation_id=made_by.get(enclosing.span_id) if enclosing is not None else None,
                 source=t,

@@ -119,7 +119,7 @@ def test_a_package_names_the_instance_of_each_proof_and_verifies(two, chdb_clien
     res = verify_package(chdb_client, pkg, database=two["db"], keys=two["keys"])
     assert res.ok, res.problems
     assert [n for n in res.notes if n.startswith("log of instance")] == [
-        f"log of instance {i}: 2 transition(s) proven against its head of size 6 signed by key "
+        f"log of instance {i}: 2 transitions proven against its head of size 6 signed by key "
         f"{two['kid']}; the store's newest head of it has size 6"
         for i in (A, B)
     ]  # a line per instance
@@ -181,14 +181,14 @@ def test_evidence_verify_prints_a_line_per_instance_offline_and_with_the_store(t
         lines = _instance_lines(out)
         assert sorted(lines) == [A, B], out
         for line in lines.values():
-            assert "2 transition(s)" in line and two["kid"] in line, line
+            assert "2 transitions" in line and two["kid"] in line, line
     for line in _instance_lines(offline).values():
         assert re.findall(r"size (\d+)", line) == ["6"], line  # its own head's
     for line in _instance_lines(stored).values():
         assert re.findall(r"size (\d+)", line) == ["6", "6"], line  # and the store's newest
     assert main(["evidence", "verify", cli["files"]["h-b"], *cli["pub"]]) == 0
     lines = _instance_lines(capsys.readouterr().out)  # every transition at serve-b
-    assert list(lines) == [B] and "4 transition(s)" in lines[B], lines
+    assert list(lines) == [B] and "4 transitions" in lines[B], lines
 
 
 def test_ledger_verify_prints_a_line_per_instance(two, cli, capsys):

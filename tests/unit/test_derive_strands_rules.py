@@ -148,3 +148,36 @@ def test_resent_spans_derive_nothing_twice():
         for d in first
     ]  # fmt: skip
     assert len(first) == 10 and new_transitions(spans + spans + stored) == []
+
+
+def test_the_task_is_the_swarm_before_and_after_its_span_is_stored():
+    """The swarm's span ends last, so early passes read the nodes without it: the task id
+    (the swarm's span id, from the node run's parent) must not change when it arrives."""
+    from derive._model import SpanRecord
+    from derive._trace import TraceIndex
+    from derive.strands import strands_rule
+
+    def span(sid, parent, name, start, end, **attrs):
+        return SpanRecord(
+            trace_id="tr",
+            span_id=sid,
+            parent_span_id=parent,
+            name=name,
+            start_ns=start,
+            end_ns=end,
+            scope="strands.telemetry.tracer",
+            attributes=attrs,
+        )
+
+    op = "gen_ai.operation.name"
+    nodes = [
+        span("a", "sw", "invoke_agent triage", 1, 10, **{op: "invoke_agent", "gen_ai.agent.name": "triage"}),
+        span("h", "a", "execute_tool handoff_to_agent", 8, 9, **{op: "execute_tool",
+             "gen_ai.tool.name": "handoff_to_agent",
+             "gen_ai.tool.call.arguments": '{"agent_name": "billing"}'}),
+        span("b", "sw", "invoke_agent billing", 11, 20, **{op: "invoke_agent", "gen_ai.agent.name": "billing"}),
+    ]  # fmt: skip
+    swarm = span("sw", "", "invoke_swarm", 0, 21, **{op: "invoke_swarm"})
+    before = {o.task_id for o in strands_rule(TraceIndex(nodes))}
+    after = {o.task_id for o in strands_rule(TraceIndex([*nodes, swarm]))}
+    assert before == after == {"tr/sw"}
