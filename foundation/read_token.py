@@ -32,6 +32,7 @@ __all__ = [
     "ensure_token",
     "find_token",
     "publish",
+    "serving_port",
     "unpublish",
 ]
 
@@ -132,6 +133,35 @@ def find_token(host: str | None, port: int | None) -> str | None:
         return _read_private_text(Path(str(doc.get("token_file", "")))) or None
     except (OSError, ValueError, RuntimeError):
         return None
+
+
+def serving_port(store_dir: str | Path) -> int | None:
+    """The query port of this user's serve that holds the embedded store at `store_dir`
+    (found through the discovery files: the one whose token file lies in that directory and
+    whose process still listens on its port); None when there is none. Never raises."""
+    want = Path(store_dir).resolve()
+    try:
+        files = sorted(settings.state_dir().glob("query-port-*.json"))
+    except OSError:
+        return None
+    for path in files:
+        doc = _read_private_json(path)
+        if (
+            doc is None
+            or not isinstance(doc.get("port"), int)
+            or not isinstance(doc.get("pid"), int)
+        ):
+            continue
+        if doc["pid"] == os.getpid():  # serve itself: its own handles open the engine
+            continue
+        if Path(str(doc.get("token_file", ""))).parent != want:
+            continue
+        try:
+            if _holds_listener(doc["pid"], doc["port"]):
+                return int(doc["port"])
+        except (OSError, ValueError):
+            continue
+    return None
 
 
 def _read_private_text(path: Path) -> str | None:

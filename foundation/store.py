@@ -19,7 +19,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import clickhouse_connect
 
-from foundation import settings, tenant_scope
+from foundation import read_token, settings, tenant_scope
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
@@ -162,12 +162,19 @@ def connect(
     session: bool = True,
 ) -> Client:
     """Open a clickhouse-connect client on the spec. Raises StoreError when unreachable.
+    An embedded store that this user's running serve holds is read through that serve's
+    query port instead (foundation.read_token.serving_port), as the CLI beside a demo needs.
 
     `database` None uses spec.database (which must exist; see apply_schema); pass "" to
     connect without a default database. `session` False: over HTTP, no ClickHouse session
     id, so that several threads may query through the client at once (a server runs one
     query at a time per session); embedded, the engine has no sessions.
     """
+    if spec.embedded and store_locked(spec.path or "."):
+        # held by this user's running serve: read through its query port (and its token)
+        port = read_token.serving_port(spec.path or ".")
+        if port is not None:
+            spec = parse_store(f"http://127.0.0.1:{port}", database=spec.database)
     db = spec.database if database is None else (database or None)
     try:
         if spec.embedded:

@@ -88,6 +88,30 @@ def test_the_cli_and_the_dashboard_find_the_token_themselves(start_serve, state_
     assert not found.exists(), "serve left its discovery file behind"
 
 
+def test_the_cli_given_the_embedded_store_serve_holds_reads_through_its_port(
+    start_serve, state_dir
+):
+    """Beside a running serve (the demo), `--store chdb://<its store>` or the default store
+    reaches the store through serve's query port instead of failing on the engine's lock."""
+    h = start_serve()
+    r = subprocess.run(
+        [sys.executable, "-m", "handoffs", "metrics", "--store", f"chdb://{h.store_dir}",
+         "--database", h.database, "--json"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["volume"] == 0
+    assert "Cannot lock file" not in r.stderr
+    assert h.stop() == 0
+    # serve gone: the store opens embedded, as before
+    r = subprocess.run(
+        [sys.executable, "-m", "handoffs", "metrics", "--store", f"chdb://{h.store_dir}",
+         "--database", h.database, "--json"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+
+
 def test_a_stale_or_shared_discovery_file_hands_out_no_token(start_serve, state_dir):
     h = start_serve()
     token = h.query_token
