@@ -1,6 +1,6 @@
 """A scripted OpenAI-compatible Chat Completions server on loopback, for the framework test
-apps that run in their own virtualenvs (tests/llamaindex/app.py, tests/crewai/app.py): only
-the standard library, so any venv can import it.
+apps that run in their own virtualenvs (the apps of tests/llamaindex, crewai, strands and
+pydantic_ai): only the standard library, so any venv can import it.
 
 The test double for the remote model vendor, the one part that cannot run here. Each
 request's `model` names a script (one per agent); each call consumes that script's next
@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-__all__ = ["ScriptedChat"]
+__all__ = ["ScriptedChat", "Step"]
 
 Step = str | Mapping[str, Any]
 

@@ -3,6 +3,11 @@ over a window, and a wait for the funnel to reach what the test expects."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+from datetime import datetime
+from pathlib import Path
+
 import analytics
 from serve.testing import ServeHandle, wait_until
 
@@ -35,3 +40,54 @@ def anomaly_counts(serve: ServeHandle, window: analytics.Window) -> dict[str, in
     with serve.client() as c:
         kinds = analytics.anomalies(c, database=serve.database, window=window)
     return {r["kind"]: int(r["count"]) for _, r in kinds.iterrows() if r["count"]}
+
+
+# ------------------------------------------------------------------ framework test apps
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def app_venv_python(app: str, timeout_s: float = 900) -> str:
+    """The python of framework test app `app`'s own venv (scripts/app-venv: built from
+    tests/APP/requirements.txt on first use, then kept in the user's cache)."""
+    done = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "app-venv"), app],
+        capture_output=True, text=True, timeout=timeout_s,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip().splitlines()[-1]
+
+
+def run_app(python: str, app: str, otlp_url: str, *args: str, timeout_s: float = 180) -> dict:
+    """Run tests/APP/app.py against serve's OTLP URL; returns the JSON its last stdout line
+    prints (each conversation's trace id)."""
+    ran = subprocess.run(
+        [python, str(ROOT / "tests" / app / "app.py"), otlp_url, *args],
+        capture_output=True, text=True, timeout=timeout_s, cwd=ROOT,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    return json.loads(ran.stdout.strip().splitlines()[-1])
+
+
+def created_rows(serve: ServeHandle, since: datetime, columns: str) -> list[tuple]:
+    """`columns` of the derived `create` transitions stored since `since`, in time order."""
+    with serve.client() as c:
+        return c.query(
+            f"SELECT {columns} FROM {serve.database}.handoff_transitions "
+            "WHERE event = 'create' AND time >= {t:DateTime64(9)} ORDER BY time",
+            parameters={"t": since},
+        ).result_rows
+
+
+def failed_package(serve: ServeHandle, since: datetime) -> tuple[str, dict]:
+    """(handoff id, evidence package) of the one handoff that failed since `since`, its
+    package verified against the store."""
+    with serve.client() as c:
+        (hid,) = c.query(
+            f"SELECT handoff_id FROM {serve.database}.handoff_transitions "
+            "WHERE event = 'fail' AND time >= {t:DateTime64(9)}",
+            parameters={"t": since},
+        ).result_columns[0]
+        pkg = analytics.evidence_package(c, database=serve.database, handoff_id=hid)
+        assert analytics.verify_package(c, pkg, database=serve.database).ok
+    return hid, pkg

@@ -13,40 +13,32 @@ without delegation tools) and a delegation is no transfer, so no bounce is ever 
 
 from __future__ import annotations
 
-import json
-import subprocess
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
-from _derived import anomaly_counts, wait_for_funnel
+from _derived import (
+    anomaly_counts,
+    app_venv_python,
+    created_rows,
+    failed_package,
+    run_app,
+    wait_for_funnel,
+)
 
 import analytics
 
 RULE = "openinference.crewai.delegation"
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def app_python() -> str:
-    """The app venv's python (built from tests/crewai/requirements.txt on first use)."""
-    done = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "app-venv"), "crewai"],
-        capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout.strip().splitlines()[-1]
+    return app_venv_python("crewai")
 
 
 def test_crewai_delegations_become_handoffs(derive_serve, app_python):
     serve = derive_serve
     start = datetime.now(UTC) - timedelta(milliseconds=1)
-    ran = subprocess.run(
-        [app_python, str(ROOT / "tests" / "crewai" / "app.py"), serve.otlp_url],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
-    )  # fmt: skip
-    assert ran.returncode == 0, ran.stderr[-3000:]
-    traces = json.loads(ran.stdout.strip().splitlines()[-1])
+    traces = run_app(app_python, "crewai", serve.otlp_url)
     window = analytics.Window(start=start, end=datetime.now(UTC) + timedelta(seconds=1))
 
     # billing, refund (a question), bounce (two delegations): committed; failing: failed
@@ -54,27 +46,17 @@ def test_crewai_delegations_become_handoffs(derive_serve, app_python):
         serve, window, {"volume": 5, "settled": 5, "accepted": 5, "executed": 4, "committed": 4}
     )
     assert "bounce" not in anomaly_counts(serve, window)  # delegations, not transfers
-    with serve.client() as c:
-        rows = c.query(
-            f"SELECT trace_id, from_agent, to_agent, mode, attributes['handoff.derived_by'] "
-            f"FROM {serve.database}.handoff_transitions "
-            "WHERE event = 'create' AND time >= {t:DateTime64(9)} ORDER BY time",
-            parameters={"t": start},
-        ).result_rows
-        assert rows == [
-            (traces["billing"], "Triage", "Billing", "delegate", RULE),
-            (traces["refund"], "Triage", "Refund", "consult", RULE),
-            (traces["bounce"], "Triage", "Refund", "delegate", RULE),
-            (traces["bounce"], "Refund", "Triage", "delegate", RULE),
-            (traces["failing"], "Triage", "Billing", "delegate", RULE),
-        ]
-        (hid,) = c.query(
-            f"SELECT handoff_id FROM {serve.database}.handoff_transitions "
-            "WHERE event = 'fail' AND time >= {t:DateTime64(9)}",
-            parameters={"t": start},
-        ).result_columns[0]
-        pkg = analytics.evidence_package(c, database=serve.database, handoff_id=hid)
-        assert analytics.verify_package(c, pkg, database=serve.database).ok
+    rows = created_rows(
+        serve, start, "trace_id, from_agent, to_agent, mode, attributes['handoff.derived_by']"
+    )
+    assert rows == [
+        (traces["billing"], "Triage", "Billing", "delegate", RULE),
+        (traces["refund"], "Triage", "Refund", "consult", RULE),
+        (traces["bounce"], "Triage", "Refund", "delegate", RULE),
+        (traces["bounce"], "Refund", "Triage", "delegate", RULE),
+        (traces["failing"], "Triage", "Billing", "delegate", RULE),
+    ]
+    hid, pkg = failed_package(serve, start)
     assert hid.startswith(f"{traces['failing']}/")
     assert [t["event"] for t in pkg["transitions"]] == ["create", "accept", "start", "fail"]
     assert (pkg["envelope"]["from_agent"], pkg["envelope"]["to_agent"]) == ("Triage", "Billing")

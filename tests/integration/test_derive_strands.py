@@ -7,29 +7,26 @@ real OTLP/HTTP exporter, batched, to a real `handoffs serve`, which derives the 
 
 from __future__ import annotations
 
-import json
-import subprocess
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
-from _derived import anomaly_counts, wait_for_funnel
+from _derived import (
+    anomaly_counts,
+    app_venv_python,
+    created_rows,
+    failed_package,
+    run_app,
+    wait_for_funnel,
+)
 
 import analytics
 
 RULE = "strands.handoff_to_agent.handoff"
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def app_python() -> str:
-    """The app venv's python (built from tests/strands/requirements.txt on first use)."""
-    done = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "app-venv"), "strands"],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout.strip().splitlines()[-1]
+    return app_venv_python("strands")
 
 
 # default: the target only in the tool span's gen_ai.tool.message event;
@@ -39,12 +36,7 @@ def test_strands_handoffs_become_handoffs(derive_serve, app_python, conventions)
     serve = derive_serve
     start = datetime.now(UTC) - timedelta(milliseconds=1)
     extra = ["latest"] if conventions == "latest" else []
-    ran = subprocess.run(
-        [app_python, str(ROOT / "tests" / "strands" / "app.py"), serve.otlp_url, *extra],
-        capture_output=True, text=True, timeout=120, cwd=ROOT,
-    )  # fmt: skip
-    assert ran.returncode == 0, ran.stderr[-3000:]
-    traces = json.loads(ran.stdout.strip().splitlines()[-1])
+    traces = run_app(app_python, "strands", serve.otlp_url, *extra)
     window = analytics.Window(start=start, end=datetime.now(UTC) + timedelta(seconds=1))
 
     # billing, refund: committed; bounce: triage -> refund -> triage, both committed;
@@ -54,27 +46,17 @@ def test_strands_handoffs_become_handoffs(derive_serve, app_python, conventions)
     )
     # refund handed straight back (a bounce), naming triage's handoff as its cause
     assert anomaly_counts(serve, window) == {"bounce": 1, "consumed_before_verified": 1}
-    with serve.client() as c:
-        rows = c.query(
-            f"SELECT trace_id, from_agent, to_agent, mode, attributes['handoff.derived_by'] "
-            f"FROM {serve.database}.handoff_transitions "
-            "WHERE event = 'create' AND time >= {t:DateTime64(9)} ORDER BY time",
-            parameters={"t": start},
-        ).result_rows
-        assert rows == [
-            (traces["billing"], "triage", "billing", "transfer", RULE),
-            (traces["refund"], "triage", "refund", "transfer", RULE),
-            (traces["bounce"], "triage", "refund", "transfer", RULE),
-            (traces["bounce"], "refund", "triage", "transfer", RULE),
-            (traces["failing"], "triage", "billing", "transfer", RULE),
-        ]
-        (hid,) = c.query(
-            f"SELECT handoff_id FROM {serve.database}.handoff_transitions "
-            "WHERE event = 'fail' AND time >= {t:DateTime64(9)}",
-            parameters={"t": start},
-        ).result_columns[0]
-        pkg = analytics.evidence_package(c, database=serve.database, handoff_id=hid)
-        assert analytics.verify_package(c, pkg, database=serve.database).ok
+    rows = created_rows(
+        serve, start, "trace_id, from_agent, to_agent, mode, attributes['handoff.derived_by']"
+    )
+    assert rows == [
+        (traces["billing"], "triage", "billing", "transfer", RULE),
+        (traces["refund"], "triage", "refund", "transfer", RULE),
+        (traces["bounce"], "triage", "refund", "transfer", RULE),
+        (traces["bounce"], "refund", "triage", "transfer", RULE),
+        (traces["failing"], "triage", "billing", "transfer", RULE),
+    ]
+    hid, pkg = failed_package(serve, start)
     assert hid.startswith(f"{traces['failing']}/")
     events = pkg["transitions"]
     assert [t["event"] for t in events] == ["create", "accept", "start", "fail"]

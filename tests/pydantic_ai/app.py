@@ -19,12 +19,9 @@ prints their trace ids as JSON:
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from pathlib import Path
 
 from openai import AsyncOpenAI
 from opentelemetry import trace
@@ -37,68 +34,8 @@ from pydantic_ai.models.instrumented import InstrumentationSettings
 from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.providers.openai import OpenAIProvider
 
-#: a step of a model's script: (tool name, arguments) calls that tool, "error" answers HTTP
-#: 500, any other text is the assistant's answer
-Step = tuple[str, dict[str, Any]] | str
-
-
-class ScriptedChat:
-    """`POST /v1/chat/completions` on 127.0.0.1 (port 0): each request's `model` names a
-    script, each call takes its next step. No streaming."""
-
-    def __init__(self) -> None:
-        self.scripts: dict[str, list[Step]] = {}
-        self._lock = threading.Lock()
-        self._ids = itertools.count(1)
-        owner = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                status, doc = owner.answer(body)
-                raw = json.dumps(doc).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(raw)))
-                self.end_headers()
-                self.wfile.write(raw)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self._thread.start()
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
-    def answer(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        model = str(body.get("model", ""))
-        with self._lock:
-            steps = self.scripts.get(model)
-            if not steps:
-                return 400, {"error": {"message": f"script of {model!r} exhausted"}}
-            step, n = steps.pop(0), next(self._ids)
-        if step == "error":
-            return 500, {"error": {"message": "scripted failure", "type": "server_error"}}
-        message: dict[str, Any] = {"role": "assistant", "content": None}
-        if isinstance(step, tuple):
-            call = {"name": step[0], "arguments": json.dumps(step[1])}
-            message["tool_calls"] = [{"id": f"call_{n}", "type": "function", "function": call}]
-        else:
-            message["content"] = step
-        finish = "tool_calls" if isinstance(step, tuple) else "stop"
-        return 200, {
-            "id": f"chatcmpl-{n}", "object": "chat.completion", "created": 1_700_000_000 + n,
-            "model": model, "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-        }  # fmt: skip
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the scripted model
+from scripted_chat import ScriptedChat, Step
 
 
 def agents(client: AsyncOpenAI) -> Agent[None, str]:
@@ -130,19 +67,26 @@ def agents(client: AsyncOpenAI) -> Agent[None, str]:
 
 CONVERSATIONS: dict[str, dict[str, list[Step]]] = {
     "billing": {
-        "triage": [("ask_billing", {"question": "why two charges?"}), "refunded the double"],
+        "triage": [
+            {"tool": "ask_billing", "args": {"question": "why two charges?"}},
+            "refunded the double",
+        ],
         "billing": ["one charge was a hold"],
     },
     "refund": {
-        "triage": [("ask_refund", {"question": "refund order 7"}), "refund issued"],
+        "triage": [{"tool": "ask_refund", "args": {"question": "refund order 7"}}, "refund issued"],
         "refund": ["refund 7 issued"],
     },
     "bounce": {
-        "triage": [("ask_refund", {"question": "refund my plan"}), "plan is billing's", "done"],
-        "refund": [("ask_triage", {"question": "is this a refund?"}), "not mine"],
+        "triage": [
+            {"tool": "ask_refund", "args": {"question": "refund my plan"}},
+            "plan is billing's",
+            "done",
+        ],
+        "refund": [{"tool": "ask_triage", "args": {"question": "is this a refund?"}}, "not mine"],
     },
     "failing": {
-        "triage": [("ask_billing", {"question": "invoice 9?"})],
+        "triage": [{"tool": "ask_billing", "args": {"question": "invoice 9?"}}],
         "billing": ["error"],
     },
 }
@@ -152,7 +96,7 @@ async def main(chat: ScriptedChat, client: AsyncOpenAI) -> dict[str, str]:
     triage = agents(client)
     out = {}
     for name, scripts in CONVERSATIONS.items():
-        chat.scripts = {k: list(v) for k, v in scripts.items()}
+        chat.load(scripts)
         with trace.get_tracer("support-app").start_as_current_span(name) as outer:
             out[name] = format(outer.get_span_context().trace_id, "032x")
             try:
@@ -161,8 +105,7 @@ async def main(chat: ScriptedChat, client: AsyncOpenAI) -> dict[str, str]:
                 if name != "failing":
                     raise
                 print(f"{name}: {type(e).__name__}", file=sys.stderr)
-        left = {k: v for k, v in chat.scripts.items() if v}
-        if left:
+        if left := chat.left():
             raise SystemExit(f"{name}: script steps not consumed: {left}")
     return out
 
@@ -179,11 +122,8 @@ if __name__ == "__main__":
     trace.set_tracer_provider(provider)
     version = int(sys.argv[2]) if len(sys.argv) > 2 else 5
     Agent.instrument_all(InstrumentationSettings(tracer_provider=provider, version=version))
-    chat = ScriptedChat()
-    client = AsyncOpenAI(base_url=chat.base_url, api_key="offline", max_retries=0)
-    try:
+    with ScriptedChat() as chat:
+        client = AsyncOpenAI(base_url=chat.base_url, api_key="offline", max_retries=0)
         ids = asyncio.run(main(chat, client))
-    finally:
-        chat.close()
     provider.shutdown()
     print(json.dumps(ids))

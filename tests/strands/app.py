@@ -1,8 +1,8 @@
 """A Strands Agents swarm, run offline in its own virtualenv (scripts/app-venv strands) by
 tests/integration/test_derive_strands.py: real `strands-agents` agents and `Swarm`, Strands'
 built-in OpenTelemetry tracing, the real OTLP/HTTP exporter (batched) to the endpoint given, and
-a scripted OpenAI-compatible chat completions server on 127.0.0.1 (a thread of this process) in
-place of the remote model.
+a scripted OpenAI-compatible chat completions server on 127.0.0.1 (tests/scripted_chat.py, a
+thread of this process) in place of the remote model.
 
     python tests/strands/app.py OTLP_URL [latest]
 
@@ -19,13 +19,10 @@ trace ids as JSON:
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from pathlib import Path
 
 if sys.argv[2:] == ["latest"]:  # read by Strands' tracer when it is built: before the import
     os.environ["OTEL_SEMCONV_STABILITY_OPT_IN"] = "gen_ai_latest_experimental"
@@ -39,72 +36,12 @@ from strands import Agent
 from strands.models.openai import OpenAIModel
 from strands.multiagent import Swarm
 
-#: a step of a model's script: (tool name, arguments) calls that tool, "error" answers HTTP
-#: 500, any other text is the assistant's answer
-Step = tuple[str, dict[str, Any]] | str
-
-
-class ScriptedChat:
-    """`POST /v1/chat/completions` on 127.0.0.1 (port 0): each request's `model` names a
-    script, each call takes its next step. No streaming."""
-
-    def __init__(self) -> None:
-        self.scripts: dict[str, list[Step]] = {}
-        self._lock = threading.Lock()
-        self._ids = itertools.count(1)
-        owner = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                status, doc = owner.answer(body)
-                raw = json.dumps(doc).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(raw)))
-                self.end_headers()
-                self.wfile.write(raw)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self._thread.start()
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
-    def answer(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        model = str(body.get("model", ""))
-        with self._lock:
-            steps = self.scripts.get(model)
-            if not steps:
-                return 400, {"error": {"message": f"script of {model!r} exhausted"}}
-            step, n = steps.pop(0), next(self._ids)
-        if step == "error":
-            return 500, {"error": {"message": "scripted failure", "type": "server_error"}}
-        message: dict[str, Any] = {"role": "assistant", "content": None}
-        if isinstance(step, tuple):
-            call = {"name": step[0], "arguments": json.dumps(step[1])}
-            message["tool_calls"] = [{"id": f"call_{n}", "type": "function", "function": call}]
-        else:
-            message["content"] = step
-        finish = "tool_calls" if isinstance(step, tuple) else "stop"
-        return 200, {
-            "id": f"chatcmpl-{n}", "object": "chat.completion", "created": 1_700_000_000 + n,
-            "model": model, "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-        }  # fmt: skip
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the scripted model
+from scripted_chat import ScriptedChat, Step
 
 
 def handoff(to: str) -> Step:
-    return ("handoff_to_agent", {"agent_name": to, "message": f"over to {to}"})
+    return {"tool": "handoff_to_agent", "args": {"agent_name": to, "message": f"over to {to}"}}
 
 
 CONVERSATIONS: dict[str, dict[str, list[Step]]] = {
@@ -139,13 +76,12 @@ def swarm(base_url: str) -> Swarm:
 def main(chat: ScriptedChat) -> dict[str, str]:
     out = {}
     for name, scripts in CONVERSATIONS.items():
-        chat.scripts = {k: list(v) for k, v in scripts.items()}
+        chat.load(scripts)
         with trace.get_tracer("support-app").start_as_current_span(name) as outer:
             out[name] = format(outer.get_span_context().trace_id, "032x")
             result = swarm(chat.base_url)("help me")
             print(f"{name}: {result.status}", file=sys.stderr)
-        left = {k: v for k, v in chat.scripts.items() if v}
-        if left:
+        if left := chat.left():
             raise SystemExit(f"{name}: script steps not consumed: {left}")
     return out
 
@@ -160,10 +96,7 @@ if __name__ == "__main__":
         )
     )
     trace.set_tracer_provider(provider)  # Strands' tracer exports through the global provider
-    chat = ScriptedChat()
-    try:
+    with ScriptedChat() as chat:
         ids = main(chat)
-    finally:
-        chat.close()
     provider.shutdown()
     print(json.dumps(ids))
