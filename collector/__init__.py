@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from foundation.lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from collector._payload import envelope_payload_hash, payload_hash
     from collector._redact import InputFilter
     from collector._topology import (
         AgentCardRef,
@@ -43,6 +44,8 @@ if TYPE_CHECKING:
 
 #: exported name -> the module that defines it
 _WHERE = {
+    "envelope_payload_hash": "collector._payload",
+    "payload_hash": "collector._payload",
     "InputFilter": "collector._redact",
     "AgentCardRef": "collector._topology",
     "Compatibility": "collector._topology",
@@ -101,9 +104,11 @@ __all__ = [
     "a2a_event",
     "a2a_events",
     "compatibility",
+    "envelope_payload_hash",
     "filter_history",
     "is_replaying",
     "next_state",
+    "payload_hash",
     "replaying",
     "result_items",
 ]

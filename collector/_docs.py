@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Final
 
 from collector import semconv
+from collector._payload import PAYLOAD_FIELDS
 from collector._redact import DEFAULT_FIELD_NAMES, InputFilter
 from collector.a2a import A2A_ERROR_CODES, A2A_HTTP_CODES, A2A_STATES, a2a_event
 from collector.contract import PROTOCOL, STATES, TERMINAL, TRANSITIONS, Event
@@ -50,7 +51,8 @@ _ENVELOPE_NOTES: Final = {
     "approval?}`; expires_at ISO-8601 UTC; on spans as `handoff.grant.*`",
     "state_version": "int >= 0, optimistic version",
     "fence_token": "int >= 0, lease fence token",
-    "payload_hash": "tells a same-key retry from a changed payload",
+    "payload_hash": "digest of the payload; given, it is sent as is, else the shim computes "
+    "it (see Payload hash)",
     "message_kind": ", ".join(f"`{k}`" for k in semconv.MESSAGE_KINDS),
     "schema_version": "int >= 0, the envelope schema the sender wrote; consumers compare it "
     "with the versions they support",
@@ -224,6 +226,41 @@ def render() -> str:
         f"The objective is recorded as `{semconv.OBJECTIVE_HASH}` (`sha256:<hex>` of the raw text)",
         f"and `{semconv.OBJECTIVE_SUMMARY}` (filtered, at most {filt.max_summary_chars} characters by",
         "default, `…` marking a cut). Patterns, names and the limit are configurable (`InputFilter`).",
+        "",
+        "## Payload hash",
+        "",
+        f"Every `create` span carries `{semconv.PAYLOAD_HASH}`, so analytics can tell a resend",
+        "under the same idempotency key (same hash) from a changed payload under that key",
+        "(`idempotency_conflict`). An envelope's own `payload_hash` wins: it is sent as given,",
+        "never checked or recomputed. Without one, the shim (`collector.envelope_payload_hash`)",
+        "builds this object from the raw envelope fields, before the input filter:",
+        "",
+        "```",
+        "{" + ", ".join(f'"{f}": …' for f in PAYLOAD_FIELDS) + "}",
+        "```",
+        "",
+        "every key always present: `objective` and `parent_state` a string or null,",
+        "`constraints` the object or null, `capabilities` a list of strings, `evidence_refs` a list",
+        "of `{id, claim?, valid_at?}` objects (absent claim and valid_at left out); both lists in",
+        "the envelope's order, `[]` when empty. Routing and bookkeeping fields (ids, agents, mode,",
+        "idempotency key, deadline, attempt, grant, versions, extra) are not part of it. The",
+        "digest is `sha256:` + the lower-case hex SHA-256 of the object's canonical JSON: keys",
+        "sorted at every depth, no white space between tokens, non-ASCII characters kept",
+        "(not `\\u` escaped), encoded as UTF-8 (`collector.payload_hash(value)` hashes any",
+        "JSON value the same way). So the key order of `constraints`, or how the caller laid out",
+        "its JSON, does not change it; any changed value does. An envelope with none of these",
+        "fields still gets a hash (of the empty payload), equal for all such envelopes. A retry",
+        "(`Handoff.retry`) hashes its own envelope, so a retry that changes the objective under",
+        "the same key is a conflict.",
+        "",
+        "The adapters hash what they see:",
+        "",
+        "| adapter | hashed object |",
+        "|---|---|",
+        '| A2A client interceptor and server observer | `{"a2a_parts": [...]}`: the parts of the message that starts the task (client: its outgoing message; server, for a client without the interceptor: the task\'s first message), in order, each in the protobuf JSON mapping; never the metadata or ids |',
+        '| OpenAI Agents SDK processor, handoff with an observed input filter | `{"history": [...]}`: the items the target agent receives, after the filter |',
+        '| OpenAI Agents SDK processor, `Agent.as_tool()` call | `{"tool_input": ...}`: the SDK function span\'s input (the tool-call arguments, JSON-decoded when JSON) |',
+        "| OpenAI Agents SDK processor, otherwise | the default above, over an envelope without payload fields: the SDK shows no payload, so the hash says nothing about it |",
         "",
         "## A2A task states",
         "",

@@ -18,6 +18,7 @@ from typing import Any, Final
 from opentelemetry.trace import SpanContext, TraceFlags, TraceState
 
 from collector import semconv as sc
+from collector._payload import envelope_payload_hash
 from collector._redact import InputFilter
 from collector.contract import TRANSITIONS, Event, IllegalTransition, State
 from collector.envelope import MAX_TEXT_CHARS, Envelope, EnvelopeError, EvidenceRef, Grant
@@ -173,7 +174,7 @@ def envelope_attributes(env: Envelope, filt: InputFilter) -> dict[str, Any]:
         (sc.RETRY_OF, env.retry_of),
         (sc.STATE_VERSION, env.state_version),
         (sc.FENCE_TOKEN, env.fence_token),
-        (sc.PAYLOAD_HASH, env.payload_hash),
+        (sc.PAYLOAD_HASH, envelope_payload_hash(env)),  # the caller's hash wins
         (sc.MESSAGE_KIND, env.message_kind),
         (sc.SCHEMA_VERSION, env.schema_version),
     ):

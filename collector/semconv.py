@@ -166,7 +166,12 @@ WIRE_ATTRIBUTES: Final[tuple[AttrSpec, ...]] = (
     AttrSpec(FENCE_TOKEN, "int", "optional", False, "lease fence token"),
     AttrSpec(STATE_VERSION, "int", "optional", False, "optimistic state version"),
     AttrSpec(
-        PAYLOAD_HASH, "string", "optional", False, "tells a same-key retry from a changed payload"
+        PAYLOAD_HASH,
+        "string",
+        "create",
+        False,
+        "`sha256:<hex>` of the payload; tells a same-key retry from a changed payload "
+        "(the shim computes it unless the caller gives one: see Payload hash)",
     ),
     AttrSpec(RECEIPT_STATUS, "string", "commit / verify", False, "terminal receipt status"),
     AttrSpec(RECEIPT_HASH, "string", "commit / verify", False, "terminal receipt hash"),

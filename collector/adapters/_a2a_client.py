@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING, Any, Final
 
 from a2a.client.client import ClientCallContext
 from a2a.client.interceptors import AfterArgs, BeforeArgs, ClientCallInterceptor
+from google.protobuf.json_format import MessageToDict
 
+from collector._payload import payload_hash
 from collector._topology import AgentCardRef
 from collector.a2a import a2a_error_code
 from collector.envelope import MODES, Envelope
@@ -22,10 +24,17 @@ if TYPE_CHECKING:
     from collector._redact import InputFilter
     from collector.tracer import Handoff
 
-__all__ = ["METADATA_KEY", "HandoffClientInterceptor"]
+__all__ = ["METADATA_KEY", "HandoffClientInterceptor", "parts_payload_hash"]
 
 #: Message metadata key carrying the envelope wire (JSON string, with traceparent).
 METADATA_KEY: Final = "aa-handoff"
+
+
+def parts_payload_hash(message: Any) -> str:
+    """`handoff.payload_hash` of an A2A message: `{"a2a_parts": [...]}`, its parts in order,
+    each in the protobuf JSON mapping (`MessageToDict`). The metadata (which carries the
+    envelope) and the message and task ids are not part of it."""
+    return payload_hash({"a2a_parts": [MessageToDict(p) for p in message.parts]})
 
 
 class HandoffClientInterceptor(ClientCallInterceptor):
@@ -43,6 +52,7 @@ class HandoffClientInterceptor(ClientCallInterceptor):
     `card_fetched_at` (ISO-8601 UTC) is when you fetched it; without it, the first time this
     interceptor saw a card at that URL stands in (a client holds the card it was built with, so
     the first call comes soon after the fetch; a card fetched long before is seen fresher).
+    Each `create` carries `handoff.payload_hash` = `parts_payload_hash(message)`.
     """
 
     def __init__(
@@ -107,6 +117,7 @@ class HandoffClientInterceptor(ClientCallInterceptor):
             topology="federated_a2a",
             deadline_ms=self._deadline_ms,
             capabilities=self._capabilities,
+            payload_hash=parts_payload_hash(msg),
         )
         h = self._tracer.create(env, agent_card=self._card_ref(args.agent_card))
         msg.metadata[METADATA_KEY] = json.dumps(h.to_wire(), separators=(",", ":"))

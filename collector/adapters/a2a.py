@@ -16,6 +16,11 @@ Client side, `HandoffClientInterceptor(actor=..., tracer_provider=...)` (a
 `traceparent` as an HTTP header. The server joins the client's trace from the metadata
 (or, for a client without this interceptor, from the `traceparent` header, creating the
 handoff itself with handoff_id = the A2A task id and from_agent `a2a-client`).
+Payload hash: both sides hash the message that starts the task, its parts only
+(`parts_payload_hash`: `{"a2a_parts": [...]}`, each part in the protobuf JSON mapping): the
+client its outgoing message, the server (creating for a client without the interceptor) the
+task's first message. The envelope the interceptor sends carries the hash, so the server's
+side of such a handoff agrees with the client's.
 
 | A2A | our transitions |
 |---|---|
@@ -54,7 +59,11 @@ from opentelemetry import context as otel_context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from collector.a2a import a2a_error_code, a2a_events, normalize_a2a_state
-from collector.adapters._a2a_client import METADATA_KEY, HandoffClientInterceptor
+from collector.adapters._a2a_client import (
+    METADATA_KEY,
+    HandoffClientInterceptor,
+    parts_payload_hash,
+)
 from collector.contract import TERMINAL, TRANSITIONS, IllegalTransition, State
 from collector.envelope import MODES, Envelope, EnvelopeError
 from collector.tracer import HandoffTracer
@@ -185,6 +194,7 @@ class A2AServerObserver:
             to_agent=self.agent,
             mode=self._mode,
             topology="federated_a2a",
+            payload_hash=parts_payload_hash(task.history[0]) if task.history else None,
         )
         token = otel_context.attach(_PROPAGATOR.extract(self._headers(context)))
         try:

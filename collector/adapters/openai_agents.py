@@ -37,6 +37,14 @@ Input filters: the SDK's trace does not show them. Wrap one with
 processor's InputFilter would redact) and `.removed_items` (items it dropped or changed). An
 unwrapped filter leaves these absent (unknown), never "none ran".
 
+Payload hash (`handoff.payload_hash`, `collector.payload_hash`): a handoff whose observed
+input filter ran hashes `{"history": [...]}`, the items the target agent receives (after the
+filter, as `history_items` lists them); an `agent_as_tool` call hashes `{"tool_input": ...}`,
+the SDK function span's input (the tool-call arguments, JSON-decoded when they are JSON;
+the SDK records it unless `trace_include_sensitive_data` is off). Otherwise the SDK shows no
+payload, and the hash is the shim's default over the envelope, whose payload fields the
+adapter leaves empty: equal for every such handoff, so it tells nothing about the content.
+
 The processor never raises into the SDK: a failure is logged and counted in `errors`.
 Memory: per SDK trace in flight, one record (span parents + handoffs), freed at trace end.
 """
@@ -45,6 +53,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
 import logging
 import re
 import threading
@@ -57,6 +66,7 @@ from agents.handoffs import HandoffInputData
 from agents.tracing import TracingProcessor, get_current_span
 from opentelemetry import trace as otel_trace
 
+from collector._payload import payload_hash
 from collector._topology import HistoryReport, history_report
 from collector.envelope import MODES, Envelope
 from collector.tracer import HandoffTracer
@@ -82,6 +92,18 @@ _INSTRUMENTATION: Final = "collector.adapters.openai_agents"
 def _slug(message: str | None) -> str:
     s = re.sub(r"[^a-z0-9]+", "_", (message or "error").lower()).strip("_")
     return s[:64] or "error"
+
+
+def _tool_input_hash(call: Span[Any] | None) -> str | None:
+    """The payload hash of an agent_as_tool call's input (None when the SDK recorded none)."""
+    raw = getattr(call.span_data, "input", None) if call is not None else None
+    if raw is None:
+        return None
+    try:
+        value = json.loads(raw) if isinstance(raw, str) else raw
+    except ValueError:
+        value = raw  # not JSON: the text as given
+    return payload_hash({"tool_input": value})
 
 
 def history_items(data: HandoffInputData) -> list[Any]:
@@ -127,6 +149,10 @@ class _Run:
     spans: dict[str, tuple[str, str, str | None]] = field(default_factory=dict)
     #: history reports of observed input filters, by the SDK handoff span they ran in
     filtered: dict[str, HistoryReport] = field(default_factory=dict)
+    #: payload hashes of what observed input filters handed on, by SDK handoff span id
+    payloads: dict[str, str] = field(default_factory=dict)
+    #: the run's SDK function spans, by id: an agent_as_tool call's input is read from them
+    calls: dict[str, Span[Any]] = field(default_factory=dict)
     pending: list[_Target] = field(default_factory=list)  # target agent span not started yet
     running: dict[str, _Target] = field(default_factory=dict)  # by target agent span id
     last_to: dict[str, str] = field(default_factory=dict)  # agent -> last handoff id to it
@@ -213,10 +239,13 @@ class HandoffTracingProcessor(TracingProcessor):
         def record(before: HandoffInputData, after: Any) -> Any:
             span = get_current_span()
             if span is not None and isinstance(after, HandoffInputData):
+                handed_on = history_items(after)
                 with self._lock:
-                    self._run(span.trace_id).filtered[span.span_id] = history_report(
-                        history_items(before), history_items(after), label, detector=detector
+                    run = self._run(span.trace_id)
+                    run.filtered[span.span_id] = history_report(
+                        history_items(before), handed_on, label, detector=detector
                     )
+                    run.payloads[span.span_id] = payload_hash({"history": handed_on})
             return after
 
         @functools.wraps(input_filter)
@@ -287,6 +316,8 @@ class HandoffTracingProcessor(TracingProcessor):
         if kind in ("agent", "function"):
             label = str(getattr(span.span_data, "name", "") or "unknown")
             run.spans[span.span_id] = (kind, label, span.started_at)
+            if kind == "function":
+                run.calls[span.span_id] = span
         if kind != "agent":
             return
         if self._tool_call_start(run, span):
@@ -337,7 +368,14 @@ class HandoffTracingProcessor(TracingProcessor):
         caller = run.spans[sid][1] if sid is not None and sid in run.spans else "unknown"
         expert = str(getattr(span.span_data, "name", "") or "unknown")
         h = self._create(
-            run, call, caller, expert, self._at(run.spans[call][2]), None, "agent_as_tool"
+            run,
+            call,
+            caller,
+            expert,
+            self._at(run.spans[call][2]),
+            None,
+            "agent_as_tool",
+            payload=_tool_input_hash(run.calls.get(call)),
         )
         recv = self._tracer(expert).receive(h.to_wire())
         at = self._at(span.started_at)
@@ -367,6 +405,7 @@ class HandoffTracingProcessor(TracingProcessor):
         cause: str | None,
         topology: str = "in_process",
         history: HistoryReport | None = None,
+        payload: str | None = None,
     ) -> Handoff:
         env = Envelope(
             task_id=run.task_id,
@@ -377,6 +416,7 @@ class HandoffTracingProcessor(TracingProcessor):
             topology=topology,
             deadline_ms=self._deadline_ms,
             causation_id=cause,
+            payload_hash=payload,
         )
         tracer = self._tracer(src)
         if run.root is None:
@@ -390,15 +430,20 @@ class HandoffTracingProcessor(TracingProcessor):
         dst = getattr(data, "to_agent", None)
         started, ended = self._at(span.started_at), self._at(span.ended_at)
         history = run.filtered.pop(span.span_id, None)
+        payload = run.payloads.pop(span.span_id, None)
         # A handoff made by the target of an earlier one (its span inside that target's
         # agent span, or else from the agent that handoff went to) hands that one's result on.
         enclosing = self._enclosing_target(run, span)
         cause = enclosing.handoff.handoff_id if enclosing is not None else run.last_to.get(src)
         if not dst:
-            h = self._create(run, span.span_id, src, "unknown", started, cause, history=history)
+            h = self._create(
+                run, span.span_id, src, "unknown", started, cause, history=history, payload=payload
+            )
             h.reject(ended, error_code="handoff_target_unresolved")
             return
-        h = self._create(run, span.span_id, src, dst, started, cause, history=history)
+        h = self._create(
+            run, span.span_id, src, dst, started, cause, history=history, payload=payload
+        )
         run.last_to[dst] = span.span_id
         recv = self._tracer(dst).receive(h.to_wire())
         recv.accept(ended)
