@@ -183,7 +183,7 @@ def _print_lost(df, w, args) -> int:
 
 def _cmd_metrics(args) -> int:
     from analytics import funnel
-    from analytics.metrics import COUNT_COLUMNS, RATE_COLUMNS
+    from analytics.metrics import COUNT_COLUMNS, OUTCOME_COLUMNS, OUTCOMES, RATE_COLUMNS
 
     by = tuple(d for part in (args.by or []) for d in part.split(",") if d)
     if args.sort == "lost" and (by != ("pair",) or args.bucket):
@@ -210,7 +210,7 @@ def _cmd_metrics(args) -> int:
         raise _Usage(str(exc)) from None
     if args.sort == "lost":
         return _print_lost(df, w, args)
-    recs = _records(df)
+    recs = [_nest_outcomes(r) for r in _records(df)]
     unsliced = not by and not args.bucket
     if unsliced:  # the task level and the topology tables beside the funnel
         from analytics import _topology_cli as topo
@@ -228,9 +228,10 @@ def _cmd_metrics(args) -> int:
           f"(as of {w.clock():%Y-%m-%dT%H:%M:%SZ}); rates over settled handoffs, — = undefined")  # fmt: skip
     if unsliced:
         r = recs[0]
-        rows = [[c, f"{r[c]:,}", "handoffs"] for c in COUNT_COLUMNS]
+        rows = [[c, f"{r[c]:,}", "handoffs"] for c in COUNT_COLUMNS if c not in OUTCOME_COLUMNS]
         rows += [[c, _pct(df.iloc[0][c]), "%"] for c in RATE_COLUMNS]
         _print_table(["metric", "value", "unit"], rows)
+        print("\noutcomes (handoffs): " + ", ".join(f"{o} {n:,}" for o, n in r["outcomes"].items()))
         _say("\n" + topo.tasks_line(tasks))
         for name, table in tables.items():
             if len(table):
@@ -245,14 +246,26 @@ def _cmd_metrics(args) -> int:
         for r in ("p_accept", "p_execute", "p_evidence", "p_commit", "p_e2e", "unknown_rate")
         if r in df.columns
     ]
+    outs = [o for o in OUTCOMES if f"outcome_{o}" in df.columns]  # not by origin
     _print_table(
-        [*keys, *cols, *(f"{r} %" for r in rates)],
+        [*keys, *cols, *(f"{r} %" for r in rates), *outs],
         [
-            [*(row[k] for k in keys), *(row[c] for c in cols), *(_pct(row[r]) for r in rates)]
+            [*(row[k] for k in keys), *(row[c] for c in cols), *(_pct(row[r]) for r in rates),
+             *(row[f"outcome_{o}"] for o in outs)]
             for row in df.to_dict(orient="records")
         ],
-    )
+    )  # fmt: skip
     return EXIT_OK
+
+
+def _nest_outcomes(rec: dict[str, Any]) -> dict[str, Any]:
+    """A funnel record with its outcome_* counts moved into one "outcomes" object."""
+    from analytics.metrics import OUTCOMES
+
+    out = {k: v for k, v in rec.items() if not k.startswith("outcome_")}
+    if f"outcome_{OUTCOMES[0]}" in rec:
+        out["outcomes"] = {o: rec[f"outcome_{o}"] for o in OUTCOMES}
+    return out
 
 
 def _cmd_anomalies(args) -> int:

@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 
 #: Dimensions every metric can be sliced by (`pair` is "from_agent->to_agent";
 #: `capability` counts a handoff once under each capability it was granted, "" when none;
-#: `schema_version` and `message_kind` are read from the create span, "" when it has none).
+#: `schema_version`, `message_kind` and `contract_version` are read from the create span, ""
+#: when it has none).
 DIMENSIONS: Final = (
     "tenant",
     "pair",
@@ -39,6 +40,7 @@ DIMENSIONS: Final = (
     "capability",
     "schema_version",
     "message_kind",
+    "contract_version",
 )
 BUCKETS: Final = (None, "hour", "day")
 _DB_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
@@ -193,12 +195,14 @@ DIM_COLUMNS: Final = {
     "capability": ("capabilities",),
     "schema_version": ("schema_version",),
     "message_kind": ("message_kind",),
+    "contract_version": ("contract_version",),
 }
 #: Cohort columns read from the handoff's counted create rows (the greatest value; "" when
 #: absent): not in handoff_summary, so only a cohort asking for one joins them in.
 _CREATE_ATTR_COLUMNS: Final = {
     "schema_version": semconv.SCHEMA_VERSION,
     "message_kind": semconv.MESSAGE_KIND,
+    "contract_version": semconv.CONTRACT_VERSION,
 }
 
 

@@ -1,4 +1,5 @@
-"""CLI of why handoffs are refused: `handoffs rejections` (analytics.rejections)."""
+"""CLI of why handoffs are refused: `handoffs rejections` (analytics.rejections) and
+`handoffs refusals` (analytics.refusals: reject, fail, timeout, expire and cancel codes)."""
 
 from __future__ import annotations
 
@@ -54,8 +55,61 @@ def _cmd_rejections(args) -> int:
     return EXIT_OK
 
 
+_REFUSALS_HELP = """\
+The cohort's refusal events (counted reject, fail, timeout, expire and cancel transitions; pick
+with --events) by handoff.error_code: per event and code, the handoffs whose earliest row of
+that event carries it, their share of the handoffs with that event and of the cohort, and
+example ids. Codes outside the documented vocabulary are grouped as `other`, their raw codes
+listed. --json: a list of objects {event, error_code, count, share_of_event,
+share_of_handoffs, examples, raw_codes} (plus the --by dimension)."""
+
+
+def _cmd_refusals(args) -> int:
+    from analytics.refusals import refusals
+
+    w = _window(args)
+    client, db = _client(args)
+    found = refusals(
+        client,
+        database=db,
+        window=w,
+        tenant=args.tenant,
+        by=args.by,
+        events=args.events,
+        examples=args.examples,
+    )
+    if args.json:
+        doc = [r.to_dict(args.by) for r in found]
+        for d in doc:  # an undefined share is null, never NaN
+            for k in ("share_of_event", "share_of_handoffs"):
+                d[k] = None if math.isnan(d[k]) else d[k]
+        print(json.dumps(doc, indent=2))
+        return EXIT_OK
+    rows = []
+    for r in found:
+        code = r.error_code
+        if code == "other":
+            code += " (" + ", ".join(c or "(empty)" for c in r.raw_codes) + ")"
+        rows.append(
+            [
+                *([r.group] if args.by else []),
+                r.event,
+                code,
+                r.count,
+                _pct(r.share_of_event),
+                _pct(r.share_of_handoffs),
+                ", ".join(r.examples) or "—",
+            ]
+        )
+    head = [args.by] if args.by else []
+    _print_table(
+        [*head, "event", "error_code", "handoffs", "of event", "of cohort", "examples"], rows
+    )
+    return EXIT_OK
+
+
 def register(sub: argparse._SubParsersAction) -> None:
-    """Add `rejections` to the `handoffs` parser."""
+    """Add `rejections` and `refusals` to the `handoffs` parser."""
     from analytics._common import DIMENSIONS
 
     p = sub.add_parser(
@@ -68,3 +122,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--examples", type=int, default=3, help="example handoff ids per code")
     p.set_defaults(func=_guard(_cmd_rejections))
+
+    p = sub.add_parser(
+        "refusals",
+        help="why handoffs are refused or fail: reject, fail, timeout, expire, cancel codes",
+        description=_REFUSALS_HELP,
+    )
+    _common(p)
+    _windowed(p)
+    p.add_argument(
+        "--by", choices=DIMENSIONS, metavar="DIM", help=f"slice by one of {', '.join(DIMENSIONS)}"
+    )
+    p.add_argument(
+        "--events",
+        metavar="LIST",
+        help="comma-separated, of reject, fail, timeout, expire, cancel (default all)",
+    )
+    p.add_argument("--examples", type=int, default=3, help="example handoff ids per code")
+    p.set_defaults(func=_guard(_cmd_refusals))

@@ -27,13 +27,25 @@ from analytics._common import (
     settled_window,
     ts,
 )
-from analytics.rollup import COUNT_COLUMNS, RATE_COLUMNS, RATES, add_rates, rate, rollup
+from analytics.rollup import (
+    COUNT_COLUMNS,
+    OUTCOME_COLUMNS,
+    OUTCOMES,
+    RATE_COLUMNS,
+    RATES,
+    add_rates,
+    outcomes,
+    rate,
+    rollup,
+)
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
 
 __all__ = [
     "COUNT_COLUMNS",
+    "OUTCOMES",
+    "OUTCOME_COLUMNS",
     "RATES",
     "RATE_COLUMNS",
     "STAGES",
@@ -43,6 +55,7 @@ __all__ = [
     "funnel_windows",
     "handoffs_behind",
     "latencies",
+    "outcomes",
     "rate",
     "task_stats",
     "tenants",
@@ -50,6 +63,17 @@ __all__ = [
 
 #: cohort-row condition of `verified`: K (committed with evidence) and read back (verified)
 _VERIFIED: Final = f"is_k AND {cs.has('tmask', cs.reached_mask('verified'))}"
+
+#: outcome -> cohort-row condition: the bit tests of the state the handoff already keeps
+#: (tmask), so the outcomes cost the funnel query a few bit operations, not a query each
+_OUTCOME_CONDITIONS: Final = {
+    **{s: cs.has("tmask", cs.into_mask({s})) for s in OUTCOMES[:5]},
+    "unknown_open": "is_unresolved",
+    "unknown_resolved": "is_unk AND NOT is_unresolved",
+}
+_OUTCOMES_SQL: Final = ",\n    ".join(
+    f"countIf({_OUTCOME_CONDITIONS[o]}) AS outcome_{o}" for o in OUTCOMES
+)
 
 #: the funnel's count columns over cohort rows (analytics._common.cohort_sql flags)
 _COUNTS_SQL: Final = f"""count() AS volume,
@@ -62,7 +86,8 @@ _COUNTS_SQL: Final = f"""count() AS volume,
     countIf(is_settled AND {_VERIFIED}) AS verified,
     countIf(is_settled AND is_unk) AS unknown,
     countIf(is_settled AND is_esc) AS escalated,
-    countIf(is_unresolved) AS unresolved_now"""
+    countIf(is_unresolved) AS unresolved_now,
+    {_OUTCOMES_SQL}"""
 
 #: handoffs_behind stages -> SQL condition over the cohort flags (see analytics._common).
 STAGES: Final = {
@@ -80,6 +105,7 @@ STAGES: Final = {
     "unknown": "is_settled AND is_unk",
     "unresolved": "is_unresolved",
     "escalated": "is_settled AND is_esc",
+    **{f"outcome_{o}": c for o, c in _OUTCOME_CONDITIONS.items()},
 }
 
 _LIST_COLUMNS: Final = (
@@ -150,7 +176,9 @@ def funnel(
     """The funnel of the cohort created in `window`: one row per group (one row when by=()).
 
     Columns: [*by, "bucket"] + counts (settled, in_flight, accepted, executed, evidenced,
-    committed, verified, unknown, escalated, unresolved_now, volume; handoffs) + rates
+    committed, verified, unknown, escalated, unresolved_now, volume, and the outcomes
+    outcome_{rejected,expired,failed,canceled,escalated,unknown_open,unknown_resolved};
+    handoffs) + rates
     (p_accept, p_execute, p_evidence, p_commit, p_e2e, p_verify, unknown_rate,
     escalation_rate; fractions 0..1,
     NaN when undefined). `by` ⊆ DIMENSIONS; bucket None | "hour" | "day" (of created time,

@@ -2,7 +2,8 @@
 Markdown, over the last 7 days (default) or one ISO week.
 
 Built only from the public loaders (funnel, latencies, anomalies, handoffs_behind), so the
-report shows exactly the numbers the dashboard and `handoffs metrics` show.
+report shows exactly the numbers the dashboard and `handoffs metrics` show; the outcome
+counts are the funnel's outcome_* columns of the same split.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from analytics.anomalies import anomalies
 from analytics.display import html_safe
 from analytics.metrics import RATE_COLUMNS, funnel, handoffs_behind, latencies
 from analytics.pairs_lost import LOST_STAGES, MIN_N, lost_by_pair
-from analytics.rollup import rollup
+from analytics.rollup import OUTCOMES, rollup
 from analytics.slo import load_rules, rules_file
 from foundation.units import fmt_duration_ms
 
@@ -143,6 +144,22 @@ def _headline_rows(d) -> list[tuple[str, str, str, str]]:
     return rows
 
 
+def _outcome_rows(d) -> list[tuple[str, str, str, str]]:
+    """How the handoffs ended (analytics.rollup.OUTCOMES): outcome, this period, the period
+    before, change (handoffs)."""
+    rows = []
+    for o in OUTCOMES:
+        a, b = int(d["now"][f"outcome_{o}"]), int(d["prev"][f"outcome_{o}"])
+        rows.append((o.replace("_", " "), f"{a:,}", f"{b:,}", f"{a - b:+,}"))
+    return rows
+
+
+_OUTCOME_NOTE: Final = (
+    "Handoffs created in the period that entered each state; unknown open: entered unknown "
+    "and not resolved at the report's clock; unknown resolved: entered unknown and left it."
+)
+
+
 def _md(d) -> str:
     rw = d["rw"]
     lines = [
@@ -153,6 +170,13 @@ def _md(d) -> str:
         f"| metric | {' | '.join(rw.columns)} | change |",
         "|---|---|---|---|",
         *(f"| {a.replace('|', '&#124;')} | {b} | {c} | {e} |" for a, b, c, e in _headline_rows(d)),
+        "",
+        "## Outcomes",
+        _OUTCOME_NOTE,
+        "",
+        f"| outcome | {' | '.join(rw.columns)} | change |",
+        "|---|---|---|---|",
+        *(f"| {a} | {b} | {c} | {e} |" for a, b, c, e in _outcome_rows(d)),
         "",
         *md_lines(d["slo"], d["slo_source"]),
         "",
@@ -227,6 +251,8 @@ def _html(d) -> str:
         f"<p>{html.escape(rw.describe())}. Rates are over settled handoffs; — means undefined.</p>",
         "<h2>Headline</h2>",
         _table(["metric", *rw.columns, "change"], [list(r) for r in _headline_rows(d)]),
+        f"<h2>Outcomes</h2><p>{html.escape(_OUTCOME_NOTE)}</p>",
+        _table(["outcome", *rw.columns, "change"], [list(r) for r in _outcome_rows(d)]),
         html_section(d["slo"], d["slo_source"]),
         *_charts(d),
         "<h2>Latency</h2>",

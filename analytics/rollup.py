@@ -19,7 +19,33 @@ from typing import Final
 
 import pandas as pd
 
-__all__ = ["COUNT_COLUMNS", "RATES", "RATE_COLUMNS", "add_rates", "empty_split", "rate", "rollup"]
+__all__ = [
+    "COUNT_COLUMNS",
+    "OUTCOMES",
+    "OUTCOME_COLUMNS",
+    "RATES",
+    "RATE_COLUMNS",
+    "add_rates",
+    "empty_split",
+    "outcomes",
+    "rate",
+    "rollup",
+]
+
+#: How handoffs ended, each counted once per cohort handoff that has it (docs/metrics.md
+#: "Outcomes"): entered rejected, expired, failed, canceled, escalated; unknown_open entered
+#: unknown and never left it, unknown_resolved entered it and left it later. Column names in
+#: a funnel frame are `outcome_<name>`.
+OUTCOMES: Final = (
+    "rejected",
+    "expired",
+    "failed",
+    "canceled",
+    "escalated",
+    "unknown_open",
+    "unknown_resolved",
+)
+OUTCOME_COLUMNS: Final = tuple(f"outcome_{o}" for o in OUTCOMES)
 
 COUNT_COLUMNS: Final = (
     "settled",
@@ -33,6 +59,7 @@ COUNT_COLUMNS: Final = (
     "escalated",
     "unresolved_now",
     "volume",
+    *OUTCOME_COLUMNS,
 )
 #: rate column -> (numerator count, denominator count), the metric contract's one table
 #: (docs/metrics.md); an empty denominator gives NaN. funnel() and every roll-up use it.
@@ -52,6 +79,12 @@ RATE_COLUMNS: Final = tuple(RATES)
 def rate(num: float, den: float) -> float:
     """num/den, or NaN when den is 0 (an undefined rate is never shown as 0)."""
     return float(num) / float(den) if den else math.nan
+
+
+def outcomes(row) -> dict[str, int]:
+    """The outcome counts of one funnel row (a mapping or a pandas row) under their short
+    names (OUTCOMES), as `handoffs metrics --json` prints them in its "outcomes" object."""
+    return {o: int(row[f"outcome_{o}"]) for o in OUTCOMES}
 
 
 def add_rates(df: pd.DataFrame) -> pd.DataFrame:

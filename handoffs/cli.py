@@ -26,7 +26,7 @@ _COMMAND_MODULES = (
     "analytics._cli",  # metrics, anomalies, report
     "analytics._evidence_cli",  # evidence
     "analytics._alerts_cli",  # alerts check, watch
-    "analytics._rejections_cli",  # rejections
+    "analytics._rejections_cli",  # rejections, refusals
     "analytics._blind_cli",  # blind-spots
     "dashboard._cli",  # dashboard
     "handoffs._demo_cli",  # simulate, demo

@@ -18,7 +18,7 @@ import pandas as pd
 import streamlit as st
 
 from analytics.display import markdown_link_text
-from analytics.rollup import rollup
+from analytics.rollup import OUTCOMES, rollup
 from dashboard import _charts, _data, _ui, _verdict
 from dashboard._store import StoreUnavailable
 
@@ -178,6 +178,22 @@ def refusals(p: _ui.Picked) -> None:
         )
 
 
+def outcome_row(cur: dict) -> None:
+    """One line under the tiles: how the window's handoffs ended (analytics OUTCOMES), each
+    count a link to the handoffs behind it when there are any."""
+    parts = []
+    for o in OUTCOMES:
+        n = int(cur.get(f"outcome_{o}", 0) or 0)
+        label = o.replace("_", " ")
+        parts.append(f"{label} **{_ui.fmt_count(n)}**")
+    st.markdown(
+        "Outcomes: " + " · ".join(parts),
+        help="Handoffs of the window that entered rejected, expired, failed, canceled or "
+        "escalated; unknown open: entered unknown, not resolved; unknown resolved: entered "
+        "unknown and left it later. List them under “Handoffs behind a number”.",
+    )
+
+
 #: scopes named in the blind-spot warning at most
 BLIND_SCOPES = 5
 
@@ -265,6 +281,7 @@ def body() -> None:
         + (f" · tenant {_ui.user_text(p.tenant)}" if p.tenant else "")
         + ". Rates use settled handoffs; “—” means the stage had no handoffs to measure."
     )
+    outcome_row(cur)
 
     left, right = st.columns(2)
     left.plotly_chart(_charts.funnel_figure(cur), key="ov_funnel")
@@ -278,7 +295,9 @@ def body() -> None:
     refusals(p)
 
     st.subheader("Handoffs behind a number")
+    stages = [stage for *_, stage, _ in KPIS] + [f"outcome_{o}" for o in OUTCOMES]
     labels = [f"{label} — {stage.replace('_', ' ')}" for _, label, _, stage, _ in KPIS]
+    labels += [f"Outcome — {o.replace('_', ' ')}" for o in OUTCOMES]
     choice = st.selectbox(
         "Number",
         labels,
@@ -287,7 +306,7 @@ def body() -> None:
         key="ov_behind",
     )
     if choice is not None:
-        stage = KPIS[labels.index(choice)][3]
+        stage = stages[labels.index(choice)]
         with _ui.guard():
             df = _data.handoffs_behind(
                 src.store, src.database, *p.args, stage=stage, tenant=p.tenant

@@ -1,7 +1,8 @@
 """Slices: the pairs losing the most handoffs, with the failing stage; the agent-pair matrix
 of P_e2e, small samples faded; each topology's own failure rates as cards, with
 the shared queue's consumer lag and agent-as-tool fan-out; tables by mode, topology,
-protocol, capability.
+protocol, capability, contract version, each with its slices' outcome counts (rejected,
+expired, failed, canceled, escalated, unknown open / resolved).
 
 Tables are worst first (lowest P_e2e; undefined last) and every slice can list its handoffs.
 The total, the pair matrix and the mode, topology and protocol tables are one funnel query
@@ -14,7 +15,7 @@ queried: the selected tab (`?sl_tab=<label>` opens one) and the queue expander o
 import streamlit as st
 
 from analytics.pairs_lost import MIN_N, lost_by_pair
-from analytics.rollup import rollup
+from analytics.rollup import OUTCOMES, rollup
 from dashboard import _charts, _data, _topology_data, _ui
 
 _RATE_COLS = (
@@ -27,6 +28,8 @@ _RATE_COLS = (
     "escalation_rate",
 )
 _COUNT_COLS = ("settled", "in_flight", "volume")
+#: how each slice's handoffs ended (analytics OUTCOMES), shown after the rates
+_OUTCOME_COLS = {f"outcome_{o}": o.replace("_", " ") for o in OUTCOMES}
 #: the dimensions the page's one split funnel is grouped by (each a handoff's single value)
 _SPLIT = ("from_agent", "to_agent", "mode", "topology", "protocol")
 _TABLES = (
@@ -34,6 +37,7 @@ _TABLES = (
     ("topology", "Topology"),
     ("protocol", "Protocol version"),
     ("capability", "Capability"),
+    ("contract_version", "Contract version"),
 )
 _LATENCY_TAB = "Latency by pair"
 #: rows of the "most handoffs lost" table above the heatmap
@@ -45,11 +49,13 @@ p = _ui.pickers(src, "slices")
 
 def _table(df, dim: str) -> None:
     cols = [dim, *(c for c in _COUNT_COLS if c in df), *(c for c in _RATE_COLS if c in df)]
+    cols += [c for c in _OUTCOME_COLS if c in df]
     view = df[cols].sort_values("p_e2e", ascending=True, na_position="last", kind="stable")
     for c in _RATE_COLS:  # fractions -> percent with one decimal; NaN stays empty ("—")
         if c in view:
             view[c] = view[c] * 100
     config = {c: st.column_config.NumberColumn(c, format="%.1f%%") for c in _RATE_COLS}
+    config.update({c: st.column_config.NumberColumn(n) for c, n in _OUTCOME_COLS.items()})
     st.dataframe(
         view, hide_index=True, column_config=config, placeholder=_ui.DASH, key=f"sl_tab_{dim}"
     )
