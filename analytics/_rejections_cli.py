@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 
 from analytics._cli import EXIT_OK, _client, _common, _guard, _print_table, _window, _windowed
 
@@ -65,8 +66,15 @@ share_of_handoffs, examples, raw_codes} (plus the --by dimension)."""
 
 
 def _cmd_refusals(args) -> int:
-    from analytics.refusals import refusals
+    from analytics.refusals import check_events, refusals
 
+    try:  # bad input is answered before the store is opened
+        check_events(args.events)
+        if args.examples < 0:
+            raise ValueError(f"--examples must be 0 or more, got {args.examples}")
+    except ValueError as exc:
+        print(f"handoffs refusals: {exc}", file=sys.stderr)
+        return 2
     w = _window(args)
     client, db = _client(args)
     found = refusals(

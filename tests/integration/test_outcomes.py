@@ -232,3 +232,16 @@ def test_weekly_report_has_an_outcomes_section(chdb_client, db):
         chdb_client, database=db, fmt="html", week="2026-W48", as_of=T0 + timedelta(days=7)
     )
     assert "<h2>Outcomes</h2>" in html and "<td>canceled</td><td>1</td>" in html
+
+
+def test_refusals_refuses_bad_input_before_opening_a_store(tmp_path, capsys):
+    from handoffs.cli import main
+
+    store = tmp_path / "none"
+    for args, says in (
+        (["--events", "reject,bogus"], "unknown refusal event(s) bogus"),
+        (["--examples", "-1"], "--examples must be 0 or more"),
+    ):
+        assert main(["refusals", "--store", f"chdb://{store}", *args]) == 2
+        assert says in capsys.readouterr().err
+    assert not store.exists()
