@@ -92,6 +92,15 @@ def _run_keys(trace: TraceIndex, s: SpanRecord) -> list[tuple[str | None, str | 
     return [(w, agent) for w in scopes for agent in (s.attr(_AGENT), None)]
 
 
+def _task_id(tool: SpanRecord, workflow: SpanRecord | None, run: SpanRecord | None) -> str:
+    """The workflow's id as the task: its span's id, known from the agent run's parent (ADK
+    nests each `invoke_agent` directly under `invoke_workflow`) before the workflow's own
+    span (which ends, and so is exported, last) is stored; the same on every pass, so a
+    task's transfers stay one task."""
+    wf_id = workflow.span_id if workflow is not None else (run.parent_span_id if run else "")
+    return f"{tool.trace_id}/{wf_id}" if wf_id else tool.trace_id
+
+
 def adk_rule(trace: TraceIndex) -> list[Observed]:
     """Handoffs of ADK `transfer_to_agent` tool spans in `trace` (module doc)."""
     # one per span id: a resent span may be stored twice
@@ -127,7 +136,7 @@ def adk_rule(trace: TraceIndex) -> list[Observed]:
         out.append(
             Observed(
                 rule=ADK,
-                task_id=f"{t.trace_id}/{workflow.span_id}" if workflow else t.trace_id,
+                task_id=_task_id(t, workflow, enclosing),
                 handoff_id=handoff_id,
                 causation_id=made_by.get(enclosing.span_id) if enclosing is not None else None,
                 source=t,

@@ -154,3 +154,33 @@ def test_resent_spans_derive_nothing_twice():
         for d in first
     ]  # fmt: skip
     assert new_transitions(spans + spans + stored) == []
+
+
+def test_the_task_is_the_workflow_before_and_after_its_span_is_stored():
+    """The workflow's span ends last, so early passes read the agent runs without it: the
+    task id (the workflow's span id, from the run's parent) must not change when it arrives."""
+    from derive._model import SpanRecord
+    from derive._trace import TraceIndex
+    from derive.adk import adk_rule
+
+    op = "gen_ai.operation.name"
+
+    def span(sid, parent, name, start, end, **attrs):
+        return SpanRecord(
+            trace_id="tr", span_id=sid, parent_span_id=parent, name=name, start_ns=start,
+            end_ns=end, scope="gcp.vertex.agent", attributes=attrs,
+        )  # fmt: skip
+
+    runs = [
+        span("a", "wf", "invoke_agent triage", 1, 10,
+             **{op: "invoke_agent", "gen_ai.agent.name": "triage"}),
+        span("h", "a", "execute_tool transfer_to_agent", 8, 9,
+             **{op: "execute_tool", "gen_ai.tool.name": "transfer_to_agent",
+                "gen_ai.tool.call.arguments": '{"agent_name": "coder"}'}),
+        span("b", "wf", "invoke_agent coder", 11, 20,
+             **{op: "invoke_agent", "gen_ai.agent.name": "coder"}),
+    ]  # fmt: skip
+    workflow = span("wf", "", "invoke_workflow triage", 0, 21, **{op: "invoke_workflow"})
+    before = {o.task_id for o in adk_rule(TraceIndex(runs))}
+    after = {o.task_id for o in adk_rule(TraceIndex([*runs, workflow]))}
+    assert before == after == {"tr/wf"}
