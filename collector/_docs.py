@@ -280,7 +280,17 @@ def render() -> str:
         "`handoff.error_code` on `reject`, `fail` and `timeout`. The vocabulary",
         "(`collector.semconv.ERROR_CODES`): "
         + ", ".join(f"`{c}`" for c in semconv.ERROR_CODES)
-        + ". Any other code is stored as sent and counted as `other`. A receiver refusing an",
+        + ". Any other code is stored as sent and counted as `other`.",
+        "",
+        "Final codes say the same request will be refused again, so a retry of it is the",
+        "anomaly `retry_after_final_refusal`; retryable codes may succeed later",
+        "(`collector.semconv.ERROR_CODE_RETRY`):",
+        "",
+        "| code | retry |",
+        "|---|---|",
+        *(f"| `{c}` | {r} |" for c, r in semconv.ERROR_CODE_RETRY.items()),
+        "",
+        "A receiver refusing an",
         "envelope (`HandoffTracer.receive`) emits `reject` with `incompatible_protocol` (a",
         "protocol other than `aa-handoff/v1`), `missing_required_field` or `invalid_envelope`.",
         "",

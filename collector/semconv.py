@@ -14,6 +14,8 @@ __all__ = [
     "ARRAY_ATTRIBUTES",
     "BOOL_ATTRIBUTES",
     "ERROR_CODES",
+    "ERROR_CODE_RETRY",
+    "FINAL_ERROR_CODES",
     "ERROR_CODE_OTHER",
     "INT_ARRAY_ATTRIBUTES",
     "INT_ATTRIBUTES",
@@ -109,6 +111,22 @@ REPLAY: Final = "handoff.replay"
 SCHEMA_VERSION: Final = "handoff.schema_version"
 CONSUMER_SUPPORTED_VERSIONS: Final = "handoff.consumer.supported_versions"
 ENVELOPE_UNKNOWN_FIELDS: Final = "handoff.envelope.unknown_fields"
+# the evidence policy the result must meet (on create), checked by the platform
+EVIDENCE_POLICY_VALID_AFTER: Final = "handoff.evidence_policy.valid_after"
+EVIDENCE_POLICY_VALID_BEFORE: Final = "handoff.evidence_policy.valid_before"
+EVIDENCE_POLICY_MIN_REFS: Final = "handoff.evidence_policy.min_refs"
+EVIDENCE_POLICY_REQUIRE_CLAIMS: Final = "handoff.evidence_policy.require_claims"
+# the structured reply contract (on create) and the fields a result returned (on results)
+REPLY_CONTRACT_MUST_RETURN: Final = "handoff.reply_contract.must_return"
+RESULT_FIELDS: Final = "handoff.result.fields"
+# the tool calls a result used, against the envelope's max_tool_calls (on results)
+TOOL_CALLS: Final = "handoff.tool_calls"
+# message fields of the envelope (on create): its id, time to live, whether the receiver
+# must acknowledge it (accept or reject) within ttl_s, where a large payload is kept
+MESSAGE_ID: Final = "handoff.message.id"
+MESSAGE_TTL_S: Final = "handoff.message.ttl_s"
+MESSAGE_REQUIRES_ACK: Final = "handoff.message.requires_ack"
+MESSAGE_PAYLOAD_REF: Final = "handoff.message.payload_ref"
 
 # OTel GenAI semantic conventions, reused where they exist.
 GEN_AI_AGENT_NAME: Final = "gen_ai.agent.name"
@@ -259,6 +277,63 @@ WIRE_ATTRIBUTES: Final[tuple[AttrSpec, ...]] = (
     ),
     AttrSpec(MAX_TOOL_CALLS, "int", "create", False, "tool call budget"),
     AttrSpec(
+        EVIDENCE_POLICY_VALID_AFTER,
+        "string",
+        "create",
+        False,
+        "evidence policy: each ref's valid_at at or after this time (ISO-8601 UTC)",
+    ),
+    AttrSpec(
+        EVIDENCE_POLICY_VALID_BEFORE,
+        "string",
+        "create",
+        False,
+        "evidence policy: each ref's valid_at before this time (ISO-8601 UTC)",
+    ),
+    AttrSpec(
+        EVIDENCE_POLICY_MIN_REFS, "int", "create", False, "evidence policy: fewest refs a result carries"
+    ),
+    AttrSpec(
+        EVIDENCE_POLICY_REQUIRE_CLAIMS,
+        "bool",
+        "create",
+        False,
+        "evidence policy: every ref of a result carries a claim",
+    ),
+    AttrSpec(
+        REPLY_CONTRACT_MUST_RETURN,
+        "string[]",
+        "create",
+        False,
+        "reply contract: the field names a committed result must return",
+    ),
+    AttrSpec(
+        RESULT_FIELDS,
+        "string[]",
+        "prepare / commit / resolve_committed",
+        False,
+        "the field names the result returned",
+    ),
+    AttrSpec(
+        TOOL_CALLS,
+        "int",
+        "prepare / commit / resolve_committed",
+        False,
+        "tool calls the receiver used for the result",
+    ),
+    AttrSpec(MESSAGE_ID, "string", "create", False, "message: the sender's id of the message"),
+    AttrSpec(MESSAGE_TTL_S, "int", "create", False, "message: seconds it stays deliverable"),
+    AttrSpec(
+        MESSAGE_REQUIRES_ACK,
+        "bool",
+        "create",
+        False,
+        "message: the receiver must accept or reject it within ttl_s",
+    ),
+    AttrSpec(
+        MESSAGE_PAYLOAD_REF, "string", "create", False, "message: where a large payload is kept"
+    ),
+    AttrSpec(
         EXECUTION_ID,
         "string",
         "result",
@@ -376,22 +451,28 @@ BOOL_ATTRIBUTES: Final = frozenset(a.name for a in WIRE_ATTRIBUTES if a.type == 
 ARRAY_ATTRIBUTES: Final = frozenset(a.name for a in WIRE_ATTRIBUTES if a.type == "string[]")
 INT_ARRAY_ATTRIBUTES: Final = frozenset(a.name for a in WIRE_ATTRIBUTES if a.type == "int[]")
 
-#: the documented `handoff.error_code` vocabulary; any other code is stored as sent and
-#: counted under ERROR_CODE_OTHER
-ERROR_CODES: Final = (
-    "incompatible_protocol",
-    "missing_required_field",
-    "invalid_envelope",
-    "unknown_capability",
-    "capability_not_granted",
-    "grant_expired",
-    "permission_denied",
-    "tenant_mismatch",
-    "budget_exceeded",
-    "deadline",
-    "conflict",
-    "busy",
-)
+#: the documented `handoff.error_code` vocabulary, each code with whether retrying the same
+#: request can succeed: `final` (the refusal will not change: a retry is
+#: retry_after_final_refusal) or `retryable` (busy, over budget, out of time, a conflict
+#: to re-read). Any other code is stored as sent and counted under ERROR_CODE_OTHER.
+ERROR_CODE_RETRY: Final = {
+    "incompatible_protocol": "final",
+    "missing_required_field": "final",
+    "invalid_envelope": "final",
+    "unknown_capability": "final",
+    "capability_not_granted": "final",
+    "grant_expired": "final",
+    "permission_denied": "final",
+    "tenant_mismatch": "final",
+    "budget_exceeded": "retryable",
+    "deadline": "retryable",
+    "timeout": "retryable",
+    "conflict": "retryable",
+    "busy": "retryable",
+}
+ERROR_CODES: Final = tuple(ERROR_CODE_RETRY)
+#: the codes whose refusal a retry of the same request cannot change
+FINAL_ERROR_CODES: Final = tuple(c for c, r in ERROR_CODE_RETRY.items() if r == "final")
 ERROR_CODE_OTHER: Final = "other"
 
 MODES: Final = ("delegate", "consult", "transfer", "escalate")

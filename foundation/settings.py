@@ -234,6 +234,39 @@ RISKY_FIELDS: Final = Setting(
     "risky_field_ignored: envelope field names (comma-separated, `*` = any suffix) a consumer "
     "must not ignore as unknown",
 )
+KEYLESS_WINDOW_S: Final = Setting(
+    "HANDOFFS_KEYLESS_WINDOW_S",
+    "600",
+    "keyless_duplicate_write: seconds within which two keyless writes of one payload to one "
+    "agent are a duplicate",
+)
+REQUIRE_GRANTS: Final = Setting(
+    "HANDOFFS_REQUIRE_GRANTS",
+    "0",
+    "missing_grant: 1 when the tenant's policy requires a grant for every handoff that asks "
+    "for capabilities (default 0: off)",
+)
+SUSTAINED_REJECTION_RATE: Final = Setting(
+    "HANDOFFS_SUSTAINED_REJECTION_RATE",
+    "0.5",
+    "sustained_rejections: the hourly rejection rate (0-1) that, held, is an outage",
+)
+SUSTAINED_MIN_SETTLED: Final = Setting(
+    "HANDOFFS_SUSTAINED_MIN_SETTLED",
+    "5",
+    "sustained_rejections: fewest settled handoffs an hour for that hour to count",
+)
+SUSTAINED_HOURS: Final = Setting(
+    "HANDOFFS_SUSTAINED_HOURS",
+    "2",
+    "sustained_rejections: consecutive hours at or above the rate",
+)
+CONSUMER_STALL_S: Final = Setting(
+    "HANDOFFS_CONSUMER_STALL_S",
+    "300",
+    "consumer_stalled: seconds a queue consumer may go without accepting what was enqueued "
+    "for it while the queue's head moved",
+)
 USER: Final = Setting("HANDOFFS_USER", "default", "ClickHouse user for an http(s) store")
 PASSWORD: Final = Setting("HANDOFFS_PASSWORD", "", "ClickHouse password for an http(s) store")
 
@@ -279,6 +312,12 @@ ENV: Final = (
     CONSUMER_LAG_OFFSETS,
     AGENT_CARD_MAX_AGE_S,
     RISKY_FIELDS,
+    KEYLESS_WINDOW_S,
+    REQUIRE_GRANTS,
+    SUSTAINED_REJECTION_RATE,
+    SUSTAINED_MIN_SETTLED,
+    SUSTAINED_HOURS,
+    CONSUMER_STALL_S,
     USER,
     PASSWORD,
 )
