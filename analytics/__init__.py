@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     )
     from analytics.coverage import blind_spots
     from analytics.evidence import VerifyResult, evidence_package, verify_package
+    from analytics.keyless import keyless_writes
     from analytics.metrics import (
         STAGES,
         find_handoffs,
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     )
     from analytics.report import weekly_report
     from analytics.spikes import rejection_spikes
+    from analytics.sustained import sustained_rejections
     from analytics.topology import queue_lag, task_fan_out, topology_cards, unknown_fields
 
 # Loaded on first use (PEP 562): `handoffs serve` imports analytics._cli to build its parser
@@ -48,6 +50,7 @@ _LAZY: dict[str, str] = {
     "VerifyResult": "analytics.evidence",
     "evidence_package": "analytics.evidence",
     "verify_package": "analytics.evidence",
+    "keyless_writes": "analytics.keyless",
     "STAGES": "analytics.metrics",
     "find_handoffs": "analytics.metrics",
     "funnel": "analytics.metrics",
@@ -62,6 +65,7 @@ _LAZY: dict[str, str] = {
     "topology_cards": "analytics.topology",
     "unknown_fields": "analytics.topology",
     "rejection_spikes": "analytics.spikes",
+    "sustained_rejections": "analytics.sustained",
     "SettleResult": "analytics._settled",
     "settle": "analytics._settled",
 }
@@ -86,10 +90,12 @@ __all__ = [
     "funnel",
     "funnel_windows",
     "handoffs_behind",
+    "keyless_writes",
     "latencies",
     "queue_lag",
     "rejection_spikes",
     "settle",
+    "sustained_rejections",
     "task_fan_out",
     "task_stats",
     "tenants",

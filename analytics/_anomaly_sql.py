@@ -22,6 +22,18 @@ transitions twice (clock skew self-join) or window-sort every task (stale fence)
   topology     each topology's own kinds from one scan of the cohort's create, accept,
                reject and executing rows (_topology_sql.py)
   fan_out      agent-as-tool fan-out over the cohort's summary rows (_topology_sql.py)
+  evidence     results checked against the envelope's evidence policy and reply
+               contract, over the handoffs declaring one (_evidence_checks_sql.py)
+  sustained    runs of hours whose rejection rate stays high (_sustained_sql.py)
+  stall        shared-queue messages never taken while the queue went on (_stall_sql.py)
+  deadline     an outcome reached after the envelope's deadline: the cohort's candidates,
+               then their state rows by key (_budget_sql.py)
+  budget       tool calls over the envelope's budget, acks missing or late: the rows that
+               carry them (audit_attrs), then those handoffs' rows by key (_budget_sql.py)
+  refusal, keyless, grant_checks, version_order
+               what senders do but do not declare: a retry after a final refusal, a keyless
+               write done twice, the grant's caller and presence, versions out of order
+               (_inferred_sql.py)
 * read handoff_anomaly_state (sql/009, _anomaly_state_passes.py: one row per handoff kept
   at insert), never handoff_transitions.
 """
@@ -32,7 +44,12 @@ from collections.abc import Callable
 from functools import partial
 from typing import Final
 
+from analytics import _budget_sql as budget
 from analytics import _contract_sql as cs
+from analytics import _evidence_checks_sql as evidence
+from analytics import _inferred_sql as inferred
+from analytics import _stall_sql as stall
+from analytics import _sustained_sql as sustained
 from analytics import _topology_sql as topo
 from analytics._anomaly_state_passes import STATE_PASSES
 from analytics._anomaly_state_sql import COPY_KEY  # noqa: F401 (re-exported)
@@ -72,6 +89,11 @@ PASSES: Final = {
     "retry": ("blind_retry", "duplicate_execution"),
     "causation": ("consumed_before_verified", "expired_receipt_used"),
     **topo.PASSES,
+    **evidence.PASSES,
+    **sustained.PASSES,
+    **stall.PASSES,
+    **budget.PASSES,
+    **inferred.PASSES,
 }
 KIND_PASS: Final = {k: p for p, kinds in PASSES.items() for k in kinds}
 #: the passes that may return a handoff in several rows (retry: one row per pair of attempts)
@@ -83,7 +105,7 @@ COHORT_PASSES: Final = frozenset(PASSES) - {"orphan"}
 #: window's rows: bench/analytics_queries.py prints each pass's cost, also over an empty
 #: window), run first when passes run two at a time, so that the cheap ones fill the other
 #: connection meanwhile
-HEAVY_PASSES: Final = ("spike", "topology", "fan_out")
+HEAVY_PASSES: Final = ("spike", "sustained", "topology", "fan_out")
 
 
 def created_in_sql(db: str, window: Window, *, tenant: bool) -> str:
@@ -142,6 +164,12 @@ def pass_sql(name: str, db: str, window: Window, *, tenant: bool, sla_ms: int) -
         "orphan": _orphan_pass,
         "topology": topo.topology_pass,
         "fan_out": topo.fan_out_pass,
+        "evidence": evidence.evidence_pass,
+        "sustained": sustained.sustained_pass,
+        "stall": stall.stall_pass,
+        "deadline": budget.deadline_pass,
+        "budget": budget.budget_pass,
+        **inferred.BUILDERS,
     }
     if name not in builders:
         raise ValueError(f"unknown anomaly pass {name!r}")

@@ -8,7 +8,8 @@ instead of the transitions, one row per handoff:
   fence        the rows carrying a fence token or state version (a few per handoff), of the
                tasks of the cohort's fenced commits
   idempotency  the create rows' (key, payload hash) pairs
-  retry        the created-row `retry_of` (the attempts still come from handoff_summary)
+  retry        the created-row `retry_of` (the attempts still come from handoff_summary;
+               retries linked by inference: analytics._inferred_retry_sql)
   causation    the created-row `causation_id`; the consumed handoff's first verify and
                receipt expiry
   bounce       handoff_summary's transfer rows of tasks with two transfers or more
@@ -24,6 +25,7 @@ from typing import Final
 
 from analytics._anomaly_state_sql import MERGE_FN, RECEIPT_EVENTS, TABLE, iso_sql, sql_tuple
 from analytics._common import Window, ts
+from analytics._inferred_retry_sql import inferred_retries_sql
 
 #: which handoffs a pass flags, as SQL over a handoff's `tenant`, `handoff_id` and the
 #: created-time column it is given (the cohort: created in the window)
@@ -249,8 +251,9 @@ def retry_pass(db: str, window: Window, tenant: bool) -> str:
 
 def retry_sql(db: str, tenant: bool, subject: Subject, scope: str | None = None) -> str:
     """B (the handoffs `subject` selects) against its earlier attempts A (any handoff of the same tenant: B's
-    `retry_of`, or the same task, to_agent and idempotency key; for duplicate execution
-    any handoff with B's key). Attempts come from handoff_summary: created, first entry
+    `retry_of`, or the same task, to_agent and idempotency key, or inferred: no retry_of
+    and the same task, agents and objective hash, analytics._inferred_retry_sql; for
+    duplicate execution any handoff with B's key). Attempts come from handoff_summary: created, first entry
     into and first exit out of unknown, first entry into committed (counted rows). Only
     handoffs sharing a non-empty key with another handoff, or named by a `retry_of`, can
     pair, so only their summary rows are merged (a same-slot peer shares the key), for B as
@@ -327,7 +330,10 @@ SELECT b.tenant AS tenant, b.handoff_id AS handoff_id, b.created AS created,
 FROM (SELECT * FROM b WHERE idem != '') AS b
 JOIN (SELECT * FROM peers WHERE idem != '') AS a ON a.tenant = b.tenant AND a.idem = b.idem
 WHERE a.handoff_id != b.handoff_id
-  AND ((b.task_id = a.task AND b.to_agent = a.target AND {blind}) OR {dup})"""
+  AND ((b.task_id = a.task AND b.to_agent = a.target AND {blind}) OR {dup})
+UNION ALL
+SELECT tenant, handoff_id, created, true AS blind_retry, false AS duplicate_execution
+FROM ({inferred_retries_sql(db, tenant, subject, scope)})"""
 
 
 def causation_pass(db: str, window: Window, tenant: bool) -> str:

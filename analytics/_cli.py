@@ -243,7 +243,15 @@ def _cmd_metrics(args) -> int:
     cols = ["volume", "settled", "in_flight"]
     rates = [
         r
-        for r in ("p_accept", "p_execute", "p_evidence", "p_commit", "p_e2e", "unknown_rate")
+        for r in (
+            "p_accept",
+            "p_execute",
+            "p_evidence",
+            "p_evidence_claimed",
+            "p_commit",
+            "p_e2e",
+            "unknown_rate",
+        )
         if r in df.columns
     ]
     outs = [o for o in OUTCOMES if f"outcome_{o}" in df.columns]  # not by origin
@@ -269,7 +277,7 @@ def _nest_outcomes(rec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _cmd_anomalies(args) -> int:
-    from analytics import anomalies, rejection_spikes
+    from analytics import anomalies, rejection_spikes, sustained_rejections
 
     w = _window(args)
     client, db = _client(args)
@@ -277,11 +285,15 @@ def _cmd_anomalies(args) -> int:
     df = anomalies(client, database=db, window=w, tenant=args.tenant, examples=args.examples)
     spiked = int(df.loc[df["kind"] == "rejection_spike", "count"].sum())
     when = rejection_spikes(client, database=db, window=w, tenant=args.tenant) if spiked else None
+    held = int(df.loc[df["kind"] == "sustained_rejections", "count"].sum())
+    runs = sustained_rejections(client, database=db, window=w, tenant=args.tenant) if held else None
     if args.json:
         records = _records(df)
-        for r in records:  # when each spike happened, under its kind
+        for r in records:  # when each spike happened, and each run of rejections, under its kind
             if r["kind"] == "rejection_spike":
                 r["when"] = [] if when is None else _records(when)
+            if r["kind"] == "sustained_rejections":
+                r["when"] = [] if runs is None else _records(runs)
         print(json.dumps(records, indent=2))
         return EXIT_OK
     _print_table(
@@ -297,6 +309,17 @@ def _cmd_anomalies(args) -> int:
                  f"{r.rejected}/{r.settled}", _pct(r.rejection_rate), _pct(r.baseline_rate),
                  r.handoffs]
                 for r in when.itertuples()
+            ],
+        )  # fmt: skip
+    if runs is not None and len(runs):
+        print("\nsustained_rejections, when (UTC):")
+        _print_table(
+            ["from", "to", "hours", "to_agent", "capability", "rejected", "rate %", "handoffs"],
+            [
+                [f"{r.start:%Y-%m-%d %H:%M}", "ongoing" if r.ongoing else f"{r.end:%Y-%m-%d %H:%M}",
+                 r.hours, r.to_agent, r.capability or "—", f"{r.rejected}/{r.settled}",
+                 _pct(r.rejection_rate), r.handoffs]
+                for r in runs.itertuples()
             ],
         )  # fmt: skip
     return EXIT_OK

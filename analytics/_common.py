@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Final
 
 from analytics import _contract_sql as cs
+from analytics._evidence_facts_sql import declared_sql, failed_sql
 from analytics._watermarks import (
     COHORT_TABLE,
     COHORT_WATERMARK_TABLE,
@@ -54,13 +55,17 @@ class Window:
     fixes the clock of the settle rule and of SLA ages, so a result is reproducible.
     `settled` is the store's settled-cohort state a query reads against
     (analytics._watermarks.read_settled; see `against`): None, the cohort's SQL finds it
-    itself (the same rows, at a few more reads per query).
+    itself (the same rows, at a few more reads per query). `checks_absent_since`: no create
+    row at or after it declares an evidence check (as one query found it,
+    `settled_window`), so a cohort starting there or later leaves the checks out of V(h)
+    instead of planning them (None: the SQL reads them, finding nothing when none).
     """
 
     start: datetime
     end: datetime
     as_of: datetime | None = None
     settled: Settled | None = None
+    checks_absent_since: datetime | None = None
 
     def __post_init__(self) -> None:
         for name in ("start", "end", "as_of"):
@@ -77,6 +82,11 @@ class Window:
             )
         if self.end <= self.start:
             raise ValueError(f"Window.end ({self.end}) must be after Window.start ({self.start})")
+        absent = self.checks_absent_since
+        if absent is not None and not isinstance(absent, datetime):
+            raise TypeError(
+                f"Window.checks_absent_since must be a datetime or None, got {type(absent).__name__}"
+            )
 
     @classmethod
     def last(cls, hours: float = 24, *, as_of: datetime | None = None) -> Window:
@@ -103,10 +113,14 @@ class Window:
 
 def settled_window(client: Client, db: str, window: Window, tenant: str | None) -> Window:
     """`window` read against the store's settled-cohort state as it is now (one small query),
-    unless it already is."""
+    unless it already is; and whether any handoff since its start declares an evidence
+    check (one more, stopping at the first)."""
     if window.settled is not None:
         return window
-    return window.against(read_settled(client, db, tenant))
+    window = window.against(read_settled(client, db, tenant))
+    if client.query(declared_sql(db, ts(window.start))).result_rows:
+        return window
+    return replace(window, checks_absent_since=window.start)
 
 
 def check_db(database: str | None) -> str:
@@ -166,6 +180,7 @@ def bucket_expr(bucket: str | None) -> str | None:
 #: so a handoff's create row and its later rows are combined first.
 _EXTRA_COLUMNS: Final = {
     "task_id": "max(task_id)",
+    "deadline_ms": "max(deadline_ms)",  # the envelope's own (deadline_eff defaults it)
     "protocol": "max(protocol)",
     "from_agent": "max(from_agent)",
     "to_agent": "max(to_agent)",
@@ -218,7 +233,9 @@ def cohort_sql(
     """SQL of one row per cohort handoff: tenant, handoff_id, created, deadline_eff (ms),
     mode, tmask, first_result, the `extra` columns asked for (only those are aggregated:
     the funnel over millions of handoffs stays cheap; None = all), optionally last_state,
-    and the contract flags (Bool): is_settled, is_a, is_e, is_v, is_k, is_unk (ever entered
+    and the contract flags (Bool): is_settled, is_a, is_e, is_v_claimed (the first result's
+    evidence marked valid by the emitter), is_v (claimed, and the checks the envelope
+    declares pass: analytics/_evidence_facts_sql.py), is_k, is_unk (ever entered
     unknown), is_unresolved (entered and never left unknown), is_esc (mode escalate or
     reached escalated).
     """
@@ -275,7 +292,8 @@ SELECT *,
            > (deadline_eff + {grace}) * 1000000 AS is_settled,
     {cs.has("tmask", cs.ACCEPTED_MASK)} AS is_a,
     {cs.has("tmask", cs.EXECUTED_MASK)} AS is_e,
-    is_e AND {ok_bit} AS is_v,
+    is_e AND {ok_bit} AS is_v_claimed,
+    {_checked(db, window, tenant_and)} AS is_v,
     is_v AND {cs.has("tmask", cs.COMMITTED_MASK)} AS is_k,
     {cs.has("tmask", cs.UNKNOWN_IN_MASK)} AS is_unk,
     is_unk AND NOT {cs.has("tmask", cs.UNKNOWN_OUT_MASK)} AS is_unresolved,
@@ -284,6 +302,17 @@ FROM (
 {union}
 ){_create_attrs_join(db, window, tenant_and, attr_cols)}
 """
+
+
+def _checked(db: str, window: Window, tenant_and: str) -> str:
+    """SQL of V(h) over a cohort row: the emitter's claim, and no declared evidence check
+    failing (analytics/_evidence_facts_sql.py); the claim alone when the window knows that no
+    handoff since its start declares a check."""
+    absent = window.checks_absent_since
+    if absent is not None and absent <= window.start:
+        return "is_v_claimed"
+    failed = failed_sql(db, ts(window.start), tenant_and)
+    return f"is_v_claimed AND (tenant, handoff_id) NOT IN (\n{failed})"
 
 
 def _create_attrs_join(db: str, window: Window, tenant_and: str, cols: list[str]) -> str:

@@ -160,7 +160,12 @@ def _print_package(pkg: dict[str, Any]) -> None:
     term = pkg["terminal"]
     _say(f"\nterminal: {term['state'] or '—'} (terminal={term['is_terminal']}); receipt "
           f"{term['receipt']['status'] or '—'} {term['receipt']['hash'] or ''}")  # fmt: skip
-    _say(f"anomalies: {', '.join(pkg['anomalies']) or 'none'}")
+    from analytics._evidence_html import anomaly_items
+
+    items = anomaly_items(pkg)
+    _say(f"anomalies: {'none' if not items else ''}".rstrip())
+    for kind, why in items:
+        _say(f"  - {kind}" + (f": {why}" if why else ""))
     integ = pkg["integrity"]
     led = integ["ledger"]
     print(f"integrity: chain head {integ['chain_head'][:16]}…, package sha256 {integ['package_sha256'][:16]}…; "
@@ -178,7 +183,13 @@ def _print_package(pkg: dict[str, Any]) -> None:
 
 
 def _verify(args, path: Path) -> int:
-    from analytics.verify import VerifyResult, instance_notes, verify_offline, verify_package
+    from analytics.verify import (
+        VerifyResult,
+        instance_notes,
+        offline_notes,
+        verify_offline,
+        verify_package,
+    )
 
     try:
         pkg = json.loads(path.read_text(encoding="utf-8"))
@@ -207,6 +218,7 @@ def _verify(args, path: Path) -> int:
         elif offline:
             problems = verify_offline(pkg, keys=keys, require_log=True)
             notes = ["offline: checked against the signed log only, no store"]
+            notes += offline_notes(pkg)
             notes += instance_notes(pkg["integrity"].get("log"))
             results.append(VerifyResult(ok=not problems, problems=problems, notes=notes))
         else:

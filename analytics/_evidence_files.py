@@ -183,7 +183,7 @@ def _load(path: Path) -> dict[str, Any]:
 def _verdict(args, doc: dict[str, Any]) -> Verdict:
     """Verify `doc` when a key or a store is given; else say why nothing was checked."""
     from analytics.evidence import verify_task_bundle
-    from analytics.verify import verify_offline, verify_package
+    from analytics.verify import offline_notes, verify_offline, verify_package
 
     if not (args.public_key or args.store):
         return Verdict(None, "no --public-key or --store given; run `handoffs evidence verify`")
@@ -197,7 +197,7 @@ def _verdict(args, doc: dict[str, Any]) -> Verdict:
             return Verdict(res.ok, how, res.problems, res.notes)
         if client is None:
             problems = verify_offline(doc, keys=public, require_log=True)
-            return Verdict(not problems, how, problems)
+            return Verdict(not problems, how, problems, offline_notes(doc))
         res = verify_package(client, doc, database=db, keys=public)
         return Verdict(res.ok, how, res.problems, res.notes)
     except ValueError as exc:

@@ -73,11 +73,23 @@ def packages_of(doc: Mapping[str, Any]) -> list[Mapping[str, Any]]:
 
 
 def anomaly_items(pkg: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """(kind, reason) per anomaly as the package holds it; reason "" when it has none."""
+    """(kind, reason) per anomaly as the package holds it; reason "" when it has none. The
+    reason is its `anomaly_reasons` sentence, then what its finding involves (the other
+    handoffs; the fleet group and hours)."""
     extra: dict[str, Any] = {}
     for k, v in pkg.items():  # a map kind -> reason(s) beside the list, if the package has one
         if k != "anomalies" and k.startswith("anomal") and isinstance(v, Mapping):
             extra.update(v)
+    said = {
+        str(a["kind"]): str(a["reason"].get("sentence") or "")
+        for a in pkg.get("anomaly_reasons") or []
+        if isinstance(a, Mapping) and "kind" in a and isinstance(a.get("reason"), Mapping)
+    }
+    found = {
+        str(f["kind"]): f
+        for f in pkg.get("findings") or []
+        if isinstance(f, Mapping) and "kind" in f
+    }
     out = []
     for a in pkg.get("anomalies") or []:
         if isinstance(a, Mapping):
@@ -85,8 +97,23 @@ def anomaly_items(pkg: Mapping[str, Any]) -> list[tuple[str, str]]:
             rest = {k: v for k, v in a.items() if k not in ("kind", "name")}
             out.append((kind, _reason(rest.get("reasons") or rest.get("reason") or rest)))
         else:
-            out.append((str(a), _reason(extra.get(str(a), ""))))
+            text = _reason(extra.get(str(a), "")) or said.get(str(a), "")
+            more = _involves(found.get(str(a)) or {})
+            out.append((str(a), "; ".join(x for x in (text, more) if x)))
     return out
+
+
+def _involves(finding: Mapping[str, Any]) -> str:
+    """'involves h-1, h-2' / 'fleet: to_agent a, capability c, <start> to <end>' ("" none)."""
+    parts = []
+    others = [str(h) for h in finding.get("handoffs") or []]
+    if others:
+        parts.append("involves " + ", ".join(others))
+    for g in finding.get("fleet") or []:
+        if isinstance(g, Mapping):
+            parts.append(f"fleet: to_agent {g.get('to_agent') or '?'}, capability "
+                         f"{g.get('capability') or '(none)'}, {g.get('start')} to {g.get('end')}")  # fmt: skip
+    return "; ".join(parts)
 
 
 def _reason(v: Any) -> str:

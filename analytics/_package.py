@@ -21,6 +21,8 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from analytics import reference as ref
+from analytics._evidence_findings import Finding, findings_list, row_findings
+from analytics._evidence_formats import CURRENT, V1, V3, cut_to
 from analytics._why import Reason, handoff_reasons, reason_dicts
 from analytics.reference_audit import audit_anomalies
 from collector import semconv as sc
@@ -36,11 +38,17 @@ from foundation.integrity import (
     row_hash,
 )
 
-FORMAT: Final = "handoff-evidence/v2"
+FORMAT: Final = CURRENT
 #: per-transition columns the package takes from the store as they are (no hash covers them)
 CLAIMED_COLUMNS: Final = ("parent_span_id", "span_name", "service_name")
-#: anomaly kinds that need the task's other handoffs (not rebuildable from one package)
+#: anomaly kinds that need the task's other handoffs (not rebuildable from one package), as
+#: handoff-evidence/v2 had them; a v3 package names its own: the findings of source "store"
 CROSS_KINDS: Final = frozenset({"idempotency_conflict", "stale_fence", "bounce"})
+#: the reason of a kind from the store that no resolver explained (v3)
+STORE_FALLBACK: Final = (
+    "flagged by the anomaly passes over the store at export; this package cannot say why "
+    "from its own rows"
+)
 
 
 def iso_ns(t_ns: int) -> str:
@@ -148,11 +156,18 @@ def build_package(
     log: Mapping[str, Any] | None = None,
     typed_mismatched: Sequence[str] = (),
     extra_reasons: Sequence[Reason | Mapping[str, Any]] = (),
+    findings: Sequence[Finding | Mapping[str, Any]] = (),
+    findings_query: Mapping[str, Any] | None = None,
+    fmt: str = FORMAT,
 ) -> dict[str, Any]:
     """The package of one handoff's stored rows, copies included (pure). Every field comes
-    from `proven_row` of the rows, so equal proven rows give an equal package; the
-    `anomaly_reasons` of the kinds in `extra_anomalies` come from `extra_reasons`
-    (analytics._why_task). ValueError when rows is empty."""
+    from `proven_row` of the rows, so equal proven rows give an equal package, but what the
+    store said of the handoff: `findings` (source "store", analytics._evidence_store
+    store_findings), asked as `findings_query` says, and `extra_anomalies` (kinds from
+    elsewhere, v2's cross kinds: findings of source "store" in v3); the `anomaly_reasons` of
+    those come from `extra_reasons` (analytics._why_task, _why_store). `fmt`: the format to
+    build (analytics._evidence_formats; an earlier one to verify a package of it).
+    ValueError when rows is empty or for an unknown format."""
     if not rows:
         raise ValueError("no transitions: cannot build an evidence package")
     proven = [proven_row(r) for r in rows]
@@ -218,14 +233,7 @@ def build_package(
                 else "",
             },
         },
-        "anomalies": sorted(
-            set(ref.handoff_anomalies(ordered, as_of_ns=as_of_ns))
-            # the protocol-audit kinds this handoff's own rows show (wrong consumer, grant
-            # expired or exceeded, tenant mismatches); those needing other attempts or the
-            # upstream handoff come in extra_anomalies
-            | set(audit_anomalies(ordered).get((head["tenant"], head["handoff_id"]), ()))
-            | set(extra_anomalies)
-        ),
+        "anomalies": [],
         "related_spans": [dict(s) for s in related_spans],
         "integrity": {
             "algorithm": "sha256",
@@ -243,13 +251,55 @@ def build_package(
             "log": dict(log) if log is not None else {"head": None, "entries": [], "pending": []},
         },
     }
+    own = set(ref.handoff_anomalies(ordered, as_of_ns=as_of_ns))
+    if fmt != V1:
+        # the protocol-audit kinds this handoff's own rows show (wrong consumer, grant
+        # expired or exceeded, tenant mismatches); those needing other attempts or the
+        # upstream handoff come from the store
+        own |= set(audit_anomalies(ordered).get((head["tenant"], head["handoff_id"]), ()))
+    store = (
+        _store_findings(findings, extra_anomalies, extra_reasons, own, head["handoff_id"])
+        if fmt == V3
+        else []
+    )
+    pkg["anomalies"] = sorted(own | set(extra_anomalies) | {str(f["kind"]) for f in store})
+    if fmt == V3:
+        pkg["findings"] = findings_list([*row_findings(sorted(own)), *store])
+        pkg["findings_query"] = dict(findings_query) if findings_query is not None else None
     # why each kind fired: a field of a transition, or another handoff (analytics._why)
     pkg["anomaly_reasons"] = reason_dicts(
         pkg["anomalies"],
         [*handoff_reasons(pkg["anomalies"], ordered, as_of_ns=as_of_ns), *extra_reasons],
+        fallback=STORE_FALLBACK if fmt == V3 else None,
     )
+    if fmt != V3:
+        pkg = cut_to(pkg, fmt)
     pkg["integrity"]["package_sha256"] = package_sha256(pkg)
     return pkg
+
+
+def _store_findings(
+    findings: Sequence[Finding | Mapping[str, Any]],
+    extra: Sequence[str],
+    reasons: Sequence[Reason | Mapping[str, Any]],
+    own: set[str],
+    handoff_id: str,
+) -> list[dict[str, Any]]:
+    """The store's findings as package objects: `findings`, then a finding per kind of
+    `extra` not among them, naming the other handoff its reason names (not the handoff
+    itself); a kind the rows show themselves is the rows' finding."""
+    other: dict[str, str] = {}
+    for r in reasons:
+        d = r.as_dict() if isinstance(r, Reason) else dict(r)
+        named = str(d.get("other_handoff_id") or "")
+        other.setdefault(str(d.get("kind")), "" if named == handoff_id else named)
+    given = findings_list(findings)
+    have = {f["kind"] for f in given}
+    given += [
+        Finding(k, "store", handoffs=(other[k],) if other.get(k) else ()).as_dict()
+        for k in sorted(set(extra) - have)
+    ]
+    return [f for f in given if f["kind"] not in own]
 
 
 def rows_of(package: Mapping[str, Any]) -> list[dict[str, Any]]:

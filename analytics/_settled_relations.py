@@ -3,7 +3,8 @@ plus the live remainder, and their part of the settle job (analytics._settled).
 
 Unlike the state kinds, these are functions of a handoff and the handoffs it relates to: its
 task's other transfers (bounce: the previous transfer of the task), the attempts sharing
-its idempotency key and the one its `retry_of` names (blind retry, duplicate execution).
+its idempotency key, the one its `retry_of` names and, for a blind retry the sender did
+not link, its task's attempts to the same agent (blind retry, duplicate execution).
 None depends on the window, so they are kept per handoff as the state kinds are:
 
   settle      the handoffs touched in [watermark, until) and every handoff related to one
@@ -48,8 +49,10 @@ def related_keys_sql(db: str, keys: str) -> str:
     """(tenant, handoff_id) of the handoffs of `keys` (SQL of such rows) and of every handoff
     whose relation kinds their rows can change: the handoffs of their transfers' tasks (by
     primary key through handoff_tasks, sql/005), the handoffs sharing one of their
-    idempotency keys, the handoffs whose `retry_of` names one of them (each relation as the
-    passes read it: handoff_summary's rows, the state's `retry_of`)."""
+    idempotency keys, the handoffs whose `retry_of` names one of them, and the handoffs of
+    the tasks of those that entered unknown (a retry inferred from the task, agents and
+    objective, analytics._inferred_retry_sql) (each relation as the passes read it:
+    handoff_summary's rows, the state's `retry_of`)."""
     return f"""SELECT tenant, handoff_id FROM ({keys})
 UNION ALL
 SELECT tenant, handoff_id FROM {db}.handoff_tasks WHERE (tenant, task_id) IN (
@@ -63,7 +66,11 @@ WHERE idempotency_key != '' AND (tenant, idempotency_key) IN (
     WHERE idempotency_key != '' AND (tenant, handoff_id) IN ({keys}))
 UNION ALL
 SELECT tenant, handoff_id FROM {db}.{STATE_TABLE}
-WHERE retry_of != '' AND (tenant, retry_of) IN ({keys})"""
+WHERE retry_of != '' AND (tenant, retry_of) IN ({keys})
+UNION ALL
+SELECT tenant, handoff_id FROM {db}.handoff_tasks WHERE (tenant, task_id) IN (
+    SELECT tenant, task_id FROM {db}.handoff_summary
+    WHERE t_unknown_in IS NOT NULL AND task_id != '' AND (tenant, handoff_id) IN ({keys}))"""
 
 
 def _of(keys: str) -> Subject:

@@ -18,8 +18,19 @@ if TYPE_CHECKING:
 #: table name -> (title, columns shown); numbers are counts, lags (`_ms` columns) durations
 TITLES: dict[str, tuple[str, tuple[str, ...]]] = {
     "queue_lag": (
-        "queue lag (enqueue -> accept) per consumer and queue",
-        ("consumer", "queue", "handoffs", "p50_ms", "p95_ms", "max_ms"),
+        "queue lag (enqueue -> accept) and messages not taken, per consumer and queue",
+        (
+            "consumer",
+            "queue",
+            "handoffs",
+            "p50_ms",
+            "p95_ms",
+            "max_ms",
+            "enqueued",
+            "waiting",
+            "stalled",
+            "offsets_behind",
+        ),
     ),
     "task_fan_out": (
         "agent-as-tool fan-out per orchestrator (per task: distinct experts, attempts)",

@@ -27,6 +27,7 @@ __all__ = [
     "EXEC_STATES",
     "FAN_OUT_MIN_EXPERTS",
     "PASSES",
+    "SKILL_REFUSAL_CODES",
     "Thresholds",
     "fan_out_pass",
     "int_list",
@@ -44,6 +45,7 @@ PASSES: Final = {
         "partial_result_committed",
         "unfiltered_sensitive_history",
         "stale_agent_card",
+        "card_skill_refused",
         "command_replayed",
         "incompatible_accepted",
         "risky_field_ignored",
@@ -57,6 +59,11 @@ CARD_REJECT_CODES: Final = (
     "invalid_envelope",
     "missing_required_field",
 )
+#: rejection codes that say the receiver does not do the skill asked for (card_skill_refused;
+#: the A2A adapter maps a task the agent rejects to `unknown_capability`, collector/a2a.py)
+SKILL_REFUSAL_CODES: Final = ("unknown_capability",)
+#: the reject codes the pass reads
+_REJECT_CODES: Final = tuple(dict.fromkeys(CARD_REJECT_CODES + SKILL_REFUSAL_CODES))
 #: states a command reaches only by executing (running or beyond, failures excluded)
 EXEC_STATES: Final = ("running", "prepared", "committed", "verified")
 #: fan_out_all: an orchestrator's task fans out to at least this many distinct experts
@@ -164,7 +171,7 @@ def int_list(expr: str) -> str:
 
 
 def topology_pass(db: str, window: Window, tenant: bool, th: Thresholds | None = None) -> str:
-    """Seven kinds from one scan (see the module doc): the rows carrying one of _KEYS, or a
+    """Eight kinds from one scan (see the module doc): the rows carrying one of _KEYS, or a
     reject with a card-related code, aggregated per handoff, and joined to the cohort's
     summary rows for what those hold (created, mode, capabilities, t_committed). The scan
     reads only the time range of the cohort's rows (from the earliest first_seen to the
@@ -212,6 +219,8 @@ flagged AS (
         maxIf({_attr(skills)}, {_IS_CREATE} AND mapContains(attributes, '{skills}')) AS h_skills,
         countIf(event = 'reject' AND error_code IN {_tuple(CARD_REJECT_CODES)}) > 0
             AS card_rejected,
+        countIf(event = 'reject' AND error_code IN {_tuple(SKILL_REFUSAL_CODES)}) > 0
+            AS skill_refused,
         countIf(event = 'accept' AND ({lag})) > 0 AS lag_hit,
         groupArrayIf({int_list(_attr(sup))}, event = 'accept' AND mapContains(attributes, '{sup}'))
             AS sup_lists,
@@ -223,7 +232,7 @@ flagged AS (
         countIf(event IN {_tuple(_RESULT_EVENTS)} AND evidence_valid = true AND {partial}) > 0
             AS partial_hit
     FROM {db}.handoff_transitions
-    PREWHERE (event = 'reject' AND error_code IN {_tuple(CARD_REJECT_CODES)})
+    PREWHERE (event = 'reject' AND error_code IN {_tuple(_REJECT_CODES)})
         OR topology_attrs
     WHERE time >= bounds.1 AND time <= bounds.2
     GROUP BY tenant, handoff_id
@@ -238,6 +247,11 @@ SELECT tenant, handoff_id,
             > {age_ns})
         OR (has_skills AND NOT hasAll(JSONExtract(h_skills, 'Array(String)'), capabilities))
         AS stale_agent_card,
+    skill_refused AND has_skills AND notEmpty(capabilities)
+        AND hasAll(JSONExtract(h_skills, 'Array(String)'), capabilities) AND h_fetched IS NOT NULL
+        AND toUnixTimestamp64Nano(created) - toUnixTimestamp64Nano(assumeNotNull(h_fetched))
+            <= {age_ns}
+        AS card_skill_refused,
     h_kind = 'command' AND replay_exec AS command_replayed,
     h_sv IS NOT NULL AND arrayExists(l -> NOT has(l, assumeNotNull(h_sv)), sup_lists)
         AS incompatible_accepted,
@@ -245,7 +259,8 @@ SELECT tenant, handoff_id,
 FROM (SELECT tenant, handoff_id, created, mode, capabilities, t_committed FROM ({cohort})) AS c
 INNER JOIN flagged USING (tenant, handoff_id)
 WHERE consumer_lag OR partial_result_committed OR unfiltered_sensitive_history
-   OR stale_agent_card OR command_replayed OR incompatible_accepted OR risky_field_ignored"""
+   OR stale_agent_card OR card_skill_refused OR command_replayed OR incompatible_accepted
+   OR risky_field_ignored"""
 
 
 def fan_out_pass(db: str, window: Window, tenant: bool) -> str:

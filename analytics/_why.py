@@ -17,8 +17,10 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any, Final
 
+from analytics import _why_evidence as why_evidence
 from analytics import reference as ref
 from analytics.reference_audit import is_create
 from analytics.reference_audit import iso_ns as parse_time
@@ -126,13 +128,22 @@ def committed_without_evidence(rows: Sequence[Row]) -> Reason | None:
     step = min(_rank(r) for r in results)
     bad = [r for r in results if _rank(r) == step and not _evidence_ok(r)]
     r = _first(bad)
-    if r is None:
-        return None
+    if r is None:  # the claim held, and an evidence check disputes it
+        return _evidence_reason(kind, rows)
     if r.get("evidence_valid") is not True:
         name, value = sc.EVIDENCE_VALID, _attr(r, sc.EVIDENCE_VALID)
     else:
         name, value = sc.EVIDENCE_COUNT, _attr(r, sc.EVIDENCE_COUNT)
     return _span(kind, r, f"{_step(r)} carries {name} = {value}", name, value)
+
+
+def _evidence_reason(kind: str, rows: Sequence[Row]) -> Reason | None:
+    """An evidence check's reason (analytics._why_evidence) as a Reason of `kind`."""
+    found = why_evidence.why(kind, rows)
+    if found is None:
+        return None
+    r, sentence, field, value = found
+    return _span(kind, r, f"{_step(r)} {sentence}", field, value)
 
 
 def _evidence_ok(r: Row) -> bool:
@@ -404,6 +415,7 @@ _OWN: Final[dict[str, Callable[[Sequence[Row]], Reason | None]]] = {
     "capability_outside_grant": capability_outside_grant,
     "grant_tenant_mismatch": grant_tenant_mismatch,
     "tenant_claim_mismatch": tenant_claim_mismatch,
+    **{k: partial(_evidence_reason, k) for k in why_evidence.KINDS},
 }
 #: every kind an evidence package explains from its own rows (the rest: analytics._why_task)
 ROW_KINDS: Final = frozenset({*_OWN, "unknown_unresolved", "accepted_never_started"})
@@ -427,22 +439,25 @@ def handoff_reasons(kinds: Iterable[str], rows: Sequence[Row], *, as_of_ns: int)
     return out
 
 
+#: the sentence of a kind without a reason (as handoff-evidence/v2 packages have it)
+NO_REASON: Final = "flagged; this package cannot say why (needs the task's other handoffs)"
+
+
 def reason_dicts(
-    kinds: Sequence[str], reasons: Iterable[Reason | Mapping[str, Any]]
+    kinds: Sequence[str],
+    reasons: Iterable[Reason | Mapping[str, Any]],
+    *,
+    fallback: str | None = None,
 ) -> list[dict[str, Any]]:
     """The package's `anomaly_reasons`: [{"kind", "reason": {...}}] for each of `kinds` (its
-    order), from Reasons or reason dicts; a kind without one gets a reason saying so."""
+    order), from Reasons or reason dicts; a kind without one gets a reason saying so
+    (`fallback`, default NO_REASON)."""
     by: dict[str, dict[str, Any]] = {}
     for r in reasons:
         d = r.as_dict() if isinstance(r, Reason) else dict(r)
         by.setdefault(str(d.get("kind")), d)
     out = []
     for k in kinds:
-        d = (
-            by.get(k)
-            or Reason(
-                k, "flagged; this package cannot say why (needs the task's other handoffs)"
-            ).as_dict()
-        )
+        d = by.get(k) or Reason(k, fallback or NO_REASON).as_dict()
         out.append({"kind": k, "reason": d})
     return out

@@ -2,7 +2,7 @@
 
 Kinds are computed in passes (analytics/_anomaly_sql.py): one query per pass, several kinds
 per pass; `count` is the number of distinct handoffs flagged (for rejection_spike: the rejected handoffs of the spiking
-(to_agent, capability) groups). Exact definitions and thresholds: docs/metrics.md.
+(to_agent, capability) groups; for sustained_rejections: those of the runs' hours). Exact definitions and thresholds: docs/metrics.md.
 """
 
 from __future__ import annotations
@@ -53,19 +53,27 @@ DESCRIPTIONS: Final = {
     "stale_fence": "a commit whose fence token (or state version) is lower than one seen "
     "earlier for the same task",
     "committed_without_evidence": "reached committed/verified, but its first result carried no "
-    "valid evidence (count >= 1 and valid = true)",
+    "valid evidence (count >= 1 and valid = true, and the envelope's evidence checks pass)",
     "unknown_unresolved": "entered unknown and not resolved within the SLA (default 15 min)",
     "accepted_never_started": "still in accepted (never running, no unknown, no terminal state) "
     "past its deadline",
     "bounce": "a transfer handed straight back (A->B transfer, then B->A transfer in the task)",
     "rejection_spike": "rejection rate of one to_agent+capability in an hour far above its "
     "baseline (the 24 hours before)",
+    "sustained_rejections": "rejected in a run of hours (at least 2) in which one "
+    "to_agent+capability rejected at least half of at least 5 settled handoffs each hour: an "
+    "outage, however long (HANDOFFS_SUSTAINED_REJECTION_RATE, _MIN_SETTLED, _HOURS)",
     "clock_skew": "a transition timestamped before the transition it must follow",
     "orphan_transition": "transitions (first seen in the window) of a handoff whose create was "
     "never seen",
     "implied_accept": "accepted or later reached without an accept transition",
-    "blind_retry": "an attempt created while an earlier attempt it retries (retry_of, or the "
-    "same task, to_agent and idempotency key) was unknown: entered before, left after or never",
+    "blind_retry": "an attempt created while an earlier attempt it retries (retry_of, the "
+    "same task, to_agent and idempotency key, or inferred: no retry_of and the same task, "
+    "agents and objective hash) was unknown: entered before, left after or never",
+    "retry_after_final_refusal": "a new attempt (retry_of, or inferred: no retry_of and the "
+    "same task, agents and objective hash) created after the attempt it retries was rejected "
+    "with a code marked final (permission_denied, unknown_capability, ...): the refusal "
+    "will not change",
     "duplicate_execution": "reached committed after another attempt with the same idempotency "
     "key had already committed: the side effect done twice",
     "consumed_before_verified": "created with a causation_id naming a handoff not yet verified",
@@ -77,9 +85,20 @@ DESCRIPTIONS: Final = {
     "capability_outside_grant": "envelope capabilities not all in grant.capabilities",
     "grant_tenant_mismatch": "grant.tenant differs from the credential's (stored) tenant",
     "tenant_claim_mismatch": "a span whose claimed tenant differs from the credential's",
+    "grant_caller_mismatch": "a grant whose caller is set and is not the envelope's from_agent",
+    "missing_grant": "asks for capabilities without any grant, where the policy requires one "
+    "(HANDOFFS_REQUIRE_GRANTS=1; default off)",
+    "out_of_order_version": "a transition carrying a state_version lower than one an earlier "
+    "transition of the same task carried (any event, not only a commit)",
+    "keyless_duplicate_write": "a committed command or shared-queue write without an "
+    "idempotency key, with the payload hash of another such write to the same agent created "
+    "at most 600 s before it (HANDOFFS_KEYLESS_WINDOW_S): the side effect done twice",
     "consumer_lag": "a queue consumer that accepted the message more than 60 s after it was "
     "enqueued (queue.lag_ms) or more than 1,000 offsets behind the queue's head (settings "
     "HANDOFFS_CONSUMER_LAG_MS, HANDOFFS_CONSUMER_LAG_OFFSETS)",
+    "consumer_stalled": "a shared-queue message its consumer neither took nor refused (nor its "
+    "sender withdrew) for more than 300 s (HANDOFFS_CONSUMER_STALL_S) while the queue's head "
+    "moved past its offset",
     "partial_result_committed": "committed, with a result that returned fewer items than "
     "expected while its evidence was marked valid",
     "unfiltered_sensitive_history": "a transfer whose handed-over history kept sensitive items "
@@ -87,6 +106,9 @@ DESCRIPTIONS: Final = {
     "stale_agent_card": "rejected as not doing or speaking what the Agent Card said, with a "
     "card fetched more than 24 h before (HANDOFFS_AGENT_CARD_MAX_AGE_S), or asking for a "
     "capability the card's skills lack",
+    "card_skill_refused": "rejected as not doing the skill (unknown_capability) although the "
+    "Agent Card the sender used was fresh (HANDOFFS_AGENT_CARD_MAX_AGE_S) and lists every "
+    "capability asked: the card is wrong, not stale",
     "command_replayed": "a command executed again during a replay (a replay=true transition "
     "into running or beyond)",
     "incompatible_accepted": "accepted by a consumer whose supported_versions lack the "
@@ -95,6 +117,21 @@ DESCRIPTIONS: Final = {
     "(HANDOFFS_RISKY_FIELDS: grant.*, tenant, amount*, permission*, resource_version)",
     "fan_out_all": "an agent-as-tool task whose orchestrator called at least 3 distinct "
     "experts, every expert it called in the window",
+    "evidence_out_of_window": "a result citing evidence whose valid_at is outside the evidence "
+    "policy's window (valid_after inclusive, valid_before exclusive) or not given",
+    "evidence_below_policy": "a result with fewer evidence refs than the policy's min_refs, or "
+    "a ref without a claim where the policy requires claims",
+    "reply_contract_unmet": "committed, while its results' result.fields lack a field the reply "
+    "contract's must_return names",
+    "evidence_claim_disputed": "the emitter marked the result's evidence valid, but an evidence "
+    "policy or reply contract check failed: not counted as evidenced",
+    "deadline_overrun": "committed, failed or rejected after the envelope's deadline_ms had "
+    "passed since created (the first terminal state, in machine order; no deadline_ms, no "
+    "promise)",
+    "tool_budget_exceeded": "a result recorded more tool calls (handoff.tool_calls) than the "
+    "envelope's max_tool_calls",
+    "ack_missing": "the message required an acknowledgement, and no accept or reject came "
+    "within its ttl_s (late, or still none at the window's clock)",
 }
 ANOMALY_KINDS: Final = tuple(DESCRIPTIONS)
 
@@ -150,9 +187,9 @@ def anomalies(
     included): kind, count (distinct handoffs: tenant and id), examples (up to `examples`
     handoff ids, sorted), description. ValueError for an unknown kind.
 
-    One query per pass needed (11 queries for all 29 kinds), two at a time when the client
-    has a sibling (foundation.store.query_each), after one that stops at the first handoff
-    created in the window: without one, only the orphan pass runs (the other kinds flag
+    One query per pass needed (a pass computes several kinds: _anomaly_sql.PASSES), two at
+    a time when the client has a sibling (foundation.store.query_each), after one that
+    stops at the first handoff created in the window: without one, only the orphan pass runs (the other kinds flag
     cohort handoffs only). Timings: docs/metrics.md, bench/analytics_queries.py.
     """
     db = check_db(database)

@@ -1,11 +1,15 @@
 """Evidence packages: everything an auditor needs about one handoff, and proof it is unaltered.
 
-A package is a JSON-able dict (format "handoff-evidence/v2", built by analytics._package).
+A package is a JSON-able dict (format "handoff-evidence/v3", built by analytics._package;
+earlier formats still verify: analytics._evidence_formats).
 `transitions` lists each distinct stored row once (rows with equal row hashes are one span
 stored again: an exporter's retry, a collector re-sending a batch), with `arrivals`, how
 many times it is stored. Every other field is derived from those rows' hashed columns, so
 verify rebuilds the whole package from the rows it proves and names each field that
-differs. Its integrity section holds:
+differs, but for what the store says of the handoff: `findings` lists every anomaly kind
+that flags it (analytics._evidence_findings), those of source "store" asked of the anomaly
+passes as `findings_query` records, with the other handoffs or fleet groups involved;
+verify re-derives them against a store only. Its integrity section holds:
 - `chain`: a hash chain over the row hashes (foundation.integrity.row_hash, the function
   serve applies at ingest) in machine order, link_i = sha256(link_{i-1} || row_hash_i);
 - `ledger`: how every stored row compared with transition_ledger at export: `matched`,
@@ -30,11 +34,16 @@ from typing import TYPE_CHECKING, Any, Final
 from analytics import reference as ref
 from analytics._common import check_db, ns
 from analytics._evidence_logs import StoreLogs
-from analytics._evidence_store import cross_anomalies, fetch_task_rows, related
+from analytics._evidence_store import fetch_task_rows, related, store_findings
 from analytics._package import FORMAT, build_package, iso_ns, typed_mismatches
 from analytics._rows import fetch_handoff, fetch_ledger_entries
-from analytics._why_task import cross_reasons
-from analytics.verify import VerifyResult, package_sha256, verify_offline, verify_package
+from analytics.verify import (
+    VerifyResult,
+    offline_notes,
+    package_sha256,
+    verify_offline,
+    verify_package,
+)
 from foundation.keys import PublicKeys
 from foundation.store import query_each
 
@@ -100,15 +109,16 @@ def _package(client: Client, db: str, rows, now_ns: int, logs: StoreLogs) -> dic
             lambda c: related(c, db, traces, rows),
         ],
     )
-    extra = cross_anomalies(client, db, ten, rows, task_rows, hid)
+    found = store_findings(client, db, rows, task_rows, as_of_ns=now_ns)
     pkg = build_package(
         rows,
         ledger=ledger.by_span,
         as_of_ns=now_ns,
-        extra_anomalies=extra,
         related_spans=related_spans,
         typed_mismatched=typed_mismatches(rows),
-        extra_reasons=cross_reasons(client, db, extra, rows, task_rows),
+        extra_reasons=found.reasons,
+        findings=found.findings,
+        findings_query=found.query,
     )
     # the proofs, in the package's transition order (one per distinct row)
     pkg["integrity"]["log"] = logs.section(pkg["transitions"], ledger.batches)
@@ -218,4 +228,5 @@ def verify_task_bundle(
             )
     else:
         notes = ["offline: whether the task has other handoffs is not checked without the store"]
+        notes += offline_notes(*bundle["packages"])
     return VerifyResult(ok=not problems, problems=problems, notes=notes)

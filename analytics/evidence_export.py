@@ -33,7 +33,7 @@ from analytics._evidence_logs import StoreLogs
 from analytics._package import iso_ns
 from analytics._rows import fetch_handoff
 from analytics.evidence import _package
-from analytics.verify import VerifyResult, verify_offline, verify_package
+from analytics.verify import VerifyResult, offline_notes, verify_offline, verify_package
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
@@ -219,6 +219,7 @@ def verify_export(
     manifest = read_manifest(directory)
     problems: list[str] = []
     notes: list[str] = []
+    said: list[dict[str, Any]] = []  # what each package took from the store (offline notes)
     listed: dict[str, str] = manifest["files"]
     on_disk = {p.name for p in directory.glob("*.json")} - {MANIFEST}
     problems += [
@@ -250,6 +251,9 @@ def verify_export(
         try:
             if client is None:
                 found = verify_offline(pkg, keys=keys, require_log=True)
+                said.append(
+                    {k: pkg.get(k) for k in ("format", "anomalies", "findings", "findings_query")}
+                )
             else:
                 res = verify_package(client, pkg, database=database, keys=keys)
                 found = res.problems
@@ -265,4 +269,5 @@ def verify_export(
         )
     if client is None:
         notes.append("offline: checked against the signed log only, no store")
+        notes += offline_notes(*said)
     return VerifyResult(ok=not problems, problems=problems, notes=notes)

@@ -81,6 +81,7 @@ _COUNTS_SQL: Final = f"""count() AS volume,
     countIf(NOT is_settled) AS in_flight,
     countIf(is_settled AND is_a) AS accepted,
     countIf(is_settled AND is_e) AS executed,
+    countIf(is_settled AND is_v_claimed) AS evidence_claimed,
     countIf(is_settled AND is_v) AS evidenced,
     countIf(is_settled AND is_k) AS committed,
     countIf(is_settled AND {_VERIFIED}) AS verified,
@@ -100,6 +101,8 @@ STAGES: Final = {
     "not_executed": "is_settled AND is_a AND NOT is_e",
     "evidenced": "is_settled AND is_v",
     "not_evidenced": "is_settled AND is_e AND NOT is_v",
+    "evidence_claimed": "is_settled AND is_v_claimed",
+    "evidence_disputed": "is_settled AND is_v_claimed AND NOT is_v",
     "committed": "is_settled AND is_k",
     "not_committed": "is_settled AND is_v AND NOT is_k",
     "unknown": "is_settled AND is_unk",
@@ -175,11 +178,13 @@ def funnel(
 ) -> pd.DataFrame:
     """The funnel of the cohort created in `window`: one row per group (one row when by=()).
 
-    Columns: [*by, "bucket"] + counts (settled, in_flight, accepted, executed, evidenced,
-    committed, verified, unknown, escalated, unresolved_now, volume, and the outcomes
+    Columns: [*by, "bucket"] + counts (settled, in_flight, accepted, executed,
+    evidence_claimed (the first result marked valid by the emitter), evidenced (and the
+    envelope's evidence checks pass: docs/metrics.md), committed, verified, unknown,
+    escalated, unresolved_now, volume, and the outcomes
     outcome_{rejected,expired,failed,canceled,escalated,unknown_open,unknown_resolved};
     handoffs) + rates
-    (p_accept, p_execute, p_evidence, p_commit, p_e2e, p_verify, unknown_rate,
+    (p_accept, p_execute, p_evidence, p_evidence_claimed, p_commit, p_e2e, p_verify, unknown_rate,
     escalation_rate; fractions 0..1,
     NaN when undefined). `by` ⊆ DIMENSIONS; bucket None | "hour" | "day" (of created time,
     UTC). Raises ValueError for an unknown dimension or bucket.

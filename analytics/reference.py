@@ -23,6 +23,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from analytics.reference_evidence import check as evidence_check
+from analytics.reference_evidence import kinds as evidence_kinds
 from collector.contract import (
     ACCEPTED_OR_LATER,
     EXECUTED,
@@ -98,7 +100,7 @@ class HandoffFacts:
     settled: bool
     a: bool
     e: bool
-    v: bool
+    v: bool  # v_claimed, and the evidence checks the envelope declares pass
     k: bool
     unk: bool
     unresolved: bool
@@ -106,6 +108,7 @@ class HandoffFacts:
     rejected: bool
     accept_seen: bool
     t_unknown_in: int | None
+    v_claimed: bool  # E, and the first result's evidence marked valid by the emitter
 
 
 def facts(handoff_id: str, rows: Sequence[Row], *, as_of_ns: int) -> HandoffFacts:
@@ -129,6 +132,8 @@ def facts(handoff_id: str, rows: Sequence[Row], *, as_of_ns: int) -> HandoffFact
         first = min(_key(r["from_state"], r["to_state"]) for r in results)
         firsts = [r for r in results if _key(r["from_state"], r["to_state"]) == first]
         v = all(_evidence_ok(r) for r in firsts)
+    v_claimed = v
+    v = v and not evidence_check(rows).failed
     k = v and bool(reached & {"committed", "verified"})
     unk = "unknown" in into
     left = any(r["from_state"] == "unknown" for r in c)
@@ -150,6 +155,7 @@ def facts(handoff_id: str, rows: Sequence[Row], *, as_of_ns: int) -> HandoffFact
         rejected="rejected" in into,
         accept_seen=any(r["event"] == "accept" and r["from_state"] == "created" for r in c),
         t_unknown_in=min(unknown_in, default=None),
+        v_claimed=v_claimed,
     )
 
 
@@ -165,8 +171,8 @@ def funnel_counts(
     for r in rows:
         by_h[(r.get("tenant", "default"), r["handoff_id"])].append(r)
     out = dict.fromkeys(
-        ("volume", "settled", "in_flight", "accepted", "executed", "evidenced", "committed",
-         "verified", "unknown", "escalated", "unresolved_now"), 0)  # fmt: skip
+        ("volume", "settled", "in_flight", "accepted", "executed", "evidence_claimed",
+         "evidenced", "committed", "verified", "unknown", "escalated", "unresolved_now"), 0)  # fmt: skip
     for (_t, h), hr in by_h.items():
         f = facts(h, hr, as_of_ns=as_of_ns)
         if f.created_ns is None or not (start_ns <= f.created_ns < end_ns):
@@ -179,6 +185,7 @@ def funnel_counts(
         out["settled"] += 1
         out["accepted"] += f.a
         out["executed"] += f.e
+        out["evidence_claimed"] += f.v_claimed
         out["evidenced"] += f.v
         out["committed"] += f.k
         out["verified"] += f.k and "verified" in f.reached
@@ -193,6 +200,7 @@ def funnel_counts(
         p_accept=rate("accepted", "settled"),
         p_execute=rate("executed", "accepted"),
         p_evidence=rate("evidenced", "executed"),
+        p_evidence_claimed=rate("evidence_claimed", "executed"),
         p_commit=rate("committed", "evidenced"),
         p_e2e=rate("committed", "settled"),
         p_verify=rate("verified", "committed"),
@@ -207,7 +215,8 @@ def handoff_anomalies(
 ) -> list[str]:
     """Anomaly kinds visible from one handoff's own rows (sorted): invalid_transition,
     duplicate_delivery, clock_skew, committed_without_evidence, unknown_unresolved,
-    accepted_never_started, implied_accept, orphan_transition. Kinds that need other
+    accepted_never_started, implied_accept, orphan_transition, and the evidence checks'
+    (analytics.reference_evidence.EVIDENCE_KINDS). Kinds that need other
     handoffs (idempotency_conflict, stale_fence, bounce, rejection_spike) are not here.
 
     duplicate_delivery: a transition (event, from, to) stored in more than one copy_key; a
@@ -242,6 +251,8 @@ def handoff_anomalies(
         kinds.add("accepted_never_started")
     if f.created_ns is not None and f.a and not f.accept_seen:
         kinds.add("implied_accept")
+    if f.created_ns is not None:
+        kinds.update(evidence_kinds(rows))
     return sorted(kinds)
 
 

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import Final
 
 from analytics.reference import Row, counted
+from analytics.reference_inferred import inferred_link, request
 from collector import semconv
 
 __all__ = ["AUDIT_KINDS", "attrs", "audit_anomalies", "is_create", "iso_ns"]
@@ -161,13 +162,17 @@ def _own_kinds(tenant: str, rows: Sequence[Row]) -> set[str]:
 def audit_anomalies(rows: Iterable[Row]) -> dict[tuple[str, str], list[str]]:
     """The protocol-audit kinds (AUDIT_KINDS) of every handoff with a counted create, from
     all stored rows (any tenants): {(tenant, handoff_id): sorted kinds}, handoffs without one
-    left out. Rows need the handoff_transitions columns tenant, task_id, actor, to_agent,
-    idempotency_key, capabilities, claimed_tenant, attributes (the map as stored: string[]
-    as JSON text) besides the ones facts() reads. Definitions: docs/metrics.md."""
+    left out. Rows need the handoff_transitions columns tenant, task_id, actor, from_agent,
+    to_agent, idempotency_key, capabilities, claimed_tenant, attributes (the map as stored:
+    string[] as JSON text) besides the ones facts() reads. blind_retry also pairs attempts
+    linked by inference (analytics.reference_inferred.inferred_link). Definitions:
+    docs/metrics.md."""
     by_h: dict[tuple[str, str], list[Row]] = defaultdict(list)
     for r in rows:
         by_h[(str(r.get("tenant", "default")), r["handoff_id"])].append(r)
     att = {k: _attempt(v) for k, v in by_h.items()}
+    # a retry the sender did not link: same task, agents and objective (reference_inferred)
+    req = {k: request(k[0], k[1], v) for k, v in by_h.items()}
     out: dict[tuple[str, str], list[str]] = {}
     for (tenant, h), b in att.items():
         if b.created is None:
@@ -181,7 +186,8 @@ def audit_anomalies(rows: Iterable[Row]) -> dict[tuple[str, str], list[str]]:
                 b.to_agent,
                 b.idem,
             )
-            if (b.retry_of == h2 or same_slot) and _blind(a, b):
+            inferred = inferred_link(req[(t2, h2)], req[(tenant, h)])
+            if (b.retry_of == h2 or same_slot or inferred) and _blind(a, b):
                 kinds.add("blind_retry")
             if (
                 b.idem

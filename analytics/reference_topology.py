@@ -19,6 +19,7 @@ from analytics._topology_sql import (
     CARD_REJECT_CODES,
     EXEC_STATES,
     FAN_OUT_MIN_EXPERTS,
+    SKILL_REFUSAL_CODES,
     Thresholds,
     strip_prefix,
 )
@@ -35,6 +36,7 @@ TOPOLOGY_KINDS: Final = (
     "partial_result_committed",
     "unfiltered_sensitive_history",
     "stale_agent_card",
+    "card_skill_refused",
     "command_replayed",
     "incompatible_accepted",
     "risky_field_ignored",
@@ -123,8 +125,16 @@ def _own_kinds(rows: Sequence[Row], th: Thresholds) -> set[str]:
     stale = bool(fetched) and created - max(fetched) > th.card_max_age_s * 1_000_000_000
     skills = [attrs(r)[sc.AGENT_CARD_SKILLS] for r in cr if sc.AGENT_CARD_SKILLS in attrs(r)]
     caps = max(list(r.get("capabilities") or ()) for r in cr)
-    if (rejected and stale) or (skills and not set(caps) <= set(_str_list(max(skills)))):
+    listed = set(_str_list(max(skills))) if skills else set()
+    if (rejected and stale) or (skills and not set(caps) <= listed):
         kinds.add("stale_agent_card")
+    # the card was fresh and lists every capability asked, yet the skill was refused
+    refused = any(
+        r["event"] == "reject" and (r.get("error_code") or "") in SKILL_REFUSAL_CODES for r in rows
+    )
+    fresh = bool(fetched) and created - max(fetched) <= th.card_max_age_s * 1_000_000_000
+    if refused and fresh and skills and caps and set(caps) <= listed:
+        kinds.add("card_skill_refused")
     kind = max(str(attrs(r).get(sc.MESSAGE_KIND, "")) for r in cr)
     if kind == "command" and any(
         attrs(r).get(sc.REPLAY) == "true" and r["to_state"] in EXEC_STATES for r in rows

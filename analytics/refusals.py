@@ -7,8 +7,11 @@ prepared -> failed), `timeout` (-> unknown), `expire` (created -> expired) and `
 expire or cancel row that carries one is read the same way (none: the empty code). Per
 cohort handoff and event, the code of its earliest counted row of that event (time, then
 span id). Codes outside semconv.ERROR_CODES (the empty code included) are counted under
-semconv.ERROR_CODE_OTHER with the raw codes listed. `analytics.rejections` is the
-`reject`-only view over settled handoffs. Definitions: docs/metrics.md "Refusals".
+semconv.ERROR_CODE_OTHER with the raw codes listed. A `reject` row flagged
+`handoff.valid=false` is a refused message (a receiver's strict shim, or the A2A adapter,
+refusing a message the handoff's state does not allow: it changes no state) and counts as
+a `reject` refusal too. `analytics.rejections` is the `reject`-only view over settled
+handoffs. Definitions: docs/metrics.md "Refusals".
 """
 
 from __future__ import annotations
@@ -126,9 +129,11 @@ def group_refusals(
 
 
 def _counted(events: tuple[str, ...]) -> str:
-    """SQL over handoff_transitions: the row is a counted transition of one of `events`."""
+    """SQL over handoff_transitions: the row is a counted transition of one of `events`, or
+    (when `reject` is one) a refused message, a reject flagged valid=false."""
     legal = ", ".join(f"('{f}', '{e}', '{t}')" for f, e, t in cs.POSITIONS if e in events)
-    return f"valid AND (from_state, event, to_state) IN ({legal})"
+    refused = " OR (event = 'reject' AND NOT valid)" if "reject" in events else ""
+    return f"(valid AND (from_state, event, to_state) IN ({legal})){refused}"
 
 
 def refusals(
@@ -151,6 +156,8 @@ def refusals(
     if examples < 0:
         raise ValueError(f"examples must be >= 0, got {examples}")
     extra = [c for d in dims for c in DIM_COLUMNS[d]]
+    if "reject" in evs:  # a refused message is a row that does not count
+        extra.append("uncounted")
     t = tenant is not None
     params: dict[str, Any] = {"tenant": tenant} if t else {}
     window = settled_window(client, db, window, tenant)
@@ -158,6 +165,8 @@ def refusals(
     grp = dim_expr(dims[0]) if dims else "''"
     keep = max(1, 2 * int(examples))
     refused = cs.has("tmask", cs.event_mask(evs))
+    if "reject" in evs:
+        refused = f"({refused} OR uncounted > 0)"
     in_list = ", ".join(f"'{e}'" for e in evs)
     # one read of the cohort: per group its handoffs and the (few) refused ones, which alone
     # are joined to their refusal rows; a group without one keeps a row for its count

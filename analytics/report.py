@@ -20,6 +20,7 @@ from analytics._report_slo import html_section, md_lines, slo_section
 from analytics._report_window import ReportWindow, parse_week, report_window
 from analytics.anomalies import anomalies
 from analytics.display import html_safe
+from analytics.keyless import keyless_writes
 from analytics.metrics import RATE_COLUMNS, funnel, handoffs_behind, latencies
 from analytics.pairs_lost import LOST_STAGES, MIN_N, lost_by_pair
 from analytics.rollup import OUTCOMES, rollup
@@ -85,6 +86,7 @@ def _collect(client: Client, db: str, rw: ReportWindow, rules: Sequence[Rule], s
         "modes": rollup(split, ("mode",)),
         "lat": latencies(client, window=w, **kw).iloc[0].to_dict(),
         "anom": anomalies(client, window=w, **kw),
+        "keyless": keyless_writes(client, w, **kw),
         "unresolved": handoffs_behind(client, window=w, stage="unresolved", limit=50, **kw),
     }
     data["slo"] = slo_section(client, rules, week=w, database=db)
@@ -117,6 +119,12 @@ def _worst_note(d) -> str:
     )
 
 
+#: under the headline: P(evidence) is checked, the emitter's mark is shown beside it
+_EVIDENCE_NOTE: Final = (
+    "P(evidence) counts a result only when its emitter marked the evidence valid and the "
+    "checks its envelope declares pass (evidence policy, reply contract); the line below it "
+    "counts the emitter's mark alone."
+)
 _HEADLINE = (
     ("volume", "handoffs created"),
     ("settled", "settled"),
@@ -124,6 +132,7 @@ _HEADLINE = (
     ("p_accept", "P(accept)"),
     ("p_execute", "P(execute | accepted)"),
     ("p_evidence", "P(evidence | executed)"),
+    ("p_evidence_claimed", "P(evidence marked valid by the emitter | executed)"),
     ("p_commit", "P(commit | evidenced)"),
     ("p_e2e", "P(end to end)"),
     ("unknown_rate", "unknown rate"),
@@ -160,6 +169,26 @@ _OUTCOME_NOTE: Final = (
 )
 
 
+#: Agent pairs listed under the keyless side-effecting writes (the largest share first)
+KEYLESS_PAIRS: Final = 10
+_KEYLESS_NOTE: Final = (
+    "Side-effecting handoffs (commands, and every shared-queue handoff) sent without an "
+    "idempotency key, per agent pair: no receiver can tell a resend from a new request. "
+    "Duplicates: flagged keyless_duplicate_write (the same payload to the same agent within "
+    "the keyless window). Pairs with a keyless one, the largest share first."
+)
+_KEYLESS_HEADER: Final = ["pair", "side-effecting", "keyless", "keyless share", "duplicates"]
+
+
+def _keyless_rows(d) -> list[list[Any]]:
+    df = d["keyless"]
+    return [
+        [f"{r.from_agent}->{r.to_agent}", r.side_effecting, r.keyless, fmt_rate(r.keyless_share),
+         r.duplicates]
+        for r in df[df["keyless"] > 0].head(KEYLESS_PAIRS).itertuples()
+    ]  # fmt: skip
+
+
 def _md(d) -> str:
     rw = d["rw"]
     lines = [
@@ -170,6 +199,8 @@ def _md(d) -> str:
         f"| metric | {' | '.join(rw.columns)} | change |",
         "|---|---|---|---|",
         *(f"| {a.replace('|', '&#124;')} | {b} | {c} | {e} |" for a, b, c, e in _headline_rows(d)),
+        "",
+        _EVIDENCE_NOTE,
         "",
         "## Outcomes",
         _OUTCOME_NOTE,
@@ -203,9 +234,19 @@ def _md(d) -> str:
         ),
         "",
         "## Anomalies",
-        "| kind | count | examples |",
-        "|---|---|---|",
-        *(f"| {r.kind} | {r.count} | {', '.join(r.examples)} |" for r in d["anom"].itertuples()),
+        "| kind | count | examples | meaning |",
+        "|---|---|---|---|",
+        *(
+            f"| {r.kind} | {r.count} | {', '.join(r.examples)} | {r.description.replace('|', '&#124;')} |"
+            for r in d["anom"].itertuples()
+        ),
+        "",
+        "## Keyless side-effecting writes",
+        _KEYLESS_NOTE,
+        "",
+        f"| {' | '.join(_KEYLESS_HEADER)} |",
+        "|---" * len(_KEYLESS_HEADER) + "|",
+        *(f"| {' | '.join(str(c).replace('|', '&#124;') for c in r)} |" for r in _keyless_rows(d)),
         "",
         f"## Unknowns still unresolved ({len(d['unresolved'])} shown, at most 50)",
         *(
@@ -225,7 +266,8 @@ def _table(header: list[str], rows: list[list[Any]]) -> str:
 def _charts(d) -> list[str]:
     """The funnel, the daily trend, the handoffs lost by the worst pairs (SVG)."""
     stages = (("settled", "Settled"), ("accepted", "Accepted"), ("executed", "Executed"),
-              ("evidenced", "Evidenced"), ("committed", "Committed"))  # fmt: skip
+              ("evidence_claimed", "Evidence claimed"), ("evidenced", "Evidenced"),
+              ("committed", "Committed"))  # fmt: skip
     out = [
         charts.funnel_svg(d["now"], stages),
         charts.trend_svg(
@@ -251,6 +293,7 @@ def _html(d) -> str:
         f"<p>{html.escape(rw.describe())}. Rates are over settled handoffs; — means undefined.</p>",
         "<h2>Headline</h2>",
         _table(["metric", *rw.columns, "change"], [list(r) for r in _headline_rows(d)]),
+        f"<p>{html.escape(_EVIDENCE_NOTE)}</p>",
         f"<h2>Outcomes</h2><p>{html.escape(_OUTCOME_NOTE)}</p>",
         _table(["outcome", *rw.columns, "change"], [list(r) for r in _outcome_rows(d)]),
         html_section(d["slo"], d["slo_source"]),
@@ -285,6 +328,8 @@ def _html(d) -> str:
                 for r in d["anom"].itertuples()
             ],
         ),
+        f"<h2>Keyless side-effecting writes</h2><p>{html.escape(_KEYLESS_NOTE)}</p>",
+        _table(_KEYLESS_HEADER, _keyless_rows(d)),
         f"<h2>Unknowns still unresolved</h2><p>{len(d['unresolved'])} shown (at most 50).</p>",
         _table(
             ["handoff", "task", "pair", "mode", "created (UTC)"],

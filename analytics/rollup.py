@@ -52,6 +52,7 @@ COUNT_COLUMNS: Final = (
     "in_flight",
     "accepted",
     "executed",
+    "evidence_claimed",
     "evidenced",
     "committed",
     "verified",
@@ -67,6 +68,8 @@ RATES: Final = {
     "p_accept": ("accepted", "settled"),
     "p_execute": ("executed", "accepted"),
     "p_evidence": ("evidenced", "executed"),
+    # beside P_evidence: the results the emitter marked valid, before the platform's checks
+    "p_evidence_claimed": ("evidence_claimed", "executed"),
     "p_commit": ("committed", "evidenced"),
     "p_e2e": ("committed", "settled"),
     "p_verify": ("verified", "committed"),

@@ -1,5 +1,6 @@
-"""Each topology's own view: queue lag, agent-as-tool fan-out, unknown envelope fields, and
-per-topology failure cards (SQL over handoff_transitions and handoff_summary).
+"""Each topology's own view: queue lag and stalled consumers, agent-as-tool fan-out, unknown
+envelope fields, and per-topology failure cards (SQL over handoff_transitions and
+handoff_summary).
 
 Every loader takes (client, window, *, database=None, tenant=None) and returns a pandas
 DataFrame over the window's cohort (handoffs created in it); numbers in ms or handoffs;
@@ -14,8 +15,10 @@ from typing import TYPE_CHECKING, Any, Final
 
 import pandas as pd
 
+from analytics import _contract_sql as cs
 from analytics._anomaly_sql import KIND_PASS, pass_sql
 from analytics._common import Window, check_db, cohort_sql, settled_window
+from analytics._stall_sql import ANSWERED_MASK
 from analytics.reference import UNKNOWN_SLA_MS
 from collector import semconv as sc
 from collector.semconv import TOPOLOGIES
@@ -45,10 +48,22 @@ TOPOLOGY_CARD_KINDS: Final = {
         "idempotency_conflict",
         "duplicate_execution",
         "consumer_lag",
+        "consumer_stalled",
     ),
-    "federated_a2a": ("invalid_transition", "stale_agent_card"),
+    "federated_a2a": ("invalid_transition", "stale_agent_card", "card_skill_refused"),
 }
-LAG_COLUMNS: Final = ("consumer", "queue", "handoffs", "p50_ms", "p95_ms", "max_ms")
+LAG_COLUMNS: Final = (
+    "consumer",
+    "queue",
+    "handoffs",
+    "p50_ms",
+    "p95_ms",
+    "max_ms",
+    "enqueued",
+    "waiting",
+    "stalled",
+    "offsets_behind",
+)
 FAN_OUT_COLUMNS: Final = (
     "orchestrator",
     "tasks",
@@ -97,46 +112,87 @@ def _q(values: list[float], n: int, i: int) -> float:
 def queue_lag(
     client: Client, window: Window, *, database: str | None = None, tenant: str | None = None
 ) -> pd.DataFrame:
-    """Queue consumers' lag (`handoff.queue.lag_ms` on accept), one row per (consumer =
-    the accept's actor, queue = `handoff.queue.name`, "" when unnamed), sorted: handoffs
-    (cohort handoffs with a lag; a handoff's greatest lag counts), p50_ms, p95_ms, max_ms.
+    """Queue consumers' lag, one row per (consumer, queue = `handoff.queue.name`, "" when
+    unnamed), sorted, over the cohort's shared-queue rows: from the consumer's `accept`
+    (consumer = its actor) `handoffs` (cohort handoffs with a `queue.lag_ms`; a handoff's
+    greatest lag counts), p50_ms, p95_ms, max_ms; from the producer's `create` (consumer =
+    the envelope's to_agent, where it carries `queue.offset`) `enqueued` (handoffs),
+    `waiting` (of those, not taken, refused or withdrawn: neither accepted or beyond, nor
+    rejected, canceled or escalated; an expired one still counts) and `stalled` (of those,
+    consumer_stalled); `offsets_behind` = the queue's head (the greatest `queue.offset` or
+    `queue.head_offset` on the cohort's create and accept rows of that queue) minus the
+    greatest offset the consumer accepted, or, when it accepted none, minus its least
+    enqueued offset plus 1 (nothing of what was enqueued for it was taken); NaN without
+    offsets. So a consumer that stopped shows: it has no lag (it never accepts), but
+    waiting messages and offsets behind.
 
-    The accept rows carrying a lag are found first (PREWHERE on the typed topology_attrs
-    column, sql/011, so no other row's map is read), and only their handoffs' summary rows
-    are read for the cohort (no IN set of the whole cohort is built)."""
+    The create and accept rows carrying a queue attribute are found first (PREWHERE on the
+    typed topology_attrs column, sql/011, so no other row's map is read), and only their
+    handoffs' summary rows are read for the cohort (no IN set of the whole cohort is built);
+    `stalled` runs the consumer_stalled pass."""
     db = check_db(database)
     w = settled_window(client, db, _check_window(window), tenant)
+    t = tenant is not None
     cohort = cohort_sql(
-        db,
-        w,
-        tenant_param=tenant is not None,
-        extra=(),
-        within="SELECT tenant, handoff_id FROM lagged",
+        db, w, tenant_param=t, extra=("to_agent",), within="SELECT tenant, handoff_id FROM qrows"
     )
-    tw = "AND tenant = {tenant:String}" if tenant is not None else ""
-    lag = f"toInt64OrNull(attributes['{sc.QUEUE_LAG_MS}'])"
+    stalled = pass_sql("stall", db, w, tenant=t, sla_ms=UNKNOWN_SLA_MS)
+    tw = "AND tenant = {tenant:String}" if t else ""
+
+    def num(name: str) -> str:
+        return f"toInt64OrNull(attributes['{name}'])"
+
+    answered = cs.has("tmask", ANSWERED_MASK)
     sql = f"""
-WITH lagged AS (
-    SELECT tenant, handoff_id, CAST(actor, 'String') AS consumer,
-        attributes['{sc.QUEUE_NAME}'] AS queue, max(assumeNotNull({lag})) AS lag
+WITH qrows AS (
+    SELECT tenant, handoff_id, event, CAST(actor, 'String') AS actor,
+        attributes['{sc.QUEUE_NAME}'] AS queue, {num(sc.QUEUE_LAG_MS)} AS lag,
+        {num(sc.QUEUE_OFFSET)} AS off, {num(sc.QUEUE_HEAD_OFFSET)} AS head
     FROM {db}.handoff_transitions
-    PREWHERE event = 'accept' AND topology_attrs
-    WHERE {lag} IS NOT NULL {tw}
+    PREWHERE event IN ('accept', 'create') AND topology_attrs
+    WHERE (event = 'accept' OR {_IS_CREATE})
+      AND (lag IS NOT NULL OR off IS NOT NULL OR head IS NOT NULL) {tw}
+),
+per AS (
+    SELECT q.tenant AS tenant, q.handoff_id AS handoff_id,
+        if(q.event = 'accept', q.actor, CAST(c.to_agent, 'String')) AS consumer, q.queue AS queue,
+        maxIf(q.lag, q.event = 'accept') AS lag, maxIf(q.off, q.event = 'accept') AS consumed,
+        maxIf(q.off, q.event = 'create') AS enq, max(greatest(coalesce(q.off, q.head),
+        coalesce(q.head, q.off))) AS top, any(c.waiting) AS waiting
+    FROM qrows AS q
+    INNER JOIN (SELECT tenant, handoff_id, to_agent, NOT is_a AND NOT {answered} AS waiting
+                FROM ({cohort})) AS c ON q.tenant = c.tenant AND q.handoff_id = c.handoff_id
     GROUP BY tenant, handoff_id, consumer, queue
 )
-SELECT consumer, queue, count() AS handoffs, quantilesExact(0.5, 0.95)(lag) AS q, max(lag) AS mx
-FROM lagged
-INNER JOIN (SELECT tenant, handoff_id FROM ({cohort})) AS c USING (tenant, handoff_id)
+SELECT consumer, queue, countIf(lag IS NOT NULL) AS handoffs,
+    quantilesExactIf(0.5, 0.95)(assumeNotNull(lag), lag IS NOT NULL) AS q,
+    maxIf(assumeNotNull(lag), lag IS NOT NULL) AS mx,
+    countIf(enq IS NOT NULL) AS enqueued, countIf(enq IS NOT NULL AND waiting) AS waits,
+    countIf(enq IS NOT NULL
+            AND (tenant, handoff_id) IN (SELECT tenant, handoff_id FROM ({stalled}))) AS stalls,
+    max(consumed) AS consumed, min(enq) AS first_enq, max(top) AS top
+FROM per
 GROUP BY consumer, queue
 ORDER BY consumer, queue
 """
     res = client.query(sql, parameters=_params(tenant)).result_rows
-    rows = [
-        {"consumer": c, "queue": q, "handoffs": int(n), "p50_ms": _q(qs, n, 0),
-         "p95_ms": _q(qs, n, 1), "max_ms": int(mx)}
-        for c, q, n, qs, mx in res
-    ]  # fmt: skip
-    return _frame(rows, LAG_COLUMNS, ("handoffs", "max_ms"))
+    heads: dict[str, int] = {}  # queue -> its head over every consumer's rows
+    for r in res:
+        q, top = str(r[1]), r[-1]
+        if top is not None:
+            heads[q] = max(heads.get(q, top), top)
+    rows = []
+    for c, q, n, qs, mx, enq, waits, stalls, consumed, first_enq, _top in res:
+        head = heads.get(q)
+        base = consumed if consumed is not None else None if first_enq is None else first_enq - 1
+        behind = math.nan if head is None or base is None else float(head - base)
+        rows.append(
+            {"consumer": c, "queue": q, "handoffs": int(n), "p50_ms": _q(qs, n, 0),
+             "p95_ms": _q(qs, n, 1), "max_ms": float(mx) if n else math.nan,
+             "enqueued": int(enq), "waiting": int(waits), "stalled": int(stalls),
+             "offsets_behind": behind}
+        )  # fmt: skip
+    return _frame(rows, LAG_COLUMNS, ("handoffs", "enqueued", "waiting", "stalled"))
 
 
 def task_fan_out(

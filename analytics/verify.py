@@ -7,14 +7,18 @@ field, so an edited terminal state, receipt, anomaly list, envelope, input summa
 transition's derived field or time is named with both values; each row hash must match its
 hashed columns; the ledger comparison made at export must be clean; and, with public keys,
 each row must be in the signed log (an RFC 9162 inclusion proof against a head signed by
-one of the keys). What one package cannot rebuild alone: the cross-handoff anomalies
-(analytics._package.CROSS_KINDS), the related spans (other spans of the same traces, which
-no ledger covers: compared with the store only as a note) and the claimed columns
-(parent_span_id, span_name, service_name), and generated_at, which the exporter states.
+one of the keys). What one package cannot rebuild alone: what the store said of the
+handoff (its findings of source "store": the cross-handoff and fleet kinds and the kinds
+only the anomaly passes compute, with the handoffs and fleet groups they involve; in a v1
+or v2 package, analytics._package.CROSS_KINDS), the related spans (other spans of the same
+traces, which no ledger covers: compared with the store only as a note) and the claimed
+columns (parent_span_id, span_name, service_name), and generated_at, which the exporter
+states; `offline_notes` says which findings were taken as the package states them.
 
 Against the store (`verify_package`): all of the above, then the package is rebuilt from
-the rows stored now, the ledger now and the cross-handoff anomalies now, and compared
-again; every stored row must have its ledger entry and be in the signed log; every stored
+the rows stored now, the ledger now and the store's findings re-derived now (the kinds
+its `findings_query` asked, over the window it recorded, the clock at generated_at), and
+compared again; every stored row must have its ledger entry and be in the signed log; every stored
 typed column must agree with its hashed attributes; and each of the package's signed heads
 must be a prefix of the store's newest head of the same log (an RFC 9162 consistency proof,
 assembled from the stored pieces of the log: O(log n) rows read; analytics._evidence_logs).
@@ -30,9 +34,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from analytics._common import check_db
+from analytics._evidence_formats import V1, check_format
 from analytics._evidence_log import check_log_section, section_heads
+from analytics._evidence_said import Said, offline_notes, said_by_package, said_by_store
 from analytics._package import (
-    CROSS_KINDS,
     build_package,
     diff,
     package_sha256,
@@ -41,7 +46,6 @@ from analytics._package import (
     typed_mismatches,
 )
 from analytics._rows import fetch_handoff, fetch_ledger_entries
-from analytics._why_task import cross_reasons
 from foundation.integrity import HASHED_COLUMNS, row_hash
 from foundation.keys import PublicKeys, SignedHead
 from foundation.units import plural
@@ -52,6 +56,7 @@ if TYPE_CHECKING:
 __all__ = [
     "VerifyResult",
     "instance_notes",
+    "offline_notes",
     "package_sha256",
     "verify_offline",
     "verify_package",
@@ -75,11 +80,7 @@ def _require(package: Any) -> None:
     for key in ("format", "handoff_id", "tenant", "generated_at", "transitions", "integrity"):
         if key not in package:
             raise ValueError(f"evidence package: missing field {key!r}")
-    if package["format"] != "handoff-evidence/v2":
-        raise ValueError(
-            f"evidence package: format {package['format']!r}; this version verifies "
-            "handoff-evidence/v2 (export the package again)"
-        )
+    check_format(package["format"])
     if not isinstance(package["transitions"], list) or not package["transitions"]:
         raise ValueError("evidence package: field 'transitions' must be a non-empty list")
     if not isinstance(package["integrity"], Mapping):
@@ -125,37 +126,31 @@ def _rebuild(
     rows: Sequence[Mapping[str, Any]],
     *,
     ledger: Mapping[str, Sequence[str]],
-    extra_anomalies: Sequence[str],
+    said: Said,
     related_spans: Sequence[Mapping[str, Any]],
     typed: Sequence[str],
-    extra_reasons: Sequence[Any],
 ) -> dict[str, Any]:
+    fmt = str(package["format"])
     rebuilt = build_package(
         rows,
         ledger=ledger,
         as_of_ns=parse_iso_ns(package["generated_at"]),
-        extra_anomalies=extra_anomalies,
+        extra_anomalies=said.extra,
         related_spans=related_spans,
         log=package["integrity"].get("log"),
         typed_mismatched=typed,
-        extra_reasons=extra_reasons,
+        extra_reasons=said.reasons,
+        findings=said.findings,
+        findings_query=said.query,
+        fmt=fmt,
     )
-    if "anomaly_reasons" not in package:  # exported before packages said why: not compared
+    if fmt == V1 and not any(t.get("service_name") for t in rows):
+        # v1 transitions do not carry service_name: the services are the exporter's claim
+        rebuilt["execution"]["services"] = (package.get("execution") or {}).get("services")
+    if fmt != V1 and "anomaly_reasons" not in package:  # exported before packages said why
         rebuilt.pop("anomaly_reasons")
-        rebuilt["integrity"]["package_sha256"] = package_sha256(rebuilt)
+    rebuilt["integrity"]["package_sha256"] = package_sha256(rebuilt)
     return rebuilt
-
-
-def _cross_reasons_of(package: Mapping[str, Any]) -> list[Any]:
-    """The package's own reasons for the cross-handoff kinds (offline, they are taken as
-    given, like the kinds themselves)."""
-    return [
-        a["reason"]
-        for a in package.get("anomaly_reasons") or []
-        if isinstance(a, Mapping)
-        and a.get("kind") in CROSS_KINDS
-        and isinstance(a.get("reason"), Mapping)
-    ]
 
 
 def verify_offline(
@@ -180,10 +175,9 @@ def verify_offline(
         package,
         rows,
         ledger=_claimed_ledger(package),
-        extra_anomalies=sorted(set(package.get("anomalies") or []) & CROSS_KINDS),
+        said=said_by_package(package),
         related_spans=package.get("related_spans") or [],
         typed=(integ.get("typed_columns") or {}).get("mismatched", []),
-        extra_reasons=_cross_reasons_of(package),
     )
     problems += _differences(package, rebuilt, "rebuilt from its rows")
     for what in ("missing", "mismatched"):
@@ -209,7 +203,7 @@ def verify_package(
     """Verify a package offline (verify_offline) and against the store as it is now (see
     the module doc); never writes. Raises ValueError for a malformed package."""
     from analytics._evidence_logs import StoreLogs
-    from analytics._evidence_store import cross_anomalies, fetch_task_rows, related
+    from analytics._evidence_store import fetch_task_rows, related
 
     db = check_db(database)
     notes: list[str] = []
@@ -237,15 +231,15 @@ def verify_package(
                 break
     if stored:
         task_rows = fetch_task_rows(client, db, tenant, stored[0]["task_id"], stored)
-        cross = cross_anomalies(client, db, tenant, stored, task_rows, hid)
+        said, said_notes = said_by_store(client, db, package, stored, task_rows)
+        notes += said_notes
         rebuilt = _rebuild(
             package,
             stored,
             ledger=ledger,
-            extra_anomalies=cross,
+            said=said,
             related_spans=package.get("related_spans") or [],
             typed=typed_mismatches(stored),
-            extra_reasons=cross_reasons(client, db, cross, stored, task_rows),
         )
         problems += _store_differences(package, rebuilt, rows_differ=bool(row_problems))
         related_now = related(client, db, sorted({r["trace_id"] for r in stored}), stored)
@@ -363,7 +357,8 @@ def _against_stored(package: Mapping[str, Any], stored) -> list[str]:
             same_hash[row_hash(r)].append(r)
         for t in pts:
             peers = same_hash.get(t["row_hash"]) or now
-            for c in ("parent_span_id", "span_name", "service_name"):
+            # (a handoff-evidence/v1 transition carries parent_span_id only)
+            for c in (c for c in ("parent_span_id", "span_name", "service_name") if c in t):
                 if all(t.get(c) != r.get(c) for r in peers):
                     problems.append(f"span_id={span}: stored {c} {peers[0].get(c)!r} differs "
                                     f"from the package's {t.get(c)!r}")  # fmt: skip

@@ -17,8 +17,13 @@ time excluded, which favours pandas).
             anomalies_7d_base_ms): what those kinds cost. One handoff in 10 carries an
             idempotency key its neighbour shares, one in 20 names that neighbour in
             `retry_of`, one in 40 is a transfer handed straight back (a bounce); no
-            causation or grant attributes, and actors are not the to_agent, so the audit
-            passes do their full work on every cohort row
+            causation attributes, and actors are not the to_agent, so the audit passes do
+            their full work on every cohort row. The contract checks get work too: every
+            create has an objective hash and a payload hash (1,000 distinct: keyless
+            shared-queue writes repeat), one in 10 declares an evidence policy, a reply
+            contract and a tool budget (its results meet the first two and record 0-3 tool
+            calls), one in 25 names a grant caller (half of them another agent), one in 30
+            asks for an ack within 60 s, and rejections carry a final or a retryable code
   settle    before the queries, the anomaly flags settled as serve's settle thread keeps
             them (analytics.settle over every handoff: settle_s); --no-settle removes the
             watermark instead, so every query recomputes every flag (the same store's
@@ -110,7 +115,7 @@ INSERT INTO {DB}.handoff_transitions
     (tenant, time, task_id, handoff_id, event, from_state, to_state, actor, valid, protocol,
      mode, from_agent, to_agent, topology, idempotency_key, attributes, deadline_ms,
      capabilities, evidence_count, evidence_valid, trace_id, span_id, service_name,
-     ingest_batch)
+     ingest_batch, error_code, payload_hash, evidence_refs)
 SELECT 'default',
     fromUnixTimestamp64Nano(toInt64({base_ns} + h * {interval_ns} + step * 1000000000), 'UTC'),
     concat('t', toString(intDiv(h, 2))), concat('h', toString(h)),
@@ -120,16 +125,29 @@ SELECT 'default',
     concat('agent', toString(if(bounce, (h - 1) % 20, (h * 7 + 3) % 20))),
     ['in_process', 'agent_as_tool', 'shared_queue', 'federated_a2a'][h % 4 + 1],
     if(h % 20 < 2, concat('k', toString(intDiv(h, 20))), ''),
-    mapFilter((k, v) -> v != '',
-        map('handoff.retry_of', if(h % 20 = 1, concat('h', toString(h - 1)), ''))),
+    mapFilter((k, v) -> v != '', map(
+        'handoff.retry_of', if(tr.1 = 'create' AND h % 20 = 1, concat('h', toString(h - 1)), ''),
+        'handoff.objective.hash', if(tr.1 = 'create', concat('o', toString(intDiv(h, 2))), ''),
+        'handoff.evidence_policy.min_refs', if(tr.1 = 'create' AND h % 10 = 5, '1', ''),
+        'handoff.reply_contract.must_return', if(tr.1 = 'create' AND h % 10 = 5, '["answer"]', ''),
+        'handoff.max_tool_calls', if(tr.1 = 'create' AND h % 10 = 5, '2', ''),
+        'handoff.result.fields', if(is_result AND h % 10 = 5, '["answer"]', ''),
+        'handoff.tool_calls', if(is_result AND h % 10 = 5, toString(h % 4), ''),
+        'handoff.grant.caller', if(tr.1 = 'create' AND h % 25 = 7, if(h % 50 = 7, 'mallory', concat('agent', toString(h % 20))), ''),
+        'handoff.message.requires_ack', if(tr.1 = 'create' AND h % 30 = 4, 'true', ''),
+        'handoff.message.ttl_s', if(tr.1 = 'create' AND h % 30 = 4, '60', ''))),
     if(h % 3 = 0, NULL, 120000), [concat('cap', toString(h % 5))],
     if(tr.1 IN ('prepare', 'commit', 'resolve_committed'), toInt64(h % 7 != 0), NULL),
     if(tr.1 IN ('prepare', 'commit', 'resolve_committed'), h % 11 != 0, NULL),
-    hex(cityHash64(h)), hex(cityHash64(h, step)), 'bench', 'bench'
+    hex(cityHash64(h)), hex(cityHash64(h, step)), 'bench', 'bench',
+    if(tr.1 = 'reject', ['permission_denied', 'busy'][h % 2 + 1], ''),
+    if(tr.1 = 'create', concat('p', toString(h % 1000)), ''),
+    if(is_result AND h % 10 = 5, [concat('r', toString(h))], CAST([], 'Array(String)'))
 FROM (
     SELECT intDiv(number, 5) AS h, number % 5 AS step,
         arrayElement(arrayElement({_path_sql()}, h % 10 + 1), step + 1) AS tr,
-        h % 40 = 3 AS bounce
+        h % 40 = 3 AS bounce,
+        tr.1 IN ('prepare', 'commit', 'resolve_committed') AS is_result
     FROM numbers({start}, {cnt})
 )
 SETTINGS max_insert_block_size = 1048576

@@ -10,7 +10,14 @@ one before: every run's descendants are all the later ones). Times are the best 
 
 Last line: `RESULT <shape>_ratio=.. ...` (time at 4n / time at n).
 
+`--pass`: instead, a whole derivation pass (derive.DerivePass.run_once: the touched-traces
+query, reading the trace's spans back, the rules, blind-spot bookkeeping and the submits,
+counted, not ingested) over the trace stored in a scratch embedded store (this process's
+chDB, a temp dir; each trace in a database of its own), timed in wall seconds, best of
+--repeat: what one pass costs serve for a trace of n and of 4n spans.
+
     .venv/bin/python bench/derive_scale.py --spans 1000
+    .venv/bin/python bench/derive_scale.py --spans 1500 --pass
 """
 
 from __future__ import annotations
@@ -170,11 +177,81 @@ def ratio(shape: str, spans: int, repeat: int = 5) -> tuple[float, float]:
     return seconds(small, repeat), seconds(large, repeat)
 
 
+def _store(client, db: str, spans: list[SpanRecord]) -> None:
+    """`spans`, moved to now (a pass reads the last hour), into otel_traces as serve would."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    from ingest import decode_protobuf, write_batch
+    from ingest.testing import key_value
+
+    shift = time.time_ns() - 60 * 10**9
+    req = ExportTraceServiceRequest()
+    ss = req.resource_spans.add().scope_spans.add()
+    ss.scope.name = spans[0].scope
+    for s in spans:
+        sp = ss.spans.add(trace_id=bytes.fromhex(s.trace_id), span_id=bytes.fromhex(s.span_id),
+                          name=s.name, start_time_unix_nano=s.start_ns + shift,
+                          end_time_unix_nano=s.end_ns + shift)  # fmt: skip
+        if s.parent_span_id:
+            sp.parent_span_id = bytes.fromhex(s.parent_span_id)
+        sp.status.code = {"Ok": 1, "Error": 2}.get(s.status, 0)
+        sp.attributes.extend(key_value(k, v) for k, v in s.attributes.items())
+    decoded = decode_protobuf(req.SerializeToString(), tenant="default")
+    write_batch(client, db, [decoded], batch_id=db, prev_chain="0" * 64,
+                received_at_ms=int(time.time() * 1000), source="bench")  # fmt: skip
+
+
+def pass_seconds(client, path: str, spans: list[SpanRecord], repeat: int) -> tuple[float, int]:
+    """(best wall seconds of one pass over the stored trace, transitions it derived)."""
+    import uuid
+
+    from derive import DerivePass
+    from foundation.store import StoreSpec, apply_schema, connect
+
+    db = f"ds_{uuid.uuid4().hex[:10]}"
+    apply_schema(client, db)
+    _store(client, db, spans)
+    best, derived = float("inf"), 0
+    for _ in range(repeat):  # submits are dropped: the pass's own work is timed
+        p = DerivePass(lambda: connect(StoreSpec(kind="chdb", path=path, database=db)), db,
+                       lambda _body, _tenant: None)  # fmt: skip
+        try:
+            r = p.run_once()
+        finally:
+            p.stop()
+        best, derived = min(best, r.seconds), r.submitted
+    client.command(f"DROP DATABASE {db} SYNC")
+    return best, derived
+
+
+def _passes(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from foundation.store import StoreSpec, connect
+
+    out = []
+    with tempfile.TemporaryDirectory(prefix="bench-derive-scale-") as tmp:
+        client = connect(StoreSpec(kind="chdb", path=tmp, database="default"), database="")
+        for shape, make in SHAPES.items():
+            (a, da), (b, db) = (pass_seconds(client, tmp, make(n // 3), args.repeat)
+                                for n in (args.spans, 4 * args.spans))  # fmt: skip
+            print(f"{shape:14} {args.spans:>7} spans {a:7.3f} s ({da} derived)   "
+                  f"{4 * args.spans:>7} spans {b:7.3f} s ({db} derived)   x{b / a:.1f}")  # fmt: skip
+            out.append(f"{shape.replace('-', '_')}_pass_ratio={b / a:.1f}")
+        client.close()
+    print("RESULT " + " ".join(out))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--spans", type=int, default=1000, help="spans of the smaller trace")
     ap.add_argument("--repeat", type=int, default=5, help="runs per size (the best counts)")
+    ap.add_argument("--pass", dest="whole_pass", action="store_true",
+                    help="time whole derivation passes over a stored trace (module doc)")  # fmt: skip
     args = ap.parse_args()
+    if args.whole_pass:
+        return _passes(args)
     out = []
     for shape in SHAPES:
         small, large = ratio(shape, args.spans, args.repeat)

@@ -21,13 +21,19 @@ that missed it, by about the start of the first that counted it. After the load 
 pollers keep going until every probe is counted (or --settle-s passes: the rest are
 reported unseen).
 
+The load is stated as a share of serve's sustained rate (`bench/soak.py --find-sustained`:
+the highest rate its merges keep up with, well below the burst capacity the calibration
+measures), given as --sustained-rate N spans/s: then --load is a share of it (no
+calibration), and "load = x.xx of sustained" is printed from the load achieved.
+
 Last line: `RESULT freshness_p50_ms=<n> freshness_p99_ms=<n> anomalies_p50_ms=<n>
-anomalies_p99_ms=<n> load_spans_per_s=<n> capacity_spans_per_s=<n> probes=<n> unseen=<n>`.
-Target: freshness p99 <= 1,000 ms.
+anomalies_p99_ms=<n> load_spans_per_s=<n> capacity_spans_per_s=<n> probes=<n> unseen=<n>
+load_of_sustained=<x.xx, nan without --sustained-rate>`. Target: freshness p99 <= 1,000 ms.
 
     .venv/bin/python bench/freshness.py                      # 60 s at 80 % of capacity
     .venv/bin/python bench/freshness.py --duration 10 --load 0.5 --clients 2
     .venv/bin/python bench/freshness.py --duration 30 --rate 20000   # a fixed load, to compare
+    .venv/bin/python bench/freshness.py --sustained-rate 9000 --load 0.8   # 80 % of sustained
 """
 
 from __future__ import annotations
@@ -280,6 +286,13 @@ def main(argv: list[str] | None = None) -> int:
         "the same load for runs compared with each other",
     )
     ap.add_argument(
+        "--sustained-rate",
+        type=float,
+        default=None,
+        help="serve's sustained rate, spans/s (bench/soak.py --find-sustained): --load is then "
+        "a share of it, without calibration, and the load is printed as a share of it",
+    )
+    ap.add_argument(
         "--calibrate-s", type=float, default=20.0, help="calibration seconds (default 20)"
     )
     ap.add_argument(
@@ -299,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--{name.replace('_', '-')} must be > 0")
     if args.rate is not None and args.rate <= 0:
         ap.error("--rate must be > 0 spans/s")
+    if args.sustained_rate is not None and args.sustained_rate <= 0:
+        ap.error("--sustained-rate must be > 0 spans/s")
     if args.clients < 1 or args.spans < 5:
         ap.error("--clients >= 1 and --spans >= 5 required")
 
@@ -337,7 +352,11 @@ def _run(args: argparse.Namespace, serve) -> int:
     for p in pollers:
         p.start()
 
-    if args.rate is None:
+    if args.rate is None and args.sustained_rate is not None:
+        capacity, rate = math.nan, args.load * args.sustained_rate
+        print(f"load asked: {args.load:.2f} x the sustained {args.sustained_rate:,.0f} spans/s = "
+              f"{rate:,.0f} spans/s (no calibration)")  # fmt: skip
+    elif args.rate is None:
         t0 = time.perf_counter()
         n_cal, refused = _blast(url, template, args.clients, args.calibrate_s, 1)
         serve.wait_stored(600, poll_s=0.01)
@@ -418,9 +437,14 @@ def _run(args: argparse.Namespace, serve) -> int:
     client_a.close()
 
     load_spans = sum(sent) * args.spans / load_s
+    of = "sustained" if args.sustained_rate else "capacity"
+    asked = "--rate" if args.rate else f"{args.load:.0%} of {of}"
     print(f"load: {sum(sent)} requests x {args.spans} spans in {load_s:.1f} s = {load_spans:,.0f} "
-          f"spans/s ({f'{args.load:.0%} of capacity' if args.rate is None else '--rate'} asked), {len(bad)} refused, {len(late)} sent "
+          f"spans/s ({asked} asked), {len(bad)} refused, {len(late)} sent "
           f"late (max {max(late, default=0) * 1000:.0f} ms); serve queue max {queued_max}")  # fmt: skip
+    share = load_spans / args.sustained_rate if args.sustained_rate else math.nan
+    print(f"load = {share:.2f} of sustained ({args.sustained_rate:,.0f} spans/s)" if args.sustained_rate
+          else "load = ? of sustained: give --sustained-rate (bench/soak.py --find-sustained)")  # fmt: skip
     print(f"probes: {len(acked)} acknowledged, {len(probe_bad)} refused")
     n_settles = settle1.get("handoffs_settle_settles_total", 0) - settle0.get(
         "handoffs_settle_settles_total", 0
@@ -462,7 +486,8 @@ def _run(args: argparse.Namespace, serve) -> int:
         f"anomalies_p50_ms={figures['anomalies_p50']:.0f} "
         f"anomalies_p99_ms={figures['anomalies_p99']:.0f} load_spans_per_s={load_spans:.0f} "
         f"capacity_spans_per_s={capacity:.0f} probes={len(acked)} "
-        f"unseen={int(max(figures['funnel_unseen'], figures['anomalies_unseen']))}"
+        f"unseen={int(max(figures['funnel_unseen'], figures['anomalies_unseen']))} "
+        f"load_of_sustained={share:.2f}"
     )
     return 0 if not bad and not probe_bad else 1
 

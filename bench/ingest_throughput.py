@@ -15,8 +15,17 @@ OTLP/gRPC port (TraceService/Export; one channel per sender, as one HTTP connect
 sender), each round also running them over HTTP on a fresh serve, and adds
 ` http_spans_per_s=<e2e over HTTP> grpc_vs_http=<ratio>` to RESULT (spans_per_s is gRPC's).
 
+Ratios in one run (bench/_paired.py: the two sides alternate which goes first, --rounds
+rounds, each round's figures and ratio printed, then the median ratio): `--baseline-tree REF`
+runs the same requests against a serve running REF's code (a git worktree of REF in a temp
+dir, with this virtualenv), last line `RESULT vs_baseline=<this / REF end to end>
+cpu_vs_baseline=<serve CPU ratio> ...`; `--compare-spans 512,5000` sends the same spans as
+requests of 512 and of 5,000 spans, last line `RESULT small_vs_large=<ratio> ...`.
+
     .venv/bin/python bench/ingest_throughput.py --requests 20 --spans 5000 --concurrency 2
     .venv/bin/python bench/ingest_throughput.py --transport grpc --no-baseline
+    .venv/bin/python bench/ingest_throughput.py --baseline-tree HEAD --rounds 3
+    .venv/bin/python bench/ingest_throughput.py --compare-spans 512,5000 --rounds 3
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
 )
 
+from bench._paired import versus_sizes, versus_tree
 from ingest._decode import decode_protobuf
 from ingest.testing import key_value
 from serve.procstat import (
@@ -189,13 +199,17 @@ def _e2e(
     base: int,
     decoder: str,
     transport: str = "http",
+    *,
+    env: dict[str, str] | None = None,
+    label: str = "",
 ) -> dict | None:
-    """One serve run with `decoder`, the requests sent over `transport` (http or grpc);
+    """One serve run with `decoder`, the requests sent over `transport` (http or grpc), serve
+    started with `env` added to its environment (another tree's code: bench._paired);
     prints its figures, returns them (None on errors)."""
     total = args.requests * args.spans
-    print(f"\n--- serve --decoder {decoder}, OTLP/{transport}")
+    print(f"\n--- serve --decoder {decoder}, OTLP/{transport}{f' ({label})' if label else ''}")
     with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
-        serve = start_serve(Path(tmp), extra_args=("--decoder", decoder))
+        serve = start_serve(Path(tmp), extra_args=("--decoder", decoder), env=env)
         try:
             with MemorySampler(serve.process.pid) as sampler:
                 connect = _SENDERS[transport]
@@ -294,6 +308,19 @@ def _e2e(
     }
 
 
+def _two_sizes(text: str) -> tuple[int, int]:
+    """'SMALL,LARGE' spans per request (argparse type)."""
+    try:
+        small, large = (int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"want SMALL,LARGE spans per request, got {text!r}"
+        ) from None
+    if not 0 < small < large:
+        raise argparse.ArgumentTypeError(f"want 0 < SMALL < LARGE, got {small},{large}")
+    return small, large
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=20, help="requests to send (default 20)")
@@ -327,9 +354,27 @@ def main() -> int:
         "median round's and a summary line gives the spread (this machine's speed varies "
         "by ~30%% between runs)",
     )
+    ap.add_argument(
+        "--baseline-tree",
+        metavar="REF",
+        help="instead: the same requests against a serve running REF's code (a git worktree "
+        "made in a temp dir, this virtualenv), alternating which goes first, --rounds rounds; "
+        "prints each round's figures and ratio (this tree / REF) and the median ratio",
+    )
+    ap.add_argument(
+        "--compare-spans",
+        metavar="SMALL,LARGE",
+        type=_two_sizes,
+        help="instead: the same spans (--requests x --spans in all) as requests of SMALL and of "
+        "LARGE spans (e.g. 512,5000), alternating, --rounds rounds; prints the ratio SMALL / LARGE",
+    )
     args = ap.parse_args()
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
+    if args.baseline_tree and args.compare_spans:
+        ap.error("--baseline-tree and --compare-spans are two runs of their own: pick one")
+    if args.compare_spans:
+        return versus_sizes(args, build_request, _e2e)
 
     rng = random.Random(args.seed)
     base = time.time_ns()
@@ -338,6 +383,8 @@ def main() -> int:
     print(
         f"{args.requests} requests x {args.spans} spans, {sum(map(len, bodies)) / 1e6:.1f} MB protobuf"
     )
+    if args.baseline_tree:
+        return versus_tree(args, bodies, base, _e2e)
 
     t = time.perf_counter()
     for b in bodies:

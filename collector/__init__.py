@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from collector._topology import (
         AgentCardRef,
         Compatibility,
+        Enqueued,
         FilteredHistory,
         HistoryReport,
         QueuePosition,
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
         State,
         next_state,
     )
-    from collector.envelope import Envelope, EnvelopeError, EvidenceRef, Grant
+    from collector.envelope import Envelope, EnvelopeError, EvidencePolicy, EvidenceRef, Grant
     from collector.recorder import InMemoryRecorder
     from collector.tracer import Handoff, HandoffTracer
 
@@ -51,6 +52,7 @@ _WHERE = {
     "Compatibility": "collector._topology",
     "FilteredHistory": "collector._topology",
     "HistoryReport": "collector._topology",
+    "Enqueued": "collector._topology",
     "QueuePosition": "collector._topology",
     "ResultItems": "collector._topology",
     "compatibility": "collector._topology",
@@ -71,6 +73,7 @@ _WHERE = {
     "next_state": "collector.contract",
     "Envelope": "collector.envelope",
     "EnvelopeError": "collector.envelope",
+    "EvidencePolicy": "collector.envelope",
     "EvidenceRef": "collector.envelope",
     "Grant": "collector.envelope",
     "InMemoryRecorder": "collector.recorder",
@@ -85,9 +88,11 @@ __all__ = [
     "TRANSITIONS",
     "AgentCardRef",
     "Compatibility",
+    "Enqueued",
     "Envelope",
     "EnvelopeError",
     "Event",
+    "EvidencePolicy",
     "EvidenceRef",
     "FilteredHistory",
     "Grant",

@@ -28,7 +28,11 @@ class TransitionAttrs(TypedDict, total=False):
     on commit / resolve_committed; `read_back` / `conflicts` on verify / verify_fail (the
     receipt was read back from the receiver; what differed); `queue` on accept (the queue
     position, and the lag from the message's enqueue time to the transition);
-    `result_items` on results (expected vs returned items); `supported_versions` /
+    `result_items` on results (expected vs returned items); `result_fields` on results (the
+    field names the result returned, checked against the reply contract's must_return);
+    `tool_calls` on results (int >= 0: the tool calls used for the handoff so far, a running
+    total; the greatest is compared with the envelope's max_tool_calls);
+    `supported_versions` /
     `unknown_fields` on accept / reject (the consumer's window); `extra` adds other keys
     but never overrides the contract's identity keys.
     """
@@ -51,6 +55,8 @@ class TransitionAttrs(TypedDict, total=False):
     conflicts: Iterable[str] | None
     queue: QueuePosition | None
     result_items: ResultItems | None
+    result_fields: Iterable[str] | None
+    tool_calls: int | None
     supported_versions: Iterable[int] | None
     unknown_fields: Iterable[str] | None
     extra: Mapping[str, Any] | None
@@ -169,6 +175,8 @@ _SETTERS: Final[dict[str, _Setter]] = {
     "conflicts": _strs(sc.RECEIPT_CONFLICTS),
     "queue": _queue,
     "result_items": _result_items,
+    "result_fields": _strs(sc.RESULT_FIELDS),
+    "tool_calls": _int(sc.TOOL_CALLS, 0),
     "supported_versions": _versions,
     "unknown_fields": _strs(sc.ENVELOPE_UNKNOWN_FIELDS),
     "extra": _extra,

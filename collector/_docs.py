@@ -42,7 +42,8 @@ _ENVELOPE_NOTES: Final = {
     "idempotency_key": "dedup key of side effects",
     "deadline_ms": "int > 0, milliseconds",
     "max_tool_calls": "int >= 0",
-    "reply_contract": "what the reply must contain",
+    "reply_contract": "what the reply must contain: free text, or the structured object "
+    "`{text?, must_return?}`",
     "topology": ", ".join(f"`{t}`" for t in semconv.TOPOLOGIES),
     "causation_id": "the message/handoff that caused this one",
     "attempt": "int >= 1, per task and target; on spans 1 when absent",
@@ -56,6 +57,19 @@ _ENVELOPE_NOTES: Final = {
     "message_kind": ", ".join(f"`{k}`" for k in semconv.MESSAGE_KINDS),
     "schema_version": "int >= 0, the envelope schema the sender wrote; consumers compare it "
     "with the versions they support",
+    "evidence_policy": "object `{valid_after?, valid_before?, min_refs?, require_claims?}`: "
+    "each evidence ref's valid_at in [valid_after, valid_before) (ISO-8601 UTC), at least "
+    "min_refs refs, a claim on every ref; checked by the platform against the result; on "
+    "spans as `handoff.evidence_policy.*`",
+    "must_return": "the reply contract's field names a committed result must return "
+    "(results list theirs in `handoff.result.fields`); on spans as "
+    "`handoff.reply_contract.must_return`",
+    "message_id": "the sender's id of the message (an A2A message's messageId); on spans as "
+    "`handoff.message.id`",
+    "ttl_s": "int > 0, seconds the message stays deliverable",
+    "requires_ack": "bool: the receiver must accept or reject within ttl_s (then ttl_s is "
+    "required); late or never is `ack_missing`",
+    "payload_ref": "where a large payload is kept; on spans after the input filter",
 }
 
 
@@ -141,10 +155,12 @@ def render() -> str:
         "`opentelemetry.trace.get_tracer_provider()` and never sets it; with `supported_versions`",
         f"its `accept` and `reject` spans carry `{semconv.CONSUMER_SUPPORTED_VERSIONS}` and",
         f"`{semconv.ENVELOPE_UNKNOWN_FIELDS}` (the envelope's `extra` keys).",
-        "`create(envelope, at=None, *, history=None, agent_card=None)` adds a transfer's",
-        "`filter_history(...).report` and the `AgentCardRef` the sender relied on; `accept` takes",
+        "`create(envelope, at=None, *, history=None, agent_card=None, enqueued=None)` adds a",
+        "transfer's `filter_history(...).report`, the `AgentCardRef` the sender relied on and a",
+        "shared-queue producer's `Enqueued(queue, offset)`; `accept` takes",
         "`queue=QueuePosition(...)` (the lag ends at the accept), results take",
-        "`result_items=ResultItems(expected, returned)`; every span emitted inside",
+        "`result_items=ResultItems(expected, returned)` and `tool_calls=` (the running total;",
+        "`Handoff.count_tool_call()` keeps it and fills every later result); every span emitted inside",
         f"`with replaying():` carries `{semconv.REPLAY}=true`.",
         "Every event of the table is a method (`accept`, `reject`, `expire`, `timeout`, `start`,",
         "`prepare`, `commit`, `fail`, `verify`, `verify_fail`, `resolve_committed`, `resolve_failed`,",
@@ -201,7 +217,9 @@ def render() -> str:
     out += [
         "",
         "Any other (state, event) pair is illegal: a strict shim raises `IllegalTransition`",
-        "(no span, state unchanged); ingest stores what it observed and flags it.",
+        "(no span of it, state unchanged; the receiver's shim first records the refused",
+        "message as its `reject`, flagged `handoff.valid=false`, `handoff.error_code`",
+        "`conflict`); ingest stores what it observed and flags it.",
         "",
         f"## Envelope (`{PROTOCOL}`)",
         "",
@@ -293,6 +311,9 @@ def render() -> str:
         "A receiver refusing an",
         "envelope (`HandoffTracer.receive`) emits `reject` with `incompatible_protocol` (a",
         "protocol other than `aa-handoff/v1`), `missing_required_field` or `invalid_envelope`.",
+        "A strict receiver refusing a message its handoff's state does not allow (e.g. one",
+        "to a handoff that already ended) emits `reject` with `conflict`, flagged",
+        "`handoff.valid=false` (it never ends the handoff), then raises `IllegalTransition`.",
         "",
         "The a2a-sdk's refusals (`collector.a2a.a2a_error_code`; an HTTP status of a client",
         "error first, then the error class or its nearest listed base; anything else keeps",

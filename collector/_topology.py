@@ -1,6 +1,7 @@
 """Each topology's own attributes: frozen records and the pure functions that fill them.
 
-- shared queue: `QueuePosition` (the queue, the message's enqueue time, the consumed and the
+- shared queue: `Enqueued` (the queue and the offset the producer's message got) on
+  `create`; `QueuePosition` (the queue, the message's enqueue time, the consumed and the
   head offset) on `accept`; the lag is computed from the enqueue time to the transition's;
 - agent-as-tool: `ResultItems` (expected vs returned) on result events, `result_items()`
   counts them from a result;
@@ -31,6 +32,7 @@ from collector.envelope import TRANSPORT_KEYS, Envelope, utc_time_problem
 __all__ = [
     "AgentCardRef",
     "Compatibility",
+    "Enqueued",
     "FilteredHistory",
     "HistoryReport",
     "QueuePosition",
@@ -85,6 +87,23 @@ def _ns(name: str, value: Any) -> int:
 
 
 # -- shared queue -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueued:
+    """Where a producer put a message on a shared queue: `queue` (its name) and `offset` (the
+    position the message got). On the `create`, it lets the analytics see a message its
+    consumer never took (consumer_stalled) and how far behind a consumer is."""
+
+    queue: str
+    offset: int
+
+    def __post_init__(self) -> None:
+        _text("queue", self.queue)
+        _count("offset", self.offset)
+
+    def attributes(self) -> dict[str, Any]:
+        return {sc.QUEUE_NAME: self.queue, sc.QUEUE_OFFSET: self.offset}
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,11 +332,17 @@ class AgentCardRef:
 
 
 def create_attributes(
-    history: HistoryReport | None, agent_card: AgentCardRef | None
+    history: HistoryReport | None,
+    agent_card: AgentCardRef | None,
+    enqueued: Enqueued | None = None,
 ) -> dict[str, Any]:
     """The topology attributes of a `create`: a transfer's history report, the Agent Card the
-    sender relied on. TypeError on another type."""
+    sender relied on, a shared-queue producer's enqueue position. TypeError on another type."""
     a: dict[str, Any] = {}
+    if enqueued is not None:
+        if not isinstance(enqueued, Enqueued):
+            raise TypeError(f"enqueued: expected an Enqueued, got {type(enqueued).__name__}")
+        a.update(enqueued.attributes())
     if history is not None:
         if not isinstance(history, HistoryReport):
             raise TypeError(f"history: expected a HistoryReport, got {type(history).__name__}")

@@ -18,7 +18,9 @@ from typing import Any, Final
 from opentelemetry.trace import SpanContext, TraceFlags, TraceState
 
 from collector import semconv as sc
+from collector._message import message_attributes
 from collector._payload import envelope_payload_hash
+from collector._policy import contract_attributes
 from collector._redact import InputFilter
 from collector.contract import TRANSITIONS, Event, IllegalTransition, State
 from collector.envelope import MAX_TEXT_CHARS, Envelope, EnvelopeError, EvidenceRef, Grant
@@ -196,6 +198,8 @@ def envelope_attributes(env: Envelope, filt: InputFilter) -> dict[str, Any]:
         a[sc.PARENT_STATE] = filt.redact_text(env.parent_state)
     if env.reply_contract is not None:
         a[sc.REPLY_CONTRACT] = filt.redact_text(env.reply_contract)
+    a.update(contract_attributes(env.evidence_policy, env.must_return))
+    a.update(message_attributes(env, filt))
     return a
 
 

@@ -17,6 +17,8 @@ Rules (the generated table is in docs/semantic-conventions.md):
   `resolve_committed`; nothing once committed or verified.
 - `failed`: step to `failed` (accept, start, fail); from `unknown` it is `resolve_failed`.
 - `canceled`: `cancel` from any non-terminal state. `rejected`: `reject` from `created`.
+  The code such an end carries: `a2a_state_error_code` (a task its agent rejects refuses the
+  skill asked for: `unknown_capability`, unless the agent names another code).
 - `unknown` (A2A cannot tell): `timeout` into our `unknown` from created, accepted,
   running or prepared; nothing elsewhere.
 - An A2A state that contradicts a terminal handoff (`completed` after `failed`, `rejected`
@@ -36,9 +38,11 @@ __all__ = [
     "A2A_ERROR_CODES",
     "A2A_HTTP_CODES",
     "A2A_STATES",
+    "A2A_STATE_ERROR_CODES",
     "a2a_error_code",
     "a2a_event",
     "a2a_events",
+    "a2a_state_error_code",
     "normalize_a2a_state",
 ]
 
@@ -184,6 +188,16 @@ A2A_HTTP_CODES: Final = {
     504: "deadline",
 }
 _HTTP_RE: Final = re.compile(r"HTTP Error (\d{3})")
+#: A2A task state an agent ends a task in -> the `handoff.error_code` of the event it maps
+#: to (`fail`, `cancel`, `reject`). An agent that rejects a task it was sent says it will
+#: not perform it: the refusal of the skill asked for, `unknown_capability`, the code the
+#: Agent Card checks read (stale_agent_card, card_skill_refused). An agent that rejects
+#: for another reason names it (a2a_state_error_code's `stated`).
+A2A_STATE_ERROR_CODES: Final = {
+    "failed": "a2a_failed",
+    "canceled": "a2a_canceled",
+    "rejected": "unknown_capability",
+}
 
 
 def _snake(name: str) -> str:
@@ -207,3 +221,14 @@ def a2a_error_code(error: BaseException) -> str:
         if code is not None:
             return code
     return f"a2a_{_snake(type(error).__name__)}"
+
+
+def a2a_state_error_code(a2a_state: Any, stated: Any = None) -> str:
+    """The `handoff.error_code` of the event an A2A task state ends a handoff with
+    (A2A_STATE_ERROR_CODES; another state: `a2a_<state>`). `stated`: the code the agent put
+    on the task's status message (a non-empty str wins, stored as sent; anything else is
+    ignored). ValueError for an unknown A2A state."""
+    if isinstance(stated, str) and stated.strip():
+        return stated.strip()
+    name = normalize_a2a_state(a2a_state)
+    return A2A_STATE_ERROR_CODES.get(name, f"a2a_{name.replace('-', '_')}")

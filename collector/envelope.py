@@ -15,10 +15,12 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
 from typing import Any, Final
 
 from collector import semconv
+from collector._errors import EnvelopeError, utc_time_problem
+from collector._message import check_message_fields
+from collector._policy import EvidencePolicy, must_return_fields, split_reply_contract
 from collector.contract import PROTOCOL
 
 __all__ = [
@@ -29,6 +31,7 @@ __all__ = [
     "TRANSPORT_KEYS",
     "Envelope",
     "EnvelopeError",
+    "EvidencePolicy",
     "EvidenceRef",
     "Grant",
     "utc_time_problem",
@@ -45,35 +48,6 @@ TRANSPORT_KEYS: Final = frozenset({"traceparent", "tracestate", "state"})
 _PROTOCOL_RE: Final = re.compile(r"aa-handoff/v([0-9]{1,6})(?:\.([0-9]{1,6}))?")
 #: Upper bound on free-text fields (objective, reply_contract, ...), in characters.
 MAX_TEXT_CHARS: Final = 1_000_000
-
-
-class EnvelopeError(ValueError):
-    """A bad envelope: `field` names the offending field, `reason` says what is wrong, `code`
-    is the `handoff.error_code` of the receiver's refusal: `incompatible_protocol`,
-    `missing_required_field` or `invalid_envelope` (the default)."""
-
-    def __init__(self, field: str, reason: str, code: str = "invalid_envelope") -> None:
-        self.field = field
-        self.reason = reason
-        self.code = code
-        super().__init__(f"envelope field {field!r}: {reason}")
-
-
-_ZERO: Final = timedelta(0)
-
-
-def utc_time_problem(value: Any) -> str | None:
-    """None when `value` is an ISO-8601 time in UTC (`2026-12-01T10:00:00Z` or `+00:00`);
-    otherwise what is wrong with it, as a phrase to follow the field's name."""
-    if not isinstance(value, str):
-        return f"not an ISO-8601 UTC time: must be a string, got {type(value).__name__}"
-    try:
-        t = datetime.fromisoformat(value)
-    except ValueError:
-        return f"not an ISO-8601 UTC time: {value!r}"
-    if "T" not in value or t.utcoffset() != _ZERO:
-        return f"not an ISO-8601 UTC time (date, time and Z or +00:00 expected): {value!r}"
-    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,6 +251,12 @@ class Envelope:
     capability grant (a Grant, or its wire dict). Evidence `valid_at` and grant
     `expires_at` are ISO-8601 UTC times. `message_kind` is command|event|receipt;
     `schema_version` (int >= 0) the envelope schema the sender wrote.
+    `evidence_policy` (an EvidencePolicy, or its wire dict) and `must_return` (field names)
+    are what the platform checks the result against; on the wire `must_return` may also
+    come inside a structured `reply_contract` object (`{"text"?, "must_return"?}`).
+    The message fields (collector/_message.py): `message_id` and `payload_ref` non-empty
+    strings, `ttl_s` seconds (int >= 1) it stays deliverable, `requires_ack` (bool) that the
+    receiver accepts or rejects it within ttl_s (then ttl_s is required).
     `extra` holds unknown optional fields read from a newer wire version; they are kept and
     re-emitted but never interpreted. Raises EnvelopeError(field, reason) on bad input.
     """
@@ -307,6 +287,12 @@ class Envelope:
     payload_hash: str | None = None
     message_kind: str | None = None
     schema_version: int | None = None
+    evidence_policy: EvidencePolicy | None = None
+    must_return: tuple[str, ...] = ()
+    message_id: str | None = None
+    ttl_s: int | None = None
+    requires_ack: bool | None = None
+    payload_ref: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
@@ -352,8 +338,12 @@ class Envelope:
                 )
         if self.grant is not None and not isinstance(self.grant, Grant):
             object.__setattr__(self, "grant", Grant.coerce(self.grant))
+        if self.evidence_policy is not None:
+            object.__setattr__(self, "evidence_policy", EvidencePolicy.coerce(self.evidence_policy))
+        object.__setattr__(self, "must_return", must_return_fields(self.must_return))
         for name in ("max_tool_calls", "state_version", "fence_token", "schema_version"):
             _int_field(name, getattr(self, name), minimum=0)
+        check_message_fields(self.message_id, self.ttl_s, self.requires_ack, self.payload_ref)
         if self.message_kind is not None and self.message_kind not in semconv.MESSAGE_KINDS:
             raise EnvelopeError(
                 "message_kind",
@@ -417,8 +407,11 @@ class Envelope:
                     d[name] = [r.to_wire() for r in v]
             elif name == "constraints":
                 d[name] = dict(v)
-            elif name == "grant":
+            elif name in ("grant", "evidence_policy"):
                 d[name] = v.to_wire()
+            elif name == "must_return":
+                if v:
+                    d[name] = list(v)
             else:
                 d[name] = v
         return d
@@ -456,7 +449,22 @@ class Envelope:
                 raise EnvelopeError(name, f"must be a list, got {type(v).__name__}")
         if known.get("topology") is None:
             known.pop("topology", None)
+        _read_reply_contract(known)
         return cls(**known, extra=extra)
+
+
+def _read_reply_contract(known: dict[str, Any]) -> None:
+    """In place: a structured `reply_contract` object split into its text and
+    `must_return` (which must agree with a top-level `must_return`); a null must_return
+    dropped."""
+    text, nested = split_reply_contract(known.get("reply_contract"))
+    if "reply_contract" in known:
+        known["reply_contract"] = text
+    top = known.pop("must_return", None)
+    if top is not None and nested is not None and tuple(top) != nested:
+        raise EnvelopeError("must_return", "differs from reply_contract.must_return")
+    if top is not None or nested is not None:
+        known["must_return"] = top if top is not None else nested
 
 
 _FIELD_ORDER: Final = tuple(f for f in Envelope.__dataclass_fields__ if f != "extra")

@@ -14,9 +14,9 @@ __all__ = [
     "ARRAY_ATTRIBUTES",
     "BOOL_ATTRIBUTES",
     "ERROR_CODES",
+    "ERROR_CODE_OTHER",
     "ERROR_CODE_RETRY",
     "FINAL_ERROR_CODES",
-    "ERROR_CODE_OTHER",
     "INT_ARRAY_ATTRIBUTES",
     "INT_ATTRIBUTES",
     "MESSAGE_KINDS",
@@ -87,7 +87,8 @@ RECEIPT_READ_BACK: Final = "handoff.receipt.read_back"
 RECEIPT_CONFLICTS: Final = "handoff.receipt.conflicts"
 EXECUTION_ID: Final = "handoff.execution.id"
 EXECUTION_VERSION: Final = "handoff.execution.version"
-# shared queue / blackboard: the consumer's position (on accept)
+# shared queue / blackboard: the producer's enqueue (name, offset on create), the consumer's
+# position (on accept)
 QUEUE_NAME: Final = "handoff.queue.name"
 QUEUE_LAG_MS: Final = "handoff.queue.lag_ms"
 QUEUE_OFFSET: Final = "handoff.queue.offset"
@@ -291,7 +292,11 @@ WIRE_ATTRIBUTES: Final[tuple[AttrSpec, ...]] = (
         "evidence policy: each ref's valid_at before this time (ISO-8601 UTC)",
     ),
     AttrSpec(
-        EVIDENCE_POLICY_MIN_REFS, "int", "create", False, "evidence policy: fewest refs a result carries"
+        EVIDENCE_POLICY_MIN_REFS,
+        "int",
+        "create",
+        False,
+        "evidence policy: fewest refs a result carries",
     ),
     AttrSpec(
         EVIDENCE_POLICY_REQUIRE_CLAIMS,
@@ -319,7 +324,7 @@ WIRE_ATTRIBUTES: Final[tuple[AttrSpec, ...]] = (
         "int",
         "prepare / commit / resolve_committed",
         False,
-        "tool calls the receiver used for the result",
+        "tool calls the receiver used for the handoff up to this result (a running total)",
     ),
     AttrSpec(MESSAGE_ID, "string", "create", False, "message: the sender's id of the message"),
     AttrSpec(MESSAGE_TTL_S, "int", "create", False, "message: seconds it stays deliverable"),
@@ -341,7 +346,13 @@ WIRE_ATTRIBUTES: Final[tuple[AttrSpec, ...]] = (
         "identity of the execution that produced the result",
     ),
     AttrSpec(EXECUTION_VERSION, "string", "result", False, "version of the executing agent/model"),
-    AttrSpec(QUEUE_NAME, "string", "accept", False, "shared queue: the queue consumed from"),
+    AttrSpec(
+        QUEUE_NAME,
+        "string",
+        "create, accept",
+        False,
+        "shared queue: the queue enqueued to (create) or consumed from (accept)",
+    ),
     AttrSpec(
         QUEUE_LAG_MS,
         "int",
@@ -349,7 +360,14 @@ WIRE_ATTRIBUTES: Final[tuple[AttrSpec, ...]] = (
         False,
         "shared queue: ms from the message's enqueue time to its consumption",
     ),
-    AttrSpec(QUEUE_OFFSET, "int", "accept", False, "shared queue: the consumed position"),
+    AttrSpec(
+        QUEUE_OFFSET,
+        "int",
+        "create, accept",
+        False,
+        "shared queue: the position the producer's message got (create), the consumed "
+        "position (accept)",
+    ),
     AttrSpec(
         QUEUE_HEAD_OFFSET,
         "int",

@@ -27,7 +27,9 @@ from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, get_current
 
 from collector import semconv as sc
 from collector._attrs import transition_attributes
+from collector._events import EventMethods
 from collector._redact import InputFilter
+from collector._refused import refused_message_attributes
 from collector._topology import (
     as_versions,
     compatibility,
@@ -58,7 +60,7 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
     from collector._attrs import TransitionAttrs
-    from collector._topology import AgentCardRef, HistoryReport
+    from collector._topology import AgentCardRef, Enqueued, HistoryReport
 
 __all__ = [
     "INSTRUMENTATION_NAME",
@@ -75,7 +77,9 @@ class HandoffTracer:
 
     `tracer_provider`: any TracerProvider; None means `opentelemetry.trace.get_tracer_provider()`
     (read, never set). `strict`: raise IllegalTransition on an illegal event (state unchanged,
-    no span); lenient (False) emits it flagged `handoff.valid=false`, state unchanged.
+    no span of it; the receiver's tracer records the refused message as a flagged `reject`,
+    see `Handoff.transition`); lenient (False) emits it flagged `handoff.valid=false`, state
+    unchanged.
     `input_filter`: redacts envelope text at create (None: the default InputFilter).
     `clock`: returns int ns since the epoch (default time.time_ns); used when `at` is None.
     `supported_versions`: the envelope schema versions this agent consumes; when given,
@@ -119,14 +123,16 @@ class HandoffTracer:
         *,
         history: HistoryReport | None = None,
         agent_card: AgentCardRef | None = None,
+        enqueued: Enqueued | None = None,
     ) -> Handoff:
         """Start a handoff: emit its `create` span now (a child of the caller's current span,
         or a new trace's root) and return the Handoff in state `created`. The span carries
         `handoff.attempt` (the envelope's, 1 when it has none), a transfer's `history`
-        (`filter_history(...).report`) and the `agent_card` the sender relied on."""
+        (`filter_history(...).report`), the `agent_card` the sender relied on and, from a
+        shared-queue producer, where it `enqueued` the message (queue name and offset)."""
         if not isinstance(envelope, Envelope):
             raise TypeError(f"envelope: expected an Envelope, got {type(envelope).__name__}")
-        flag = create_attributes(history, agent_card)
+        flag = create_attributes(history, agent_card, enqueued)
         return self._create(envelope, at, flag)
 
     def retry(
@@ -241,9 +247,10 @@ class HandoffTracer:
 
 
 _CONSUMER_EVENTS: Final = frozenset({"accept", "reject"})
+_RESULT_EVENTS: Final = frozenset({"prepare", "commit", "resolve_committed"})
 
 
-class Handoff:
+class Handoff(EventMethods):
     """One handoff as seen by one agent. Each event method emits one span immediately.
 
     Methods take `at` (aware datetime or int ns since the epoch; None = the tracer's clock)
@@ -293,6 +300,8 @@ class Handoff:
         )
         self._last: tuple[str, dict[str, Any]] | None = None
         self._wire: dict[str, Any] | None = None
+        #: tool calls counted with count_tool_call (None: never counted)
+        self._tool_calls: int | None = None
 
     # -- identity ---------------------------------------------------------------------------
 
@@ -349,11 +358,14 @@ class Handoff:
         """Apply `event` and emit its span (start time `at`). Returns the state after.
 
         Raises IllegalTransition for an unknown event or `create` (both modes), and in strict
-        mode for an event the table does not allow from the current state (no span, state
-        unchanged). The keywords (`collector._attrs.TransitionAttrs` says what each means
-        and on which events it belongs; not checked against the event): ValueError naming
-        one with a wrong type, TypeError for an unknown one. On accept / reject of a tracer
-        with `supported_versions`, its window is added; inside `replaying()`,
+        mode for an event the table does not allow from the current state (state unchanged;
+        no span of that event, but a receiver's tracer, actor = the envelope's to_agent,
+        first emits its `reject` of the message, flagged valid=false with error_code
+        `conflict`: collector/_refused.py). The keywords (`collector._attrs.TransitionAttrs`
+        says what each means and on which events it belongs; not checked against the
+        event): ValueError naming one with a wrong type, TypeError for an unknown one. On
+        accept / reject of a tracer with `supported_versions`, its window is added; on a
+        result after `count_tool_call()`, the count; inside `replaying()`,
         `handoff.replay=true`.
         """
         start_ns = self._t._clock() if at is None else to_ns(at, self._t._clock)
@@ -368,6 +380,8 @@ class Handoff:
         if self._consumer is not None and event in _CONSUMER_EVENTS:
             for k, v in self._consumer.items():
                 a.setdefault(k, v)
+        if self._tool_calls is not None and event in _RESULT_EVENTS:
+            a.setdefault(sc.TOOL_CALLS, self._tool_calls)
         if is_replaying():
             a[sc.REPLAY] = True
         a[sc.EVENT] = event
@@ -379,6 +393,9 @@ class Handoff:
             if dst is None:
                 exc = IllegalTransition(src, event)
                 if self._strict:
+                    if self._t.actor == self.envelope.to_agent:  # the receiver's refusal
+                        r = refused_message_attributes(self._base, src, event, exc, self._consumer)
+                        self._emit(SPAN_NAME["reject"], r, start_ns)
                     raise exc
                 a[sc.TO_STATE] = EVENT_TARGET[event]
                 a[sc.VALID] = False
@@ -441,53 +458,3 @@ class Handoff:
         Handoff's tracer (so call it on the sender's Handoff: the sender creates): see
         `HandoffTracer.retry` (strict refuses while `unknown`)."""
         return self._t.retry(self, handoff_id, at, idempotency_key=idempotency_key, **changes)
-
-    # -- one method per event (the table in collector/contract.py decides legality) ---------
-
-    def accept(self, at: datetime | int | None = None, **attrs: Unpack[TransitionAttrs]) -> str:
-        return self.transition("accept", at, **attrs)
-
-    def reject(self, at: datetime | int | None = None, **attrs: Unpack[TransitionAttrs]) -> str:
-        return self.transition("reject", at, **attrs)
-
-    def expire(self, at: datetime | int | None = None, **attrs: Unpack[TransitionAttrs]) -> str:
-        return self.transition("expire", at, **attrs)
-
-    def timeout(self, at: datetime | int | None = None, **attrs: Unpack[TransitionAttrs]) -> str:
-        return self.transition("timeout", at, **attrs)
-
-    def start(self, at: datetime | int | None = None, **attrs: Unpack[TransitionAttrs]) -> str:
-        return self.transition("start", at, **attrs)
-
-    def prepare(self, at: datetime | int | None = None, **attrs: Unpack[TransitionAttrs]) -> str:
-        return self.transition("prepare", at, **attrs)
-
-    def commit(self, at: datetime | int | None = None, **attrs: Unpack[TransitionAttrs]) -> str:
-        return self.transition("commit", at, **attrs)
-
-    def fail(self, at: datetime | int | None = None, **attrs: Unpack[TransitionAttrs]) -> str:
-        return self.transition("fail", at, **attrs)
-
-    def verify(self, at: datetime | int | None = None, **attrs: Unpack[TransitionAttrs]) -> str:
-        return self.transition("verify", at, **attrs)
-
-    def verify_fail(
-        self, at: datetime | int | None = None, **attrs: Unpack[TransitionAttrs]
-    ) -> str:
-        return self.transition("verify_fail", at, **attrs)
-
-    def resolve_committed(
-        self, at: datetime | int | None = None, **attrs: Unpack[TransitionAttrs]
-    ) -> str:
-        return self.transition("resolve_committed", at, **attrs)
-
-    def resolve_failed(
-        self, at: datetime | int | None = None, **attrs: Unpack[TransitionAttrs]
-    ) -> str:
-        return self.transition("resolve_failed", at, **attrs)
-
-    def cancel(self, at: datetime | int | None = None, **attrs: Unpack[TransitionAttrs]) -> str:
-        return self.transition("cancel", at, **attrs)
-
-    def escalate(self, at: datetime | int | None = None, **attrs: Unpack[TransitionAttrs]) -> str:
-        return self.transition("escalate", at, **attrs)

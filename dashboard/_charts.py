@@ -26,11 +26,13 @@ __all__ = [
     "trend_figure",
 ]
 
-#: (column in funnel(), label) in funnel order: S ⊇ A ⊇ E ⊇ V ⊇ K.
+#: (column in funnel(), label) in funnel order: S ⊇ A ⊇ E ⊇ V ⊇ K, and between E and V the
+#: results whose evidence the emitter marked valid (V counts those the checks then passed).
 FUNNEL_STAGES = (
     ("settled", "Settled"),
     ("accepted", "Accepted"),
     ("executed", "Executed"),
+    ("evidence_claimed", "Evidence claimed"),
     ("evidenced", "Evidenced"),
     ("committed", "Committed"),
 )

@@ -40,6 +40,7 @@ __all__ = [
     "rejection_spikes",
     "rejections",
     "source",
+    "sustained_rejections",
     "task_handoffs",
     "task_stats",
     "tenant_split",
@@ -210,6 +211,20 @@ def rejection_spikes(
     """analytics.rejection_spikes: the hours and groups whose rejection rate spiked."""
     return _call(
         analytics.rejection_spikes,
+        store,
+        database,
+        window=_window(start, end, as_of),
+        tenant=tenant,
+    )
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False, max_entries=64)
+def sustained_rejections(
+    store: str, database: str, start: str, end: str, as_of: str | None, tenant: str | None = None
+) -> pd.DataFrame:
+    """analytics.sustained_rejections: the runs of hours whose rejection rate stayed high."""
+    return _call(
+        analytics.sustained_rejections,
         store,
         database,
         window=_window(start, end, as_of),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 import re
 from bisect import bisect_left
-from collections.abc import Callable, Collection, Hashable, Iterable, Iterator
+from collections.abc import Callable, Container, Hashable, Iterable, Iterator
 from dataclasses import dataclass
 from heapq import merge
 from itertools import islice
@@ -22,7 +22,15 @@ _DEPTH = 256  # bounded walks up the span tree
 
 class TraceIndex:
     """The spans of one trace: `get`, `parent`, `children`, `ancestors`, `nearest`,
-    `outermost`. Walks up the tree stop after 256 spans (a cycle of parent links ends)."""
+    `outermost`, `is_ancestor`, `ancestor_ids`. Walks up the tree stop after 256 spans (a
+    cycle of parent links ends).
+
+    Cost: `is_ancestor` (and `in ancestor_ids(...)`) is O(1), from entry and exit numbers of
+    one depth-first walk of the tree (made at the first call); `nearest` is O(1) amortised
+    per predicate, memoised along the path it walks. So rules asking them once per handoff
+    stay linear in a trace's spans however deep its runs nest (a walk per question cost
+    O(spans x depth), up to the 256 cap). Spans in or under a cycle of parent links are
+    outside the tree walk and are answered by walking (bounded) as before."""
 
     def __init__(self, spans: Iterable[SpanRecord]) -> None:
         self.spans = tuple(sorted(spans, key=lambda s: (s.start_ns, s.span_id)))
@@ -30,6 +38,8 @@ class TraceIndex:
         self._children: dict[str, list[SpanRecord]] = {}
         for s in self.spans:
             self._children.setdefault(s.parent_span_id, []).append(s)
+        self._tour: dict[str, tuple[int, int, int]] | None = None
+        self._near: dict[Callable[[SpanRecord], bool], dict[str, SpanRecord | None]] = {}
 
     def get(self, span_id: str) -> SpanRecord | None:
         return self._by_id.get(span_id)
@@ -47,7 +57,88 @@ class TraceIndex:
             cur = self.parent(cur)
 
     def nearest(self, span: SpanRecord, pred: Callable[[SpanRecord], bool]) -> SpanRecord | None:
-        return next((a for a in self.ancestors(span) if pred(a)), None)
+        """The first of `ancestors(span)` for which `pred` holds (memoised per `pred`: pass
+        the same function object each time, and one whose answer for a span never changes)."""
+        parent = self.parent(span)
+        if parent is None:
+            return None
+        if pred(parent):
+            return parent
+        tour = self._walked()
+        if parent.span_id not in tour:  # in or under a cycle
+            return next((a for a in self.ancestors(span) if pred(a)), None)
+        found = self._nearest_above(parent, pred)
+        if found is None or tour[parent.span_id][2] - tour[found.span_id][2] > _DEPTH - 1:
+            return None
+        return found
+
+    def is_ancestor(self, span_id: str, span: SpanRecord) -> bool:
+        """Whether the span `span_id` is one of `ancestors(span)`."""
+        parent = self.parent(span)
+        if parent is None:
+            return False
+        if parent.span_id == span_id:
+            return True
+        tour = self._walked()
+        a, p = tour.get(span_id), tour.get(parent.span_id)
+        if a is None or p is None:  # in or under a cycle
+            return any(x.span_id == span_id for x in self.ancestors(span))
+        return a[0] < p[0] and p[1] <= a[1] and p[2] - a[2] <= _DEPTH - 1
+
+    def ancestor_ids(self, span: SpanRecord) -> Container[str]:
+        """The span ids of `ancestors(span)`, as a container (`in` is O(1))."""
+        return _AncestorIds(self, span)
+
+    def _walked(self) -> dict[str, tuple[int, int, int]]:
+        """span id -> (entry, exit, depth) in a depth-first walk from the spans whose parent
+        is not stored, following `_by_id` (as `ancestors` does); spans in or under a cycle
+        of parent links are not reached."""
+        if self._tour is None:
+            kids: dict[str, list[str]] = {}
+            roots = []
+            for sid, s in self._by_id.items():
+                if s.parent_span_id in self._by_id:
+                    kids.setdefault(s.parent_span_id, []).append(sid)
+                else:
+                    roots.append(sid)
+            tour: dict[str, tuple[int, int, int]] = {}
+            entry: dict[str, tuple[int, int]] = {}
+            clock = 0
+            for root in roots:
+                stack = [(root, 0, False)]
+                while stack:  # iterative: traces may be deeper than Python's recursion
+                    sid, depth, done = stack.pop()
+                    if done:
+                        tour[sid] = (entry[sid][0], clock, depth)
+                        clock += 1
+                        continue
+                    entry[sid] = (clock, depth)
+                    clock += 1
+                    stack.append((sid, depth, True))
+                    stack.extend((k, depth + 1, False) for k in kids.get(sid, ()))
+            self._tour = tour
+        return self._tour
+
+    def _nearest_above(
+        self, span: SpanRecord, pred: Callable[[SpanRecord], bool]
+    ) -> SpanRecord | None:
+        """The nearest proper ancestor of `span` (a span of the tree walk) for which `pred`
+        holds, at any depth; every span walked past on the way gets the same answer."""
+        memo = self._near.setdefault(pred, {})
+        path: list[str] = []
+        cur, found = span, None
+        while cur.span_id not in memo:
+            path.append(cur.span_id)
+            up = self.parent(cur)
+            if up is None or pred(up):
+                found = up
+                break
+            cur = up
+        else:
+            found = memo[cur.span_id]
+        for sid in path:
+            memo[sid] = found
+        return found
 
     def outermost(self, span: SpanRecord, pred: Callable[[SpanRecord], bool]) -> SpanRecord:
         """The outermost ancestor-or-self for which `pred` holds without a gap."""
@@ -89,7 +180,7 @@ class Runs:
     def claim(self, span: SpanRecord) -> None:
         self.claimed.add(span.span_id)
 
-    def first(self, key: Hashable, after_ns: int, skip: Collection[str] = ()) -> SpanRecord | None:
+    def first(self, key: Hashable, after_ns: int, skip: Container[str] = ()) -> SpanRecord | None:
         """The earliest span of group `key` starting at or after `after_ns`, neither claimed
         nor in `skip` (span ids; each skipped span costs one step, so keep `skip` small)."""
         group = self._groups.get(key)
@@ -111,6 +202,17 @@ class Runs:
         for p in path:
             jump[p] = i
         return i
+
+
+@dataclass(frozen=True, slots=True)
+class _AncestorIds:
+    """`span_id in` this: TraceIndex.is_ancestor(span_id, span)."""
+
+    trace: TraceIndex
+    span: SpanRecord
+
+    def __contains__(self, span_id: object) -> bool:
+        return isinstance(span_id, str) and self.trace.is_ancestor(span_id, self.span)
 
 
 @dataclass(frozen=True, slots=True)

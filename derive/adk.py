@@ -120,7 +120,7 @@ def adk_rule(trace: TraceIndex) -> list[Observed]:
         if not from_agent:
             continue
         workflow = trace.nearest(t, _is_workflow)
-        up = {a.span_id for a in trace.ancestors(t)}
+        up = trace.ancestor_ids(t)
         scope = workflow.span_id if workflow is not None else None
         named = transfer_target(t)
         if named is not None:

@@ -108,7 +108,7 @@ def genai_rule(trace: TraceIndex) -> list[Observed]:
         mode = "escalate" if kind == "human" else _MODES.get(t.attr(TRANSFER_MODE), "transfer")
         nxt = None
         if to_agent is not None and kind != "human":
-            up = {a.span_id for a in trace.ancestors(t)}
+            up = trace.ancestor_ids(t)
             # a run naming this source as its caller, else one naming no caller
             nxt = runs.first((kind, to_agent, from_agent), t.start_ns, skip=up) or runs.first(
                 (kind, to_agent, ""), t.start_ns, skip=up
@@ -118,7 +118,7 @@ def genai_rule(trace: TraceIndex) -> list[Observed]:
         if nxt is not None:
             runs.claim(nxt)
             made_by[nxt.span_id] = handoff_id
-            if any(a.span_id == t.span_id for a in trace.ancestors(nxt)):
+            if trace.is_ancestor(t.span_id, nxt):
                 # the target ran inside the tool call (an agent used as a tool): control
                 # returns to the caller, and the handoff is accepted when that run starts,
                 # not at the tool span's end (after the run's results: clock_skew)

@@ -138,7 +138,7 @@ def strands_rule(trace: TraceIndex) -> list[Observed]:
             continue
         swarm = trace.nearest(t, _is_swarm)
         scope = swarm.span_id if swarm is not None else None
-        up = {a.span_id for a in trace.ancestors(t)}
+        up = trace.ancestor_ids(t)
         named = handoff_target(t)
         # the swarm runs the handed-to node after the source node's run ends
         after = enclosing.end_ns if enclosing is not None else t.end_ns

@@ -108,6 +108,13 @@ MIN_FREE_DISK_BYTES: Final = Setting(
     str(16 * 1024 * 1024),
     "embedded store: free disk below which inserts wait (serve answers 503) instead of writing",
 )
+MAX_ACTIVE_PARTS: Final = Setting(
+    "HANDOFFS_MAX_ACTIVE_PARTS",
+    "300",
+    "while a partition of a table holds more active parts (count) than this, serve answers new "
+    "requests 503 + Retry-After until merges catch up; keep it below the engine's "
+    "parts_to_delay_insert (1000) and parts_to_throw_insert (3000); 0 = no limit",
+)
 DECODER: Final = Setting(
     "HANDOFFS_DECODER",
     "auto",
@@ -292,6 +299,7 @@ ENV: Final = (
     SPOOL_MAX_BYTES,
     DECODER,
     MIN_FREE_DISK_BYTES,
+    MAX_ACTIVE_PARTS,
     MERGE_NICE,
     QUERY_THREAD_NICE,
     MALLOC_ARENAS,

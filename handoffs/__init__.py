@@ -1,4 +1,7 @@
-"""Handoff Observatory application layer: settings, store access, CLI routing, demo."""
+"""Handoff Observatory's shell, the top layer: the `handoffs` command line (`handoffs.cli`:
+routing only, each package registers its own subcommands), `handoffs simulate` and
+`handoffs demo` (`handoffs.demo`: serve, simulated agents and the dashboard) and the
+traffic simulator (`handoffs.simulator`). Settings and store access are `foundation`'s."""
 
 __all__ = ["__version__"]
 

@@ -27,6 +27,7 @@ _COMMAND_MODULES = (
     "analytics._evidence_cli",  # evidence
     "analytics._alerts_cli",  # alerts check, watch
     "analytics._rejections_cli",  # rejections, refusals
+    "analytics._keyless_cli",  # keyless
     "analytics._blind_cli",  # blind-spots
     "dashboard._cli",  # dashboard
     "handoffs._demo_cli",  # simulate, demo

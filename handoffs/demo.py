@@ -33,11 +33,20 @@ from handoffs.simulator import (
     run_live,
 )
 
-__all__ = ["DEMO_TENANTS", "DemoOptions", "demo_tokens", "run_demo"]
+__all__ = ["DEMO_TENANTS", "DemoOptions", "demo_env", "demo_tokens", "run_demo"]
 
 _S = 1_000_000_000
 #: Demo tenants and their traffic share; each gets the bearer token `demo-<tenant>`.
 DEMO_TENANTS = {"acme": 0.5, "globex": 0.3, "initech": 0.2}
+
+
+def demo_env() -> dict[str, str]:
+    """The settings the demo's serve and dashboard run with: the demo tenants' policy
+    requires a grant on every handoff that asks for capabilities (missing_grant), unless
+    HANDOFFS_REQUIRE_GRANTS is set already."""
+    from foundation import settings
+
+    return {settings.REQUIRE_GRANTS.env: os.environ.get(settings.REQUIRE_GRANTS.env) or "1"}
 
 
 def demo_tokens(tenants: dict[str, float] | None = None) -> dict[str, str]:
@@ -111,6 +120,7 @@ def run_demo(
             otlp_port=opts.otlp_port or free_port(),
             query_port=opts.query_port or free_port(),
             extra_args=("--signing-key", str(key)),
+            env=demo_env(),
         )
     except RuntimeError as exc:
         print(f"handoffs demo: serve did not start: {str(exc).splitlines()[0]}", file=sys.stderr)
@@ -124,6 +134,11 @@ def run_demo(
     )
     # serve keeps its read token in <data>/query-token and tells this user's CLI where
     print(f"CLI while it runs: handoffs metrics --store {serve.query_url}", file=out, flush=True)
+    print(
+        "grants are required here (HANDOFFS_REQUIRE_GRANTS=1: missing_grant); set it for the CLI too",
+        file=out,
+        flush=True,
+    )
     print(f"evidence packages are signed: verify with --public-key {pub}", file=out, flush=True)
     dash: subprocess.Popen | None = None
     stats: EmitStats | None = None
@@ -280,7 +295,7 @@ def _start_dashboard(
     log = open(fd, "wb")  # noqa: SIM115 - the child keeps writing to it
     # the token goes in the environment (HANDOFFS_PASSWORD), not argv, which any local user
     # can read
-    env = dict(os.environ)
+    env = {**os.environ, **demo_env()}
     if read_token:
         env["HANDOFFS_PASSWORD"] = read_token
     proc = subprocess.Popen(

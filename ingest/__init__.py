@@ -2,7 +2,8 @@
 
 Pure parts: decode_request / decode_protobuf / decode_json (OTLP -> otel_traces columns,
 validated), check_handoff_span, write_batch (one idempotent ingest batch), ingest_requests /
-read_requests (files). Shells: Spool, Ingestor, the OTLP receivers. Test data: ingest.testing.
+read_requests (files). Shells: Spool, Ingestor, the OTLP receivers, PartsWatch (their gate:
+503 while a table holds too many active parts). Test data: ingest.testing.
 """
 
 from typing import TYPE_CHECKING
@@ -29,6 +30,8 @@ _WHERE = {
     "GrpcConfig": "ingest._otlp_grpc",
     "start_grpc_server": "ingest._otlp_grpc",
     "Telemetry": "ingest._telemetry",
+    "PartsWatch": "ingest._parts",
+    "TooManyParts": "ingest._parts",
     "Stager": "ingest.chdb",
     "StoreUnavailable": "foundation.store",
     "Spool": "ingest._spool",
@@ -63,6 +66,7 @@ if TYPE_CHECKING:
     from ingest._files import IngestSummary, ingest_requests, read_requests
     from ingest._otlp_grpc import GrpcConfig, start_grpc_server
     from ingest._otlp_http import OtlpConfig, make_otlp_server
+    from ingest._parts import PartsWatch, TooManyParts
     from ingest._service import OVERLAP_MAX_RSS, SQL_MIN_BYTES, Ingestor
     from ingest._spool import Spool, SpoolFull, SpoolLocked, SpoolRecord
     from ingest._telemetry import Telemetry
@@ -84,6 +88,7 @@ __all__ = [
     "IngestSummary",
     "Ingestor",
     "OtlpConfig",
+    "PartsWatch",
     "Reject",
     "Spool",
     "SpoolFull",
@@ -92,6 +97,7 @@ __all__ = [
     "Stager",
     "StoreUnavailable",
     "Telemetry",
+    "TooManyParts",
     "check_handoff_span",
     "decode_json",
     "decode_protobuf",

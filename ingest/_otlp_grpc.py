@@ -11,7 +11,8 @@ unknown token; INVALID_ARGUMENT for a message that is not an ExportTraceServiceR
 RESOURCE_EXHAUSTED (from grpc, without RetryInfo: not to be retried) for a message over
 max_message_bytes, compressed or decompressed; UNAVAILABLE with a google.rpc.RetryInfo detail
 when the spool is full or cannot be written (disk full) or the store is failing (back-pressure:
-retry after RETRY_AFTER_S); INTERNAL for anything else. Never OK for what is not spooled.
+retry after RETRY_AFTER_S), or `GrpcConfig.admit` refuses (too many parts, ingest._parts:
+retry after its own delay); INTERNAL for anything else. Never OK for what is not spooled.
 """
 
 from __future__ import annotations
@@ -33,12 +34,13 @@ from foundation.store import StoreUnavailable
 from ingest._auth import Unauthenticated, tenant_for
 from ingest._decode import PROTOBUF, DecodeError
 from ingest._otlp_http import RETRY_AFTER_S
+from ingest._parts import TooManyParts
 from ingest._spool import SpoolFull
 from ingest._telemetry import Refusal as Refused
 from ingest._telemetry import Telemetry, credential_label
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
     from ingest._decode import DecodedBatch
     from ingest._service import Ingestor
@@ -79,12 +81,14 @@ DEFAULT_WORKERS: Final = 8
 class GrpcConfig:
     """`tokens` maps bearer token -> tenant (empty: no auth, `default_tenant`);
     `max_message_bytes` bounds a request before and after decompression (bytes);
-    `workers` is the number of Export calls handled at once."""
+    `workers` is the number of Export calls handled at once; `admit` is called before a
+    call's message is submitted and raises TooManyParts to refuse it."""
 
     max_message_bytes: int
     tokens: dict[str, str] = field(default_factory=dict)
     default_tenant: str = "default"
     workers: int = DEFAULT_WORKERS
+    admit: Callable[[], None] | None = None
 
     def __post_init__(self) -> None:
         if self.max_message_bytes < 1:
@@ -128,6 +132,8 @@ def refusal_for(exc: BaseException) -> Refusal:
         return Refusal(grpc.StatusCode.INVALID_ARGUMENT, str(exc), reason="undecodable")
     if isinstance(exc, SpoolFull):
         return Refusal(grpc.StatusCode.UNAVAILABLE, str(exc), RETRY_AFTER_S, "spool_full")
+    if isinstance(exc, TooManyParts):
+        return Refusal(grpc.StatusCode.UNAVAILABLE, str(exc), exc.retry_after_s, "too_many_parts")
     if isinstance(exc, StoreUnavailable):
         return Refusal(grpc.StatusCode.UNAVAILABLE, str(exc), RETRY_AFTER_S, "store_unavailable")
     if isinstance(exc, OSError):  # the spool could not be written (disk full, I/O error)
@@ -200,6 +206,8 @@ class _TraceService(TraceServiceServicer):
             tenant = tenant_from_metadata(
                 context.invocation_metadata(), self.config.tokens, self.config.default_tenant
             )
+            if self.config.admit is not None:
+                self.config.admit()
             with self.ingestor.receiving(PROTOBUF, len(request)):
                 decoded = self.ingestor.submit(request, PROTOBUF, tenant=tenant)
         except Exception as exc:  # never OK for what was not spooled

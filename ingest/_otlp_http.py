@@ -5,7 +5,8 @@ Status codes follow the OTLP/HTTP spec: 200 (with partial_success when some span
 rejected), 400 bad data or bad request_framing, 401 missing/unknown bearer token, 404 unknown path,
 405 (with `Allow`) another method on a known path, 411 neither Content-Length nor chunked,
 413 body over max_body_bytes (as sent, or after gunzip), 415 unknown Content-Type or
-Content-Encoding, 503 + Retry-After when the spool is full or the store is failing. Error
+Content-Encoding, 503 + Retry-After when the spool is full, the store is failing, or (before
+the body is decoded) `OtlpConfig.admit` refuses: too many parts (ingest._parts). Error
 bodies are google.rpc.Status (protobuf or JSON, matching the request).
 
 Bodies are read by foundation.http_body: a Content-Length or `Transfer-Encoding: chunked` (what
@@ -35,10 +36,13 @@ from foundation.http_body import BodyError, BodyReader, Framing, gunzip, request
 from foundation.store import StoreUnavailable
 from ingest._auth import Unauthenticated, tenant_for
 from ingest._decode import JSON, PROTOBUF, DecodeError
+from ingest._parts import TooManyParts
 from ingest._spool import SpoolFull
 from ingest._telemetry import Refusal, Telemetry, credential_label
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ingest._decode import DecodedBatch
     from ingest._service import Ingestor
 
@@ -73,12 +77,14 @@ _DRAIN_MAX: Final = 256 * 1024 * 1024  # bytes of a refused body discarded befor
 @dataclass(frozen=True, slots=True)
 class OtlpConfig:
     """`tokens` maps bearer token -> tenant; empty means no auth and tenant 'default'.
-    `health_info`: fields the process adds to every /health answer (e.g. `query_auth`)."""
+    `health_info`: fields the process adds to every /health answer (e.g. `query_auth`).
+    `admit`: called before an export's body is read; raises TooManyParts to refuse it (503)."""
 
     max_body_bytes: int
     tokens: dict[str, str]
     default_tenant: str = "default"
     health_info: dict[str, str] = field(default_factory=dict)
+    admit: Callable[[], None] | None = None
 
 
 class _HttpError(Exception):
@@ -175,7 +181,7 @@ class _Handler(BaseHTTPRequestHandler):
         )
         extra = dict(extra or {})
         if status == 503:
-            extra["Retry-After"] = str(RETRY_AFTER_S)
+            extra.setdefault("Retry-After", str(RETRY_AFTER_S))
         if status == 401:
             extra["WWW-Authenticate"] = 'Bearer realm="handoffs"'
         code = _RPC_CODES.get(status, 2)
@@ -294,6 +300,13 @@ class _Handler(BaseHTTPRequestHandler):
             )
         if not fr.declared:
             raise _HttpError(411, "Content-Length is required (or Transfer-Encoding: chunked)")
+        if self.config.admit is not None:
+            try:  # before reading and decoding: overload costs no decode
+                self.config.admit()
+            except TooManyParts as exc:
+                raise _HttpError(
+                    503, str(exc), {"Retry-After": str(exc.retry_after_s)}, reason="too_many_parts"
+                ) from None
         limit = self.config.max_body_bytes
         with self.ingestor.receiving(fmt, fr.length):
             body = reader.read(limit)

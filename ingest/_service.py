@@ -4,8 +4,9 @@
 precedes durability. Each request is one ingest batch whose id derives from tenant and body,
 so a retried request or a replayed record maps to the same batch and is stored once (known
 batch ids are skipped). One writer thread takes what is queued and writes it as the pure
-planner (ingest._planner) says: groups of the requests of one tenant and decoder (one insert
-per table), two halves at once, requests arriving during a write alongside it. A group's member
+planner (ingest._planner) says: groups of the requests of one decoder, whatever their
+tenants (every row carries its tenant; one insert per table), two halves at once, requests
+arriving during a write alongside it. A group's member
 list is logged durably in the spool before the write, so a replay after a crash rebuilds the
 same group and its dedup token. A failing store is retried with backoff; while it fails,
 submit refuses new work (503) instead of accepting it blindly. Which failures park a group

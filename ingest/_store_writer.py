@@ -61,9 +61,10 @@ class Pending:
 
 
 class StoreWriter(Protocol):
-    """Writes one group (all of one tenant, in order) into `database`. `write` is
-    `write_data` then `write_chain`. Every insert is idempotent under `token`, so a group
-    written again after a failure stores nothing twice. Raise what the client raises."""
+    """Writes one group (in spool order; its requests may be of several tenants, every row
+    carries its own) into `database`. `write` is `write_data` then `write_chain`. Every
+    insert is idempotent under `token`, so a group written again after a failure stores
+    nothing twice. Raise what the client raises."""
 
     def write(
         self,

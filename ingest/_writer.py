@@ -168,7 +168,8 @@ def write_group(
     prev_chain: str,
     source: str,
 ) -> list[BatchResult]:
-    """Insert several requests of one tenant with one insert per table; idempotent per token.
+    """Insert several requests (of any tenants: each member's rows carry its own) with one
+    insert per table; idempotent per token.
 
     Each member keeps its own ingest batch (IngestBatch / ingest_batch columns, one chained
     ingest_batches row each, in the given order); `token` (deterministic for the member set)

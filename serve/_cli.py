@@ -85,11 +85,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         f"(env {settings.MIN_FREE_DISK_BYTES.env}, default 16 MiB)",
     )
     p.add_argument(
+        "--max-active-parts",
+        type=int,
+        help="while a table's partition holds more active parts than this, new requests get 503 "
+        "+ Retry-After until merges catch up (before the engine slows inserts at 1000 and "
+        f"refuses them at 3000); 0 = no limit (env {settings.MAX_ACTIVE_PARTS.env}, default 300)",
+    )
+    p.add_argument(
         "--merge-nice",
         type=int,
         help="embedded store: nice value 0-19 of ClickHouse's background merge threads; under "
         "full load serve stores spans first and merges catch up when load eases (the store "
-        "slows inserts itself if parts pile up); 0 = merges at serve's priority "
+        "refuses new requests if parts pile up: --max-active-parts); 0 = merges at serve's priority "
         f"(env {settings.MERGE_NICE.env}, default 10)",
     )
     p.add_argument(
@@ -157,6 +164,15 @@ def _tuning_help() -> str:
 def _non_negative(name: str, value: int) -> int:
     if value < 0:
         raise ValueError(f"--{name} must be 0 or more bytes, got {value}")
+    return value
+
+
+def _max_active_parts(args: argparse.Namespace) -> int:
+    value = settings.resolve_int(settings.MAX_ACTIVE_PARTS, args.max_active_parts)
+    if value < 0:
+        raise ValueError(
+            f"--max-active-parts must be 0 or more (parts in one partition), got {value}"
+        )
     return value
 
 
@@ -320,6 +336,7 @@ def _serve(args: argparse.Namespace) -> int:
                 "min-free-disk-bytes",
                 settings.resolve_int(settings.MIN_FREE_DISK_BYTES, args.min_free_disk_bytes),
             ),
+            max_active_parts=_max_active_parts(args),
             # this process is serve: its tuning may act on the whole process
             tuning=Tuning.resolve(merge_nice=args.merge_nice),
             metrics_top_pairs=_metrics_top_pairs(args),

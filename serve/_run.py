@@ -4,7 +4,16 @@ Start: check and make its directories private (serve._private), open the store, 
 schema, replay the spool a crash left, then listen. The query port takes a read token:
 the configured ones, else an operator token kept in `<store dir>/query-token` and announced
 to this user's local readers (foundation.read_token), unless `query_port_open`.
-SIGTERM / SIGINT: stop accepting, store everything spooled, exit 0.
+SIGTERM / SIGINT: stop accepting, store everything spooled, exit 0 (1 when some of it could
+not be stored: it stays spooled for the next start).
+
+Threads: the two accept loops (`http-0` OTLP/HTTP, `http-1` the query port) and a thread
+per connection, the OTLP/gRPC workers, ingest's writer (with its short-lived helpers) and
+the chDB stager, `parts-watch`, `derive`, `anomaly-settle` and `ledger-signer`. This
+function's thread waits for the stop event, then stops them in order: derive, settle, the
+receivers, the writer (it drains the queue), the parts watch, the signer (a last head), the
+spool, the query port, the stager. What each thread owns, what wakes it, how it stops and which locks it takes:
+docs/design.md, "Threads".
 """
 
 from __future__ import annotations
@@ -68,6 +77,9 @@ class ServeConfig:
     #: embedded store: ClickHouse refuses an insert (serve answers 503 and retries) when less
     #: than this much disk is free, instead of writing parts into a full disk
     min_free_disk_bytes: int = 16 * 1024 * 1024
+    #: while a table's partition holds more active parts than this, new requests get 503 +
+    #: Retry-After (ingest._parts; 0 = no limit)
+    max_active_parts: int = int(settings.MAX_ACTIVE_PARTS.default)
     #: bounds on every query of the query port (default: the HANDOFFS_QUERY_* variables)
     query_limits: QueryLimits = field(default_factory=QueryLimits)
     #: process tuning (serve._tuning), applied to the whole process; Tuning.off() = none.
@@ -193,6 +205,25 @@ def _start_settler(cfg: ServeConfig):
     return settler
 
 
+def _start_parts_watch(cfg: ServeConfig, ingestor: Ingestor):
+    """The parts watch (ingest._parts), started; None with a warning when there is no limit."""
+    from ingest import PartsWatch
+
+    if cfg.max_active_parts == 0:
+        log.warning("serve: no active parts limit (%s=0): under overload the engine slows, then "
+                    "refuses, inserts", settings.MAX_ACTIVE_PARTS.env)  # fmt: skip
+        return None
+    spec = cfg.store
+    watch = PartsWatch(
+        lambda: connect(spec),
+        spec.database,
+        limit=cfg.max_active_parts,
+        writes=lambda: ingestor.stats["writes"],
+    )
+    watch.start()
+    return watch
+
+
 def run_serve(
     cfg: ServeConfig, *, ready: threading.Event | None = None, stop: threading.Event | None = None
 ) -> int:
@@ -241,6 +272,10 @@ def run_serve(
         )
     telemetry = Telemetry()  # one for both receivers: GET /metrics on the HTTP port
     telemetry.watch(ingestor)
+    parts = _start_parts_watch(cfg, ingestor)  # the receivers' gate: 503 past too many parts
+    if parts is not None:
+        telemetry.registry.register(parts)  # handoffs_store_active_parts etc. on GET /metrics
+    admit = parts.admit if parts is not None else None
     funnel = None
     if cfg.metrics_top_pairs > 0:  # the handoff funnel on GET /metrics, read from the store
         from serve._funnel_metrics import FunnelCollector, StoreLoader
@@ -264,6 +299,7 @@ def run_serve(
             cfg.max_body_bytes,
             dict(cfg.tokens),
             health_info=health,
+            admit=admit,
         ),
         telemetry=telemetry,
     )
@@ -271,7 +307,7 @@ def run_serve(
     if cfg.grpc_port is not None:
         from ingest import GrpcConfig, start_grpc_server  # grpc loads only when on
 
-        grpc_cfg = GrpcConfig(cfg.max_body_bytes, dict(cfg.tokens))
+        grpc_cfg = GrpcConfig(cfg.max_body_bytes, dict(cfg.tokens), admit=admit)
         grpc_rx = start_grpc_server(
             cfg.otlp_host, cfg.grpc_port, ingestor, grpc_cfg, telemetry=telemetry
         )
@@ -358,6 +394,8 @@ def run_serve(
     if grpc_rx is not None:  # calls already running are spooled and answered first
         grpc_rx.stop(GRPC_GRACE_S)
     drained = ingestor.stop(timeout=120)
+    if parts is not None:
+        parts.stop()
     if signer is not None:  # one last head over what was just stored
         signer.stop()
     spool.close()

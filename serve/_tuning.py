@@ -236,7 +236,7 @@ class MergePriority:
     On a small machine merges compete with the threads that decode and store requests; at
     nice 10 the scheduler gives them ~10% of a busy core and all of an idle one, so bursts
     are stored first and merges catch up afterwards (under sustained overload parts pile up
-    until ClickHouse slows inserts itself, which serve passes on as back-pressure). Linux
+    until serve refuses new requests, ingest._parts, before ClickHouse slows inserts). Linux
     only (/proc/self/task); a no-op elsewhere or at nice 0. `poll()` looks for new merge
     threads; a thread that is no longer one gets nice 0 back."""
 

@@ -75,18 +75,19 @@ def reader(request, chdb_client):
     client.close()
 
 
-# --- `handoffs serve` as a subprocess (provided by ingest/; see ingest/testing.py) ---------
+# --- `handoffs serve` as a subprocess (provided by serve/; see serve/testing.py) -----------
 # start_serve(tmp_path, tokens=None) -> ServeHandle(otlp_url, query_url, store_dir, database,
 # process, stop(), kill(), client(), wait_stored(), health()). The query URL speaks
-# ClickHouse HTTP (read-only): clickhouse_connect.get_client(host="127.0.0.1", port=Q, ...).
+# ClickHouse HTTP (read-only): ServeHandle.client() opens a client with its read token.
 
 
 @pytest.fixture
 def start_serve(tmp_path: Path):
     """Factory: start_serve([tmp_path], tokens=None, **kw) -> ServeHandle; all stopped after.
 
-    Keyword options (ingest.testing.start_serve): store_dir=, database=, otlp_port=,
-    query_port=, extra_args=(...), env={...}. Reusing store_dir restarts on the same store.
+    Keyword options (serve.testing.start_serve): store_dir=, database=, otlp_port=,
+    query_port=, grpc_port=, query_tokens=, query_port_open=, extra_args=(...), env={...}.
+    Reusing store_dir restarts on the same store.
     """
     from serve.testing import start_serve as _start
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final
 
@@ -13,9 +13,10 @@ from a2a.client.interceptors import AfterArgs, BeforeArgs, ClientCallInterceptor
 from google.protobuf.json_format import MessageToDict
 
 from collector._payload import payload_hash
+from collector._policy import must_return_fields
 from collector._topology import AgentCardRef
 from collector.a2a import a2a_error_code
-from collector.envelope import MODES, Envelope
+from collector.envelope import MODES, Envelope, EvidencePolicy
 from collector.tracer import HandoffTracer
 
 if TYPE_CHECKING:
@@ -52,7 +53,12 @@ class HandoffClientInterceptor(ClientCallInterceptor):
     `card_fetched_at` (ISO-8601 UTC) is when you fetched it; without it, the first time this
     interceptor saw a card at that URL stands in (a client holds the card it was built with, so
     the first call comes soon after the fetch; a card fetched long before is seen fresher).
-    Each `create` carries `handoff.payload_hash` = `parts_payload_hash(message)`.
+    Each `create` carries `handoff.payload_hash` = `parts_payload_hash(message)` and
+    `handoff.message.id` = the A2A message's messageId.
+    `must_return` (field names) and `evidence_policy` (a collector.EvidencePolicy or its
+    dict): what every result must carry, declared on each envelope for the platform to check
+    (the server observer records the fields of the artifacts' data parts); EnvelopeError
+    naming a bad one.
     """
 
     def __init__(
@@ -68,6 +74,8 @@ class HandoffClientInterceptor(ClientCallInterceptor):
         clock: Callable[[], int] | None = None,
         max_tracked: int = 10_000,
         card_fetched_at: str | None = None,
+        must_return: Iterable[str] = (),
+        evidence_policy: EvidencePolicy | Mapping[str, Any] | None = None,
     ) -> None:
         if tracer_provider is None:
             raise ValueError("tracer_provider: required (an OTel TracerProvider)")
@@ -85,6 +93,8 @@ class HandoffClientInterceptor(ClientCallInterceptor):
         self._mode = mode
         self._deadline_ms = deadline_ms
         self._capabilities = tuple(capabilities)
+        self._must_return = must_return_fields(must_return)
+        self._policy = None if evidence_policy is None else EvidencePolicy.coerce(evidence_policy)
         if card_fetched_at is not None:
             AgentCardRef("-", card_fetched_at)  # ValueError naming fetched_at if not UTC
         self._card_fetched_at = card_fetched_at
@@ -118,6 +128,9 @@ class HandoffClientInterceptor(ClientCallInterceptor):
             deadline_ms=self._deadline_ms,
             capabilities=self._capabilities,
             payload_hash=parts_payload_hash(msg),
+            message_id=msg.message_id or None,
+            must_return=self._must_return,
+            evidence_policy=self._policy,
         )
         h = self._tracer.create(env, agent_card=self._card_ref(args.agent_card))
         msg.metadata[METADATA_KEY] = json.dumps(h.to_wire(), separators=(",", ":"))

@@ -7,8 +7,8 @@ points the A2A SDK (1.x) gives a server:
   not repeated here) and each step is emitted through `collector.HandoffTracer`.
 - `observer.request_handler(DefaultRequestHandler(executor, store, card))`: sees every
   request first; a message naming a task already in a terminal state is recorded as the
-  illegal `start` it asks for (a lenient observer stores it flagged `handoff.valid=false`;
-  a strict one counts it in `refused`), then the SDK answers as usual (it refuses).
+  agent's `reject` of that message (strict or lenient alike: flagged `handoff.valid=false`,
+  error_code `conflict`, the state unchanged), then the SDK answers as usual (it refuses).
 
 Client side, `HandoffClientInterceptor(actor=..., tracer_provider=...)` (a
 `ClientCallInterceptor`) emits `create` when a message starts a new task, puts the envelope
@@ -28,15 +28,18 @@ side of such a handoff agrees with the client's.
 | task saved `submitted` | nothing (the `create` is the submission) |
 | `working`, `input-required`, `auth-required` | `accept`, `start` (once; input-required keeps it running) |
 | `completed` | `commit` (+ `accept`, `start` if skipped); evidence = the task's artifacts |
-| `failed` / `canceled` / `rejected` | `fail` / `cancel` / `reject`, error_code `a2a_<state>` |
-| message to a task in a terminal state | `start`, illegal: flagged (lenient) or refused (strict) |
+| `failed` / `canceled` | `fail` / `cancel`, error_code `a2a_failed` / `a2a_canceled` |
+| `rejected` | `reject`, error_code `unknown_capability` (the agent will not do the skill), or the code the agent put on the status message under `aa-handoff.error_code` |
+| message to a task in a terminal state | `reject` from that state, flagged `handoff.valid=false`, error_code `conflict` (both modes) |
 | the SDK refuses a message (an `A2AError`) that starts a handoff, or names one still `created` | `reject`, error_code from `collector.a2a.a2a_error_code` (table in docs/agent-developers.md) |
 | a message whose `aa-handoff` envelope the server must refuse (v2, field missing, invalid) | `reject` (by `HandoffTracer.receive`), error_code `incompatible_protocol` / `missing_required_field` / `invalid_envelope` |
 
 Evidence on `commit`: `handoff.evidence.count` = number of artifacts, `.valid` = count >= 1,
-refs `a2a-artifact:<artifact id>`. Times: when the observer saw the save (its clock), not the
-task's status timestamp: that is stamped earlier by the executor, on another clock, and
-mixing the two put `accept` before `create`.
+refs `a2a-artifact:<artifact id>`; `handoff.result.fields` = the keys of the artifacts'
+structured (`data`) parts, sorted, when there is one (checked against the
+envelope's `must_return`; a text-only result shows no fields). Times: when the observer saw
+the save (its clock), not the task's status timestamp: that is stamped earlier by the
+executor, on another clock, and mixing the two put `accept` before `create`.
 Limits: handoffs are tracked in memory (at most `max_tracked`, oldest evicted and counted in
 `evicted`); an evicted or pre-restart task is rebuilt from the task store (its first message's
 `aa-handoff` metadata, or the A2A task id). Nothing raises into the SDK: a failure to record
@@ -58,7 +61,8 @@ from a2a.utils.errors import A2AError
 from opentelemetry import context as otel_context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from collector.a2a import a2a_error_code, a2a_events, normalize_a2a_state
+from collector._refused import REFUSAL_CODE
+from collector.a2a import a2a_error_code, a2a_events, a2a_state_error_code, normalize_a2a_state
 from collector.adapters._a2a_client import (
     METADATA_KEY,
     HandoffClientInterceptor,
@@ -74,7 +78,7 @@ if TYPE_CHECKING:
     from collector._redact import InputFilter
     from collector.tracer import Handoff
 
-__all__ = ["METADATA_KEY", "A2AServerObserver", "HandoffClientInterceptor"]
+__all__ = ["METADATA_KEY", "STATUS_CODE_KEY", "A2AServerObserver", "HandoffClientInterceptor"]
 
 _log = logging.getLogger(__name__)
 
@@ -82,10 +86,21 @@ UNKNOWN_CLIENT: Final = "a2a-client"
 _PROPAGATOR: Final = TraceContextTextMapPropagator()
 _MAX_REFS: Final = 32
 _ERROR_EVENTS: Final = frozenset({"reject", "fail", "cancel", "timeout"})
+#: status message metadata key under which an agent may name why it ended a task (a
+#: `handoff.error_code`: `busy`, `permission_denied`, ...)
+STATUS_CODE_KEY: Final = "aa-handoff.error_code"
 
 
 def _a2a_state(task: Any) -> str:
     return normalize_a2a_state(TaskState.Name(task.status.state))
+
+
+def _stated_code(task: Any) -> Any:
+    """The error code the agent put on the task's status message (STATUS_CODE_KEY), or None."""
+    status = task.status
+    if not status.HasField("message") or STATUS_CODE_KEY not in status.message.metadata:
+        return None
+    return status.message.metadata[STATUS_CODE_KEY]
 
 
 def _message_wire(msg: Any) -> dict[str, Any] | None:
@@ -102,6 +117,20 @@ def _wire_of(task: Any) -> dict[str, Any] | None:
     for msg in task.history[:1]:
         return _message_wire(msg)
     return None
+
+
+def _data_fields(artifacts: Any) -> tuple[str, ...] | None:
+    """The keys of the artifacts' structured parts (a `data` part holding an object),
+    sorted (a protobuf map keeps no order); None when no part is one (the result shows no
+    fields)."""
+    keys: set[str] = set()
+    found = False
+    for a in artifacts:
+        for part in a.parts:
+            if part.HasField("data") and part.data.WhichOneof("kind") == "struct_value":
+                found = True
+                keys.update(part.data.struct_value.fields)
+    return tuple(sorted(keys)) if found else None
 
 
 def _state_after(a2a_state: str) -> str:
@@ -124,7 +153,9 @@ class A2AServerObserver:
     `strict`, `input_filter`, `clock`: for the HandoffTracer. `max_tracked`: handoffs kept in
     memory (> 0). Counters: `errors` (failed to record), `refused` (illegal events a strict
     observer did not emit, and tasks whose `aa-handoff` envelope it refused: one `reject`
-    each, nothing after), `evicted`. Raises ValueError on a bad argument.
+    each, nothing after), `evicted`. A message to a task in a terminal state is not counted
+    there: it is recorded (a flagged `reject`, see the module doc). Raises ValueError on a
+    bad argument.
     """
 
     def __init__(
@@ -152,6 +183,11 @@ class A2AServerObserver:
             input_filter=input_filter,
             clock=clock,
         )
+        # records a refused message as the flagged reject it is, whatever `strict` says
+        self._refusals = HandoffTracer(
+            agent, tracer_provider=tracer_provider, strict=False, input_filter=input_filter,
+            clock=clock,
+        )  # fmt: skip
         self._mode = mode
         self._max = max_tracked
         self._handoffs: dict[str, Handoff] = {}  # by A2A task id
@@ -195,6 +231,7 @@ class A2AServerObserver:
             mode=self._mode,
             topology="federated_a2a",
             payload_hash=parts_payload_hash(task.history[0]) if task.history else None,
+            message_id=(task.history[0].message_id or None) if task.history else None,
         )
         token = otel_context.attach(_PROPAGATOR.extract(self._headers(context)))
         try:
@@ -209,7 +246,12 @@ class A2AServerObserver:
             self.evicted += 1
 
     def _emit(self, h: Handoff, event: str, at: int | None, **attrs: Any) -> None:
+        # an A2A state contradicting the handoff is no message the agent refused: a strict
+        # observer does not hand it to its tracer (which would record a refusal) but drops it
+        legal = (State(h.state), event) in TRANSITIONS
         try:
+            if not legal and self._tracer.strict:
+                raise IllegalTransition(h.state, event)
             h.transition(event, at, **attrs)
         except IllegalTransition:  # strict: not emitted; a drop is a metric
             self.refused += 1
@@ -232,7 +274,7 @@ class A2AServerObserver:
             for ev in a2a_events(a2a_state, h.state):
                 attrs: dict[str, Any] = {}
                 if ev in _ERROR_EVENTS:
-                    attrs["error_code"] = f"a2a_{a2a_state.replace('-', '_')}"
+                    attrs["error_code"] = a2a_state_error_code(a2a_state, _stated_code(task))
                 if ev == "commit":
                     refs = [f"a2a-artifact:{a.artifact_id}" for a in task.artifacts]
                     attrs.update(
@@ -240,6 +282,7 @@ class A2AServerObserver:
                         evidence_valid=len(refs) >= 1,
                         evidence_refs=refs[:_MAX_REFS],
                         receipt_status=a2a_state,
+                        result_fields=_data_fields(task.artifacts),
                     )
                 before = h.state
                 self._emit(h, str(ev), at, **attrs)
@@ -293,7 +336,15 @@ class A2AServerObserver:
         h = await self._lookup(task_id, context)
         if h is not None and h.state in TERMINAL:
             with self._lock:
-                self._emit(h, "start", None, error_code="a2a_message_after_terminal")
+                self._refuse_message(h)
+
+    def _refuse_message(self, h: Handoff) -> None:
+        """The agent refuses a message to a handoff that already ended: its `reject`, from
+        the terminal state, so flagged valid=false (no reject is legal there, and the
+        handoff's outcome stands: one message was refused, not the handoff), error_code
+        REFUSAL_CODE, as a strict receiver's shim records a refused message."""
+        late = self._refusals.receive(h.to_wire())
+        late.transition("reject", None, error_code=REFUSAL_CODE)
 
     def _on_refused(self, params: Any, exc: BaseException) -> None:
         """The SDK refused a message: a handoff it would have started (or one still

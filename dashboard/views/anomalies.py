@@ -1,8 +1,10 @@
 """Anomalies: each kind with its count and delta against the previous period; on request a
 trend (counts over six equal slices of the window); examples link into the explorer.
-The kinds of the protocol audit (retries, receipts, grants, tenants) have their own group, and
+The kinds of the protocol audit (retries, receipts, grants, tenants, versions, keyless writes)
+have their own group, and
 so do each topology's own failures with the schema-version window. When rejections spiked,
-a table says when: the hour, the target and capability, its rate against its baseline.
+a table says when: the hour, the target and capability, its rate against its baseline; when
+they stayed high, another gives each run's start, end (or ongoing) and rate.
 
 The trend is off by default: each slice is one more anomalies() query, and on a large store
 one query over a day takes tens of seconds (bench/dashboard_render.py's data, 10M rows).
@@ -25,6 +27,11 @@ PROTOCOL_AUDIT = (
     "capability_outside_grant",
     "grant_tenant_mismatch",
     "tenant_claim_mismatch",
+    "retry_after_final_refusal",
+    "keyless_duplicate_write",
+    "grant_caller_mismatch",
+    "missing_grant",
+    "out_of_order_version",
 )
 #: kinds shown under "Topologies and compatibility": each topology's own failures, the
 #: replayed commands and the schema-version window
@@ -33,8 +40,10 @@ TOPOLOGY = (
     "partial_result_committed",
     "fan_out_all",
     "consumer_lag",
+    "consumer_stalled",
     "command_replayed",
     "stale_agent_card",
+    "card_skill_refused",
     "incompatible_accepted",
     "risky_field_ignored",
 )
@@ -138,6 +147,33 @@ if int(cur.loc[cur["kind"] == "rejection_spike", "count"].sum()):
         when = _data.rejection_spikes(src.store, src.database, *p.args, tenant=p.tenant)
     if len(when):
         _spikes_when(when)
+
+
+def _runs_when(df) -> None:
+    """When rejections stayed high: each run's hours (end or ongoing), group, rate, flagged."""
+    st.markdown("##### Sustained rejections: when")
+    view = df.assign(
+        start=df["start"].map(lambda t: f"{t:%Y-%m-%d %H:%M} UTC"),
+        end=[
+            "ongoing" if ongoing else f"{t:%Y-%m-%d %H:%M} UTC"
+            for t, ongoing in zip(df["end"], df["ongoing"], strict=True)
+        ],
+        rejection_rate=df["rejection_rate"] * 100,
+    )
+    cols = ["start", "end", "hours", "to_agent", "capability", "settled", "rejected",
+            "rejection_rate", "handoffs"]  # fmt: skip
+    config = {
+        "rejection_rate": st.column_config.NumberColumn("rate", format="%.1f%%"),
+        "handoffs": st.column_config.NumberColumn("handoffs flagged"),
+    }
+    st.dataframe(view[cols], hide_index=True, column_config=config, key="an_runs_when")
+
+
+if int(cur.loc[cur["kind"] == "sustained_rejections", "count"].sum()):
+    with _ui.guard():
+        runs = _data.sustained_rejections(src.store, src.database, *p.args, tenant=p.tenant)
+    if len(runs):
+        _runs_when(runs)
 
 st.plotly_chart(_charts.anomaly_bars(cur), key="an_bars")
 

@@ -2,7 +2,9 @@
 
 Find by handoff_id (or its start), task_id, agent (sender or receiver) or idempotency key;
 `?handoff_id=...` opens one directly (read once on arrival). "Why flagged" says, per anomaly
-kind, which field of which transition (or which other handoff) made it fire. The integrity check runs against the store as it is now, never cached.
+kind, which field of which transition (or which other handoff) made it fire; "Anomalies"
+lists every kind that flags it, with the other handoffs (linked) or the fleet group and hours
+it involves (dashboard/_findings.py). The integrity check runs against the store as it is now, never cached.
 The handoffs of the same task are drawn as a small graph (nodes are handoffs, in causation
 order); clicking one opens it. The protocol audit shows the retry chain (previous and next
 attempts), the handoff this one consumes and its consumers (buttons open them), the
@@ -17,7 +19,7 @@ import streamlit as st
 
 from analytics.audit_view import grant_view, receipt_view
 from analytics.display import markdown_link_text
-from dashboard import _charts, _data, _graph, _graph_layout, _ui, _why
+from dashboard import _charts, _data, _findings, _graph, _graph_layout, _ui, _why
 
 
 def _open(h, label: str, key: str) -> None:
@@ -136,6 +138,7 @@ else:
         icon=":material/gpp_bad:",
     )
 _why.why_flagged(package)
+_findings.findings_panel(package)
 
 st.plotly_chart(_charts.timeline_figure(transitions), key="ex_timeline")
 if package.get("task_id"):
@@ -336,14 +339,6 @@ with right:
     st.json(terminal, expanded=True)
     st.markdown("**Execution**")
     st.json(package.get("execution") or {}, expanded=False)
-
-found = package.get("anomalies") or []
-st.markdown("**Anomalies**")
-if found:
-    for a in found:
-        st.markdown(f"- {a if isinstance(a, str) else json.dumps(a, default=str)}")
-else:
-    st.write("none")
 
 st.markdown("**Other spans of the trace**")
 related = package.get("related_spans") or []

@@ -27,7 +27,14 @@ KPIS = (
     ("p_e2e", "P_e2e", "rate", "committed", "committed with valid evidence / settled"),
     ("p_accept", "P_accept", "rate", "accepted", "accepted (or later) / settled"),
     ("p_execute", "P_execute", "rate", "executed", "produced a result / accepted"),
-    ("p_evidence", "P_evidence", "rate", "evidenced", "result backed by valid evidence / executed"),
+    (
+        "p_evidence",
+        "P_evidence",
+        "rate",
+        "evidenced",
+        "result whose evidence was marked valid and passed the checks its envelope declares "
+        "(evidence policy, reply contract) / executed",
+    ),
     ("p_commit", "P_commit", "rate", "committed", "committed / evidenced"),
     (
         "unknown_rate",
@@ -281,6 +288,11 @@ def body() -> None:
         + (f" · tenant {_ui.user_text(p.tenant)}" if p.tenant else "")
         + ". Rates use settled handoffs; “—” means the stage had no handoffs to measure."
     )
+    st.caption(
+        f"P_evidence {_ui.fmt_rate(cur.get('p_evidence'))} counts checked evidence; the "
+        f"emitters marked {_ui.fmt_rate(cur.get('p_evidence_claimed'))} of the executed "
+        "results valid (list the difference: “Evidence disputed” below)."
+    )
     outcome_row(cur)
 
     left, right = st.columns(2)
@@ -295,8 +307,10 @@ def body() -> None:
     refusals(p)
 
     st.subheader("Handoffs behind a number")
-    stages = [stage for *_, stage, _ in KPIS] + [f"outcome_{o}" for o in OUTCOMES]
+    stages = [stage for *_, stage, _ in KPIS] + ["evidence_disputed"]
+    stages += [f"outcome_{o}" for o in OUTCOMES]
     labels = [f"{label} — {stage.replace('_', ' ')}" for _, label, _, stage, _ in KPIS]
+    labels += ["Evidence disputed — marked valid, failed a check"]
     labels += [f"Outcome — {o.replace('_', ' ')}" for o in OUTCOMES]
     choice = st.selectbox(
         "Number",

@@ -1,6 +1,7 @@
 """Slices: the pairs losing the most handoffs, with the failing stage; the agent-pair matrix
 of P_e2e, small samples faded; each topology's own failure rates as cards, with
-the shared queue's consumer lag and agent-as-tool fan-out; tables by mode, topology,
+the shared queue's consumer lag and agent-as-tool fan-out; the keyless side-effecting writes
+per pair (`?sl_keyless=true` opens them); tables by mode, topology,
 protocol, capability, contract version, each with its slices' outcome counts (rejected,
 expired, failed, canceled, escalated, unknown open / resolved).
 
@@ -16,7 +17,7 @@ import streamlit as st
 
 from analytics.pairs_lost import MIN_N, lost_by_pair
 from analytics.rollup import OUTCOMES, rollup
-from dashboard import _charts, _data, _topology_data, _ui
+from dashboard import _charts, _data, _keyless_data, _topology_data, _ui
 
 _RATE_COLS = (
     "p_e2e",
@@ -128,6 +129,36 @@ def _queue_tables() -> None:
     st.dataframe(fan, hide_index=True, placeholder=_ui.DASH, key="sl_fan_out")
 
 
+def _keyless_table() -> None:
+    with _ui.guard():
+        df = _keyless_data.keyless_writes(src.store, src.database, *p.args, tenant=p.tenant)
+    st.markdown(
+        "**Keyless side-effecting writes** (commands and shared-queue handoffs sent without "
+        "an idempotency key, per pair; the largest share first)"
+    )
+    if not len(df):
+        st.caption("No command or shared-queue handoff was created in this window.")
+        return
+    view = df.assign(
+        pair=df["from_agent"] + " → " + df["to_agent"], keyless_share=df["keyless_share"] * 100
+    )[["pair", "side_effecting", "keyless", "keyless_share", "duplicates"]]
+    st.dataframe(
+        view,
+        hide_index=True,
+        key="sl_keyless_table",
+        column_config={
+            "side_effecting": st.column_config.NumberColumn(
+                "side-effecting", help="commands and shared-queue handoffs created in the window"
+            ),
+            "keyless": st.column_config.NumberColumn("keyless", help="without an idempotency key"),
+            "keyless_share": st.column_config.NumberColumn("keyless share", format="%.1f%%"),
+            "duplicates": st.column_config.NumberColumn(
+                "duplicates", help="flagged keyless_duplicate_write: the same payload applied twice"
+            ),
+        },
+    )
+
+
 def _frame(name: str):
     """The funnel by one dimension: rolled up from the page's split, or (capability) its own
     cached query."""
@@ -205,6 +236,16 @@ queue = st.expander(
 with queue:
     if queue.open:
         _queue_tables()
+
+keyless = st.expander(
+    "Keyless side-effecting writes per agent pair",
+    key="sl_keyless",
+    on_change="rerun",
+    bind="query-params",
+)
+with keyless:
+    if keyless.open:
+        _keyless_table()
 
 tabs = st.tabs(
     [label for _, label in _TABLES] + [_LATENCY_TAB],

@@ -14,6 +14,7 @@ from typing import Any, Final
 
 from collector import semconv as sc
 from collector.contract import TERMINAL
+from handoffs.simulator._budget import draw_budget, overrun_run_ns
 from handoffs.simulator._builder import (
     MS,
     RECEIPT_TTL_NS,
@@ -30,7 +31,14 @@ from handoffs.simulator._catalog import (
     TOPOLOGY_FAULTS,
     Hop,
 )
-from handoffs.simulator._model import AUDIT_KINDS, CHAINED_KINDS, ScenarioConfig, Step
+from handoffs.simulator._evidence import RESULT_OUTCOMES, draw_evidence, evidence_labels
+from handoffs.simulator._model import (
+    AUDIT_KINDS,
+    CHAINED_KINDS,
+    EVIDENCE_FAULTS,
+    ScenarioConfig,
+    Step,
+)
 
 #: Faults that shape an attempt's topology attributes (Builder traits).
 _TRAITS: Final = frozenset(
@@ -40,6 +48,9 @@ _TRAITS: Final = frozenset(
         "partial_result_committed",
         "consumer_lag",
         "stale_agent_card",
+        "tool_budget_exceeded",
+        "ack_missing",
+        *EVIDENCE_FAULTS,
     }
 )
 #: Faults drawn only in their own topology.
@@ -89,6 +100,7 @@ def attempt(
         labels.add(outcome)
     if label is not None:
         labels.add(label)
+    labels = evidence_labels(outcome, labels)  # a result to check, and whose claim
     hid = b.create(
         hop,
         t0,
@@ -102,17 +114,26 @@ def attempt(
     snd, rcv = hop.from_agent, shape.receiver or hop.to_agent
     deadline_ns = DEADLINE_MS[b.topology] * MS
     run_ns = min(b.ms(AGENTS[hop.to_agent][1] * 1000), int(deadline_ns * 0.7))
+    if "deadline_overrun" in overlays:
+        run_ns = overrun_run_ns(deadline_ns)  # the work outlasts the whole deadline
     t = t0
     commit_step: int | None = None
     commit_ns: int | None = None
     verified = False
-    if outcome in ("reject", "skill_removed", "stale_agent_card"):
+    if outcome == "skill_removed" and b.topology == "federated_a2a":
+        labels.add("card_skill_refused")  # the sender's fresh card still lists the skill
+    if outcome == "expire" and b.topology == "shared_queue":
+        labels.add("consumer_stalled")  # nobody took it off the queue: the consumer stalled
+    if outcome in ("reject", "skill_removed", "stale_agent_card", "card_skill_refused"):
         code = (
             "unknown_capability"
-            if outcome in ("skill_removed", "stale_agent_card")
+            if outcome in ("skill_removed", "stale_agent_card", "card_skill_refused")
             else b.rng.choice(("busy", "permission_denied", "budget_exceeded", "policy"))
         )
         t = b.step(hid, "reject", t + b.ms(ACCEPT_MS[b.topology]), rcv, error_code=code)
+    elif outcome == "consumer_stalled":
+        # enqueued for a consumer that stopped: nobody takes it; the sender gives up
+        t = b.step(hid, "expire", t0 + deadline_ns, snd, error_code="not_accepted")
     elif outcome == "expire":
         t = b.step(hid, "expire", t0 + deadline_ns, snd, error_code="not_accepted")
     else:
@@ -225,6 +246,8 @@ def draw_outcome(b: Builder, hop: Hop, at: int) -> tuple[str, frozenset[str]]:
         "partial_result_committed",
         "consumer_lag",
         "stale_agent_card",
+        "card_skill_refused",
+        "consumer_stalled",
     )
     overlays = {
         name
@@ -240,13 +263,33 @@ def draw_outcome(b: Builder, hop: Hop, at: int) -> tuple[str, frozenset[str]]:
             overlays.discard("partial_result_committed")  # a partial result is one or other
     if "consumer_lag" in overlays and outcome in ("reject", "expire"):
         outcome = "success"  # a lagging consumer takes the message, late
+    overlays |= draw_budget(rng, r)  # nothing drawn at rate 0
+    if overlays & {"deadline_overrun", "tool_budget_exceeded"} and outcome not in (
+        "success",
+        "partial_result",
+    ):
+        outcome = "success"  # a result, to come late or over budget
+    if "ack_missing" in overlays and outcome in ("reject", "expire"):
+        outcome = "success"  # the message is taken, after its ttl
+    overlays |= draw_evidence(rng, r)  # nothing drawn at rate 0
+    if overlays & set(EVIDENCE_FAULTS) and outcome not in RESULT_OUTCOMES:
+        outcome = "success"  # a result, to check against the envelope's policy and contract
     if "stale_agent_card" in overlays:
         overlays.discard("stale_agent_card")
         outcome = "stale_agent_card"  # the card's skill is gone: rejected
         overlays -= {"stale_state_version", "stale_fence", "duplicate_delivery"}
+    if "card_skill_refused" in overlays:
+        overlays.discard("card_skill_refused")
+        if outcome != "stale_agent_card":
+            outcome = "card_skill_refused"  # the fresh card lists it; the agent refuses it
+            overlays -= {"stale_state_version", "stale_fence", "duplicate_delivery"}
+    if "consumer_stalled" in overlays:
+        overlays.discard("consumer_stalled")
+        outcome = "consumer_stalled"  # never taken: no lag, no result, nothing to deliver
+        overlays -= {"stale_state_version", "stale_fence", "duplicate_delivery", "consumer_lag"}
     outage = b.cfg.outage
     if (
-        outcome != "stale_agent_card"
+        outcome not in ("stale_agent_card", "card_skill_refused", "consumer_stalled")
         and outage
         and outage.covers(hop.to_agent, hop.capabilities, at)
         and rng.random() < outage.reject_rate

@@ -18,11 +18,14 @@ from typing import Any, Final
 from collector import ResultItems
 from collector.contract import next_state
 from collector.envelope import EvidenceRef
+from handoffs.simulator._budget import late_ack_ns, message_fields, tool_calls
 from handoffs.simulator._catalog import ACCEPT_MS, AGENTS, DEADLINE_MS, Hop
+from handoffs.simulator._evidence import contract_fields, result_contract
 from handoffs.simulator._model import PlannedHandoff, ScenarioConfig, Step
 from handoffs.simulator._topology import (
     card_ref,
     consumer_window,
+    enqueued,
     history_report,
     lag_ns,
     queue_position,
@@ -138,12 +141,13 @@ class Builder:
         grant: Mapping[str, Any] | None = None,
         retry_of: str | None = None,
         traits: frozenset[str] = frozenset(),
+        keyless: bool = False,
     ) -> str:
         """Plan a `create`; `retry_of` names an earlier attempt whose envelope (key, payload,
         causation, grant) this one repeats with the next attempt number, as the shim's
         `retry()` builds it (the shim's retry carries no history or card). `traits`: the
         topology faults of this attempt (its history, Agent Card, queue position and result
-        items follow them)."""
+        items follow them). `keyless`: no idempotency key at all."""
         self.n_attempts += 1
         hid = f"{self.task_id}-h{self.n_attempts}-{self.rng.getrandbits(32):08x}"
         if retry_of is not None:
@@ -162,7 +166,9 @@ class Builder:
                 "mode": hop.mode,
                 "objective": objective,
                 "capabilities": hop.capabilities,
-                "idempotency_key": key or f"{self.task_id}:{hop.to_agent}:{self.n_attempts}",
+                "idempotency_key": None
+                if keyless
+                else key or f"{self.task_id}:{hop.to_agent}:{self.n_attempts}",
                 "deadline_ms": DEADLINE_MS[self.topology],
                 "topology": self.topology,
                 "state_version": self.version,
@@ -183,8 +189,12 @@ class Builder:
         if retry_of is not None:
             self.traits[hid] = self.traits[retry_of]
             wire = dict(self.on_create[retry_of])
+            if "enqueued" in wire:  # a new message: the queue's position now
+                wire["enqueued"] = enqueued(self.queue_name(env), at)
         else:
             self.traits[hid] = traits
+            env.update(message_fields(self.topology, hid, traits))
+            env.update(contract_fields(at))
             wire = self._create_attributes(hop, at, traits, env)
         self._add(hid, env, at, faults, hop.from_agent, wire)
         return hid
@@ -194,7 +204,7 @@ class Builder:
     ) -> dict[str, Any]:
         """The message kind and schema version (in `env`, with a version-2 sender's new
         fields) and the create's topology keywords: an in-process transfer's history report,
-        a federated sender's Agent Card."""
+        a federated sender's Agent Card, a shared-queue producer's enqueue position."""
         version = 2 if self.rng.random() < self.cfg.rates.schema_rollout else 1
         env["message_kind"], env["schema_version"] = hop.kind, version
         if version == 2:
@@ -206,7 +216,13 @@ class Builder:
         elif self.topology == "federated_a2a":
             stale = "stale_agent_card" in traits
             kw["agent_card"] = card_ref(self.rng, self.tenant, hop.to_agent, at, stale=stale)
+        elif self.topology == "shared_queue":
+            kw["enqueued"] = enqueued(self.queue_name(env), at)
         return kw
+
+    def queue_name(self, env: Mapping[str, Any]) -> str:
+        """The shared queue of a handoff's consumer (its to_agent's inbox, per tenant)."""
+        return f"{self.tenant}.{env['to_agent']}.inbox"
 
     def _add(
         self,
@@ -239,11 +255,32 @@ class Builder:
         self._add(new, env, at, frozenset(), str(env["from_agent"]), dict(self.on_create[hid]))
         return new
 
+    def resend(self, hid: str, at: int) -> str:
+        """The sender sends `hid`'s message again as a new handoff without naming it (no
+        retry_of): a new id, the same task, agents, objective, payload and grant, a new
+        idempotency key when `hid` had one (none when it had none), attempt 1."""
+        self.n_attempts += 1
+        new = f"{self.task_id}-h{self.n_attempts}-{self.rng.getrandbits(32):08x}"
+        env = dict(self.envelopes[hid], handoff_id=new, attempt=1)
+        if env.get("idempotency_key"):
+            env["idempotency_key"] = f"{self.task_id}:{env['to_agent']}:{self.n_attempts}"
+        env.pop("retry_of", None)
+        self.traits[new] = self.traits[hid]
+        wire = dict(self.on_create[hid])
+        if "enqueued" in wire:  # a new message: the queue's position now
+            wire["enqueued"] = enqueued(self.queue_name(env), at)
+        self._add(new, env, at, frozenset(), str(env["from_agent"]), wire)
+        return new
+
     def created_at(self, hid: str) -> int:
         return next(s.at_ns for s in self.steps if s.handoff_id == hid and s.event == "create")
 
     def accept_at(self, hid: str, t: int) -> int:
-        """When the receiver takes `hid` (sent at t): a lagging queue consumer minutes late."""
+        """When the receiver takes `hid` (sent at t): a lagging queue consumer minutes late,
+        an ack_missing one after the message's ttl."""
+        late = late_ack_ns(self.traits[hid], self.envelopes[hid], self.created_at(hid))
+        if late is not None:
+            return late
         if "consumer_lag" in self.traits[hid]:
             return t + lag_ns(self.rng)
         return t + self.ms(ACCEPT_MS[self.topology])
@@ -266,9 +303,8 @@ class Builder:
             kw.update(consumer_window(actor, env["schema_version"], env.get("extra", {})))
         if event == "accept" and self.topology == "shared_queue":
             lagging = "consumer_lag" in self.traits[hid]
-            queue = f"{self.tenant}.{env['to_agent']}.inbox"
             created = self.created_at(hid)
-            kw["queue"] = queue_position(self.rng, queue, created, lagging=lagging)
+            kw["queue"] = queue_position(self.rng, self.queue_name(env), created, lagging=lagging)
         if event in _RESULT_EVENTS and self.topology == "agent_as_tool":
             if hid not in self.items:
                 partial = bool(self.traits[hid] & {"partial_result", "partial_result_committed"})
@@ -278,7 +314,8 @@ class Builder:
 
     def evidence(self, hid: str, valid: bool, at: int) -> dict[str, Any]:
         """Evidence keyword attributes of a result at `at`: refs with their claim and the
-        time each was valid."""
+        time each was valid, the tool calls used (handoffs/simulator/_budget.py), and the
+        fields returned (handoffs/simulator/_evidence.py)."""
         n = 2 + self.rng.randrange(3) if valid else 1
         kinds = ("doc", "test", "log", "run", "url")[:n]
         seen = iso_s(at - 60 * S)
@@ -286,7 +323,17 @@ class Builder:
             EvidenceRef(f"{kind}:{hid[-8:]}-{i}", _CLAIMS[kind], seen)
             for i, kind in enumerate(kinds)
         ]
-        return {"evidence_count": n, "evidence_valid": valid, "evidence_refs": refs}
+        env = self.envelopes[hid]
+        calls = tool_calls(
+            env.get("max_tool_calls"), hid, over="tool_budget_exceeded" in self.traits[hid]
+        )
+        return {
+            "evidence_count": n,
+            "evidence_valid": valid,
+            "evidence_refs": refs,
+            "tool_calls": calls,
+            **result_contract(self.traits[hid], env, refs),
+        }
 
     def receipt(
         self,

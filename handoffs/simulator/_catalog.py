@@ -67,8 +67,13 @@ TOPOLOGY_FAULTS: Final = MappingProxyType(
     {
         "in_process": ("bounce", "unfiltered_sensitive_history"),
         "agent_as_tool": ("partial_result", "partial_result_committed", "fan_out_all"),
-        "shared_queue": ("duplicate_delivery", "consumer_lag", "command_replayed"),
-        "federated_a2a": ("after_terminal", "stale_agent_card"),
+        "shared_queue": (
+            "duplicate_delivery",
+            "consumer_lag",
+            "command_replayed",
+            "consumer_stalled",
+        ),
+        "federated_a2a": ("after_terminal", "stale_agent_card", "card_skill_refused"),
     }
 )
 #: The schema-version rollout: a sender already on version 2 adds these envelope fields;

@@ -14,9 +14,14 @@ from typing import Any, Final
 
 __all__ = [
     "AUDIT_KINDS",
+    "BUDGET_FAULTS",
     "CHAINED_KINDS",
     "CLI_AUDIT_RATE",
+    "CLI_BUDGET_RATE",
+    "CLI_EVIDENCE_RATE",
+    "EVIDENCE_FAULTS",
     "FAULTS",
+    "INFERRED_FAULTS",
     "FailureRates",
     "PlannedHandoff",
     "ScenarioConfig",
@@ -52,8 +57,25 @@ FAULTS: Final = (
     "command_replayed",  # shared queue: a replayed command ran again (a side effect twice)
     "replay",  # shared queue: a replayed event ran again (harmless: no anomaly)
     "stale_agent_card",  # federated A2A: a days-old Agent Card; the skill is gone: rejected
+    "card_skill_refused",  # federated A2A: a fresh card lists the skill; the agent refuses it
+    "consumer_stalled",  # shared queue: the consumer stopped; the message is never taken
     "incompatible_accepted",  # schema rollout: the consumer left behind accepted version 2
     "risky_field_ignored",  # ... and ignored a risky field it did not know (amount_limit)
+    # the evidence policy and reply contract every envelope declares (EVIDENCE_FAULTS)
+    "evidence_out_of_window",  # a result cites a ref last valid before the policy's window
+    "reply_contract_unmet",  # a committed result lacks a field the reply contract names
+    "evidence_claim_disputed",  # ... either, with the evidence marked valid by the emitter
+    # the envelope's promises (BUDGET_FAULTS; labels recomputed from the plan: _budget.py)
+    "deadline_overrun",  # committed, failed or rejected after the envelope's deadline
+    "tool_budget_exceeded",  # a result reports more tool calls than max_tool_calls
+    "ack_missing",  # a message asking for an ack is accepted after its ttl_s (or never)
+    # what senders do without declaring it: one label per flagged handoff (INFERRED_FAULTS;
+    # a blind resend without retry_of is labelled blind_retry)
+    "retry_after_final_refusal",  # a request refused with a final code is sent again
+    "keyless_duplicate_write",  # a command or queue write without a key, applied twice
+    "grant_caller_mismatch",  # the grant names another caller than the sender
+    "missing_grant",  # capabilities asked for without any grant
+    "out_of_order_version",  # the receiver's accept carries a state version older than seen
     # the protocol audit: one label per flagged handoff (see AUDIT_KINDS)
     "blind_retry",  # attempt B sent while attempt A was unknown (after a timeout)
     "duplicate_execution",  # B retried A under the same key after A committed; both commit
@@ -75,6 +97,26 @@ AUDIT_KINDS: Final = FAULTS[-9:]
 CHAINED_KINDS: Final = ("consumed_before_verified", "expired_receipt_used")
 #: The rate per intent of every audit kind in the `simulate` and `demo` commands' defaults.
 CLI_AUDIT_RATE: Final = 0.005
+#: The envelope's promises broken, each a FailureRates overlay (handoffs/simulator/_budget.py)
+BUDGET_FAULTS: Final = ("deadline_overrun", "tool_budget_exceeded", "ack_missing")
+#: Their rate per intent in the `simulate` and `demo` commands' defaults.
+CLI_BUDGET_RATE: Final = 0.01
+#: The evidence checks broken, each a FailureRates overlay (handoffs/simulator/_evidence.py)
+EVIDENCE_FAULTS: Final = ("evidence_out_of_window", "reply_contract_unmet")
+#: Their rate per intent in the `simulate` and `demo` commands' defaults.
+CLI_EVIDENCE_RATE: Final = 0.01
+#: What senders do without declaring it, each a FailureRates field drawn per intent (at most
+#: one per intent, on intents without an audit kind): `blind_resend` (a new id and key, no
+#: retry_of, while the first attempt is unknown: labelled blind_retry) and the kinds of the
+#: same names. Planned by handoffs/simulator/_inferred.py.
+INFERRED_FAULTS: Final = (
+    "blind_resend",
+    "retry_after_final_refusal",
+    "keyless_duplicate_write",
+    "grant_caller_mismatch",
+    "missing_grant",
+    "out_of_order_version",
+)
 
 
 class SimulatorConfigError(ValueError):
@@ -102,9 +144,23 @@ class FailureRates:
     at their rate per intent OF THE TOPOLOGY: bounce and unfiltered_sensitive_history
     (in_process), partial_result and partial_result_committed (agent_as_tool; fan_out_all
     per agent_as_tool task), duplicate_delivery, consumer_lag and replay (shared_queue; a
-    replayed command is labelled command_replayed), after_terminal and stale_agent_card
-    (federated_a2a). `schema_rollout` is the share of intents (any topology) whose sender
-    already writes envelope schema version 2 (LEFT_BEHIND reads only version 1).
+    replayed command is labelled command_replayed) and consumer_stalled (shared_queue: the
+    message is enqueued, never taken, and expires; an `expire` there is labelled so too), after_terminal, stale_agent_card and
+    card_skill_refused (federated_a2a: the agent refuses a skill its freshly fetched card
+    still lists; a skill outage there is one too). `schema_rollout` is the share of intents
+    (any topology) whose sender already writes envelope schema version 2 (LEFT_BEHIND reads
+    only version 1).
+    The audit kinds (AUDIT_KINDS) and what senders do without declaring it (INFERRED_FAULTS)
+    default to 0: each is at most one per intent, the inferred ones on intents without an
+    audit kind (and not feeding a chained one).
+    The envelope's promises (BUDGET_FAULTS: deadline_overrun, tool_budget_exceeded,
+    ack_missing) are overlays drawn independently, default 0 (CLI_BUDGET_RATE in the CLI);
+    they force a success (an ack_missing one: an accepted outcome). Ordinary traffic breaks
+    them too (a timeout resolved after the deadline, a message that expired unacknowledged),
+    so their labels are what each plan shows (handoffs/simulator/_budget.py).
+    The evidence checks broken (EVIDENCE_FAULTS: evidence_out_of_window,
+    reply_contract_unmet) are overlays too, default 0 (CLI_EVIDENCE_RATE in the CLI); they
+    need a result, so they force a success (handoffs/simulator/_evidence.py).
     """
 
     reject: float = 0.03
@@ -126,6 +182,8 @@ class FailureRates:
     consumer_lag: float = 0.08
     replay: float = 0.04
     stale_agent_card: float = 0.08
+    card_skill_refused: float = 0.04
+    consumer_stalled: float = 0.03
     schema_rollout: float = 0.3
     timeout_resolve: float = 0.6
     timeout_escalate: float = 0.2
@@ -138,6 +196,17 @@ class FailureRates:
     capability_outside_grant: float = 0.0
     grant_tenant_mismatch: float = 0.0
     tenant_claim_mismatch: float = 0.0
+    blind_resend: float = 0.0
+    retry_after_final_refusal: float = 0.0
+    keyless_duplicate_write: float = 0.0
+    grant_caller_mismatch: float = 0.0
+    missing_grant: float = 0.0
+    out_of_order_version: float = 0.0
+    deadline_overrun: float = 0.0
+    tool_budget_exceeded: float = 0.0
+    ack_missing: float = 0.0
+    evidence_out_of_window: float = 0.0
+    reply_contract_unmet: float = 0.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -169,11 +238,19 @@ class FailureRates:
                 "+".join(AUDIT_KINDS) + " (chained kinds twice)",
                 f"audit rates sum to {audit:.3f} > 1",
             )
+        inferred = sum(getattr(self, k) for k in INFERRED_FAULTS)
+        if inferred > 1.0 + 1e-9:
+            raise SimulatorConfigError("+".join(INFERRED_FAULTS), f"sum to {inferred:.3f} > 1")
 
     @classmethod
     def cli_defaults(cls) -> FailureRates:
-        """The defaults plus every audit kind at CLI_AUDIT_RATE (the CLI's starting point)."""
-        return cls(**dict.fromkeys(AUDIT_KINDS, CLI_AUDIT_RATE))
+        """The defaults plus every audit and inferred kind at CLI_AUDIT_RATE (the CLI's
+        starting point)."""
+        return cls(
+            **dict.fromkeys((*AUDIT_KINDS, *INFERRED_FAULTS), CLI_AUDIT_RATE),
+            **dict.fromkeys(BUDGET_FAULTS, CLI_BUDGET_RATE),
+            **dict.fromkeys(EVIDENCE_FAULTS, CLI_EVIDENCE_RATE),
+        )
 
     @classmethod
     def none(cls) -> FailureRates:

@@ -21,6 +21,7 @@ from handoffs.simulator._attempt import (
     impostor,
     shape_for,
 )
+from handoffs.simulator._budget import label_budget
 from handoffs.simulator._builder import (
     CONSUME_LATE_NS,
     RETRY_AFTER_FAIL_P,
@@ -40,6 +41,7 @@ from handoffs.simulator._catalog import (
     WORKFLOWS,
     Hop,
 )
+from handoffs.simulator._inferred import draw_inferred, plan_inferred
 from handoffs.simulator._model import (
     CHAINED_KINDS,
     ScenarioConfig,
@@ -67,6 +69,7 @@ def plan_task(config: ScenarioConfig, seq: int, start_ns: int) -> TaskPlan:
     b = Builder(config, rng, task_id, tenant, topology)
     n = len(hops)
     audit = [draw_audit(config, rng, j, n) for j in range(n)]
+    inferred = [draw_inferred(config, rng, hop, topology) for hop in hops]
     # agent-as-tool: the first orchestrator asks every expert at once (per task)
     fan_out = topology == "agent_as_tool" and rng.random() < config.rates.fan_out_all
     t = start_ns
@@ -74,8 +77,11 @@ def plan_task(config: ScenarioConfig, seq: int, start_ns: int) -> TaskPlan:
     for j, hop in enumerate(hops):
         kind = audit[j]
         after = audit[j + 1] if j + 1 < n else None
+        # what a sender does without declaring it (_inferred.py): on an intent without an
+        # audit kind that feeds no chained one
+        told = inferred[j] if kind is None and after not in CHAINED_KINDS else None
         outcome, overlays = draw_outcome(b, hop, t)
-        if kind is not None or after in CHAINED_KINDS:
+        if kind is not None or after in CHAINED_KINDS or told is not None:
             # an audit intent, or the producer an audit consumer needs: a clean success
             outcome, overlays = "success", frozenset()
         verify_p = VERIFY_P_NEXT if j + 1 < n else VERIFY_P_LAST
@@ -170,6 +176,8 @@ def plan_task(config: ScenarioConfig, seq: int, start_ns: int) -> TaskPlan:
                 verify_p=verify_p,
                 shape=Shape(**feeds),
             )
+        elif told is not None:
+            res = plan_inferred(b, hop, t, told, causation=causation, verify_p=verify_p)
         else:
             res = attempt(
                 b,
@@ -218,6 +226,7 @@ def plan_task(config: ScenarioConfig, seq: int, start_ns: int) -> TaskPlan:
             if h.envelope["from_agent"] == hops[0].from_agent:
                 b.add_label(h.handoff_id, "fan_out_all")
     _label_left_behind(b)
+    label_budget(b)  # what each plan shows of its deadline, tool budget and ack
     steps = tuple(sorted(b.steps, key=lambda s: s.at_ns))
     return TaskPlan(task_id, tenant, topology, tuple(b.handoffs), steps, len(hops))
 

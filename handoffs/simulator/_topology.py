@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from collector import AgentCardRef, HistoryReport, QueuePosition, ResultItems
+from collector import AgentCardRef, Enqueued, HistoryReport, QueuePosition, ResultItems
 from handoffs.simulator._catalog import AGENTS, SCHEMA_V2_FIELDS, SUPPORTED_VERSIONS
 
 __all__ = [
@@ -23,6 +23,7 @@ __all__ = [
     "LAG_MS",
     "card_ref",
     "consumer_window",
+    "enqueued",
     "history_report",
     "lag_ns",
     "queue_position",
@@ -48,13 +49,22 @@ def lag_ns(rng: random.Random) -> int:
     return rng.randint(*LAG_MS) * _MS
 
 
+def _offset(enqueued_ns: int) -> int:
+    return int(enqueued_ns / _S * _QUEUE_RATE)
+
+
+def enqueued(queue: str, enqueued_ns: int) -> Enqueued:
+    """Where the producer's message lands: the queue and the offset of its enqueue time."""
+    return Enqueued(queue, _offset(enqueued_ns))
+
+
 def queue_position(
     rng: random.Random, queue: str, enqueued_ns: int, *, lagging: bool
 ) -> QueuePosition:
     """Where the consumer takes a message enqueued at `enqueued_ns`: the consumed offset
     (from the enqueue time) and the head, thousands of messages ahead when it lags (the
     shim computes the lag from the enqueue time to the accept)."""
-    offset = int(enqueued_ns / _S * _QUEUE_RATE)
+    offset = _offset(enqueued_ns)
     backlog = rng.randint(1_500, 6_000) if lagging else rng.randint(0, 60)
     return QueuePosition(queue, enqueued_ns, offset, offset + backlog)
 

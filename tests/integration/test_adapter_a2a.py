@@ -42,6 +42,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from starlette.applications import Starlette
 
 import analytics
+from analytics.refusals import refusals
 from collector.adapters.a2a import A2AServerObserver, HandoffClientInterceptor
 from serve.testing import free_port, wait_until
 
@@ -86,9 +87,8 @@ def serve(tmp_path_factory):
     s.stop()
 
 
-@pytest.fixture(scope="module")
-def a2a_server(serve):
-    """(url, observer): the coder agent's A2A server, observed leniently, on a loopback port."""
+def _coder_server(serve, service: str, *, strict: bool):
+    """Yields (url, observer): the coder agent's A2A server on a loopback port."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     card = AgentCard(
@@ -103,8 +103,8 @@ def a2a_server(serve):
         default_output_modes=["text"],
         skills=[AgentSkill(id="code.write", name="code", description="code", tags=["code"])],
     )
-    provider = _provider(serve, "coder-a2a")
-    observer = A2AServerObserver(agent="coder", tracer_provider=provider, strict=False)
+    provider = _provider(serve, service)
+    observer = A2AServerObserver(agent="coder", tracer_provider=provider, strict=strict)
     store = observer.task_store(InMemoryTaskStore())
     handler = observer.request_handler(DefaultRequestHandler(ScriptedExecutor(), store, card))
     app = Starlette(routes=[*create_agent_card_routes(card), *create_jsonrpc_routes(handler, "/")])
@@ -119,11 +119,21 @@ def a2a_server(serve):
     provider.shutdown()
 
 
-@pytest.fixture
-def client_side(serve, a2a_server):
+@pytest.fixture(scope="module")
+def a2a_server(serve):
+    """(url, observer): the coder agent's A2A server, observed leniently."""
+    yield from _coder_server(serve, "coder-a2a", strict=False)
+
+
+@pytest.fixture(scope="module")
+def strict_server(serve):
+    """(url, observer): the same agent observed strictly (the observer's default)."""
+    yield from _coder_server(serve, "coder-a2a-strict", strict=True)
+
+
+def _client(serve, url, observer, service="planner"):
     """send(text, task_id=None) -> Task, on a client instrumented as `planner`."""
-    url, observer = a2a_server
-    provider = _provider(serve, "planner")
+    provider = _provider(serve, service)
     interceptor = HandoffClientInterceptor(
         actor="planner", tracer_provider=provider, deadline_ms=60_000, capabilities=("code.write",)
     )
@@ -147,6 +157,13 @@ def client_side(serve, a2a_server):
     def send(text, task_id=None, *, streaming=False):
         return asyncio.run(_send(text, task_id, streaming))
 
+    return send, interceptor, observer, provider
+
+
+@pytest.fixture
+def client_side(serve, a2a_server):
+    """send(text, task_id=None) -> Task, on a client instrumented as `planner`."""
+    send, interceptor, observer, provider = _client(serve, *a2a_server)
     yield send, interceptor, observer
     provider.shutdown()
 
@@ -220,23 +237,71 @@ def test_failed_rejected_and_input_required_lifecycles(serve, client_side):
     assert observer.errors == 0
 
 
-def test_message_to_terminal_task_is_an_invalid_transition(serve, client_side):
-    send, interceptor, observer = client_side
+def _refused_message(serve, send, interceptor, observer, streaming: bool) -> str:
+    """A message to a finished task: the SDK refuses it; the observer records the agent's
+    reject of it (flagged invalid, error_code conflict), counted in `handoffs refusals`
+    and as invalid_transition; the handoff stays committed. Returns the handoff id."""
     start = datetime.now(UTC) - timedelta(milliseconds=1)
-    done = send("complete", streaming=True)
+    done = send("complete", streaming=streaming)
     assert TaskState.Name(done.status.state) == "TASK_STATE_COMPLETED"
     with pytest.raises(UnsupportedOperationError, match="terminal state"):
-        send("complete", task_id=done.id, streaming=True)  # the SDK refuses; still recorded
+        send("complete", task_id=done.id, streaming=streaming)  # the SDK refuses; recorded
     serve.wait_stored()
     hid = interceptor.handoffs[done.id].handoff_id
-    last = _rows(serve, hid)[-1]
-    assert last[:6] == ("start", "committed", "running", "coder", False,
-                        "a2a_message_after_terminal")  # fmt: skip
+    rows = _rows(serve, hid)
+    assert [r[:6] for r in rows[-2:]] == [
+        ("commit", "running", "committed", "coder", True, ""),
+        ("reject", "committed", "rejected", "coder", False, "conflict"),
+    ]
+    assert len({r[6] for r in rows}) == 1  # in the client's trace
+    window = _window_since(start)
     with serve.client() as c:
-        an = analytics.anomalies(c, database=serve.database, window=_window_since(start))
+        an = analytics.anomalies(c, database=serve.database, window=window)
+        refused = refusals(c, database=serve.database, window=window)
+        row = analytics.funnel(c, database=serve.database, window=window).iloc[0]
     invalid = an.set_index("kind").loc["invalid_transition"]
     assert invalid["count"] == 1 and invalid["examples"] == [hid]
-    assert observer.errors == 0
+    assert [(r.event, r.error_code, r.count, r.examples) for r in refused] == [
+        ("reject", "conflict", 1, (hid,))
+    ]
+    assert (row["committed"], row["outcome_rejected"]) == (1, 0)  # the outcome stands
+    assert (observer.errors, observer.refused) == (0, 0)
+    return hid
+
+
+def test_message_to_terminal_task_is_a_flagged_reject(serve, client_side):
+    send, interceptor, observer = client_side
+    _refused_message(serve, send, interceptor, observer, streaming=True)
+
+
+def test_a_strict_observer_records_the_refused_message_too(serve, strict_server):
+    """Strict (the default) used to drop it, counting it in memory only: now stored."""
+    send, interceptor, observer, provider = _client(serve, *strict_server, "planner-strict")
+    try:
+        _refused_message(serve, send, interceptor, observer, streaming=False)
+    finally:
+        provider.shutdown()
+
+
+def test_a_rejected_task_on_a_fresh_card_that_lists_the_skill(serve, client_side):
+    """The agent rejects the task: `unknown_capability`, which the card checks read; the
+    client's card was fetched just now and lists code.write: card_skill_refused."""
+    send, interceptor, _observer = client_side
+    start = datetime.now(UTC) - timedelta(milliseconds=1)
+    rejected = send("reject")
+    done = send("complete")
+    serve.wait_stored()
+    hid = interceptor.handoffs[rejected.id].handoff_id
+    assert [r[:6] for r in _rows(serve, hid)][-1] == (
+        "reject", "created", "rejected", "coder", True, "unknown_capability")  # fmt: skip
+    with serve.client() as c:
+        an = analytics.anomalies(c, database=serve.database, window=_window_since(start),
+                                 kinds=["stale_agent_card", "card_skill_refused"])  # fmt: skip
+    assert {r.kind: r.examples for r in an.itertuples()} == {
+        "stale_agent_card": [],
+        "card_skill_refused": [hid],
+    }
+    assert interceptor.handoffs[done.id].handoff_id != hid
 
 
 def test_client_without_interceptor_joins_by_traceparent_header(serve, a2a_server):

@@ -8,11 +8,11 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from analytics_seed import T, create, seed
 
 from analytics import Window, anomalies
 from analytics._anomaly_state_sql import render_state_ddl
 from foundation.store import SQL_DIR, apply_schema, schema_statements
+from tests.analytics_seed import T, create, seed
 
 T0 = datetime(2026, 11, 20, 9, 0, tzinfo=UTC)
 W = Window(

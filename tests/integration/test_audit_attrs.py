@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from analytics_seed import T, create, seed
-
 from analytics._audit_attrs_sql import AUDIT_ATTRS_FILE, render_audit_attrs_ddl
 from collector import semconv as sc
 from foundation.store import SQL_DIR
+from tests.analytics_seed import T, create, seed
 
 T0 = datetime(2026, 11, 20, 9, 0, tzinfo=UTC)
 
@@ -30,8 +29,15 @@ def test_the_flag_marks_exactly_the_rows_with_contract_attributes(chdb_client, f
         create("policy", _s(0), task_id="t-1", **{sc.EVIDENCE_POLICY_MIN_REFS: 2}),
         T("policy", "accept", "created", "accepted", _s(1), actor="worker"),
         T("policy", "start", "accepted", "running", _s(2), actor="worker"),
-        T("policy", "prepare", "running", "prepared", _s(3), actor="worker",
-          attrs={sc.RESULT_FIELDS: ["answer"], sc.TOOL_CALLS: 3}),  # fmt: skip
+        T(
+            "policy",
+            "prepare",
+            "running",
+            "prepared",
+            _s(3),
+            actor="worker",
+            attrs={sc.RESULT_FIELDS: ["answer"], sc.TOOL_CALLS: 3},
+        ),
         create("plain", _s(0), task_id="t-2", **{sc.GRANT_SUBJECT: "alice"}),
         create("caller", _s(0), task_id="t-3", **{sc.GRANT_CALLER: "mallory"}),
     ]

@@ -17,9 +17,9 @@ from pathlib import Path
 from urllib.parse import urlencode
 
 import pytest
-from _dashboard_seed import WEEK, WINDOW, audit_transitions, send
 
 from serve.testing import free_port, wait_until
+from tests.integration._dashboard_seed import WEEK, WINDOW, audit_transitions, send
 
 CHROMIUM = "/usr/bin/chromium"
 SHOTS = Path("/tmp/dashboard-shots")

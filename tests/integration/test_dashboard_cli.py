@@ -55,9 +55,10 @@ def test_figures_leave_undefined_rates_as_gaps():
     heat = charts.pair_heatmap(pairs).data[0]
     assert list(heat.z[0]) == [0.5, None] and list(heat.text[0]) == ["50%<br>n=2", "—"]
     fun = charts.funnel_figure(
-        {"settled": 7, "accepted": 5, "executed": 4, "evidenced": 3, "committed": 3}
-    )
-    assert list(fun.data[0].x) == [7, 5, 4, 3, 3]
+        {"settled": 7, "accepted": 5, "executed": 4, "evidence_claimed": 4, "evidenced": 3,
+         "committed": 3}
+    )  # fmt: skip
+    assert list(fun.data[0].x) == [7, 5, 4, 4, 3, 3]
     tl = charts.timeline_figure(
         [
             {

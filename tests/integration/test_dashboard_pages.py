@@ -10,12 +10,12 @@ import socket
 from datetime import datetime, timedelta
 
 import pytest
-from _dashboard_seed import IN_WINDOW, WEEK, WINDOW, seed
 from streamlit.testing.v1 import AppTest
 
 import analytics
 from dashboard import APP_PATH
 from dashboard import _ui as ui
+from tests.integration._dashboard_seed import IN_WINDOW, WEEK, WINDOW, seed
 
 TIMEOUT = 60  # seconds per script run: generous for a loaded 2-core CI machine, not a speed assert
 
@@ -166,10 +166,9 @@ def test_slices_topology_cards_lag_and_fan_out_equal_analytics(store_env, chdb_c
     """Two queue consumptions (one 2 min late, 3,000 offsets behind) and an in-process
     transfer that kept a sensitive history item: the cards, the lag table and the fan-out
     table say what analytics.topology says."""
-    from _dashboard_seed import DAY
-
     from tests.analytics_seed import T, create
     from tests.analytics_seed import seed as seed_rows
+    from tests.integration._dashboard_seed import DAY
 
     at0 = DAY + timedelta(hours=17)
     rows = []
@@ -416,10 +415,9 @@ def test_link_with_only_to_takes_the_default_length():
 def test_explorer_draws_the_task_in_causation_order(store_env, chdb_client):
     import json
 
-    from _dashboard_seed import DAY
-
     from tests.analytics_seed import T, create
     from tests.analytics_seed import seed as seed_rows
+    from tests.integration._dashboard_seed import DAY
 
     at0 = DAY + timedelta(hours=16)
     rows = []
@@ -444,10 +442,9 @@ def test_explorer_draws_the_task_in_causation_order(store_env, chdb_client):
 def test_explorer_other_spans_name_their_handoff(store_env, chdb_client):
     from dataclasses import replace
 
-    from _dashboard_seed import DAY
-
     from tests.analytics_seed import T, create
     from tests.analytics_seed import seed as seed_rows
+    from tests.integration._dashboard_seed import DAY
 
     t = DAY + timedelta(hours=17)
     rows = []
@@ -468,7 +465,7 @@ def test_explorer_other_spans_name_their_handoff(store_env, chdb_client):
 
 @pytest.fixture
 def audit_env(store_env, chdb_client):
-    from _dashboard_seed import seed_audit
+    from tests.integration._dashboard_seed import seed_audit
 
     seed_audit(chdb_client, store_env)
     return store_env
@@ -585,11 +582,10 @@ def test_overview_says_why_handoffs_are_refused(audit_env, chdb_client):
 
 
 def test_overview_slices_the_funnel_by_origin(monkeypatch, chdb_path, chdb_client, fresh_db):
-    from _dashboard_seed import DAY, transitions
-
     from analytics.origin import funnel_by_origin
     from tests.analytics_seed import T, create
     from tests.analytics_seed import seed as seed_transitions
+    from tests.integration._dashboard_seed import DAY, transitions
 
     rule = "adk.transfer_to_agent.handoff"  # a handoff derived from framework spans
     derived = {"handoff.derived_by": rule}

@@ -2,9 +2,10 @@
 chDB seeded with known handoffs (tests/integration/_dashboard_seed.py).
 
 Each parameter a page reads (`from`, `to`, `as_of`, `tenant` on the pages with the window
-pickers, `handoff_id`, `week`, `sl_tab`, `sl_queue`, the Alerts page's `as_of`) gets SQL
-quotes and comments, bound-parameter syntax, HTML and JavaScript, markdown links and
-images, ANSI escapes, 100 KB, unknown values and impossible or extreme times. Checked by
+pickers, `handoff_id`, `week`, `sl_tab`, `sl_queue`, `sl_keyless`, the Alerts page's
+`as_of`) gets SQL quotes and comments, bound-parameter syntax, HTML and JavaScript,
+markdown links and images, ANSI escapes, 100 KB, unknown values and impossible or extreme
+times. Checked by
 effect: the page runs to its footer or stops with a short message; no exception, no
 engine error or SQL text; the value never reaches a markdown or HTML element as typed
 (Streamlit renders st.markdown, st.caption, st.info/warning/error bodies as markdown);
@@ -17,11 +18,11 @@ import re
 import uuid
 
 import pytest
-from _dashboard_seed import WINDOW, seed
 from streamlit.testing.v1 import AppTest
 
 from dashboard import APP_PATH
 from foundation.store import apply_schema
+from tests.integration._dashboard_seed import WINDOW, seed
 
 TIMEOUT = 60  # seconds per script run: generous for a loaded 2-core CI machine
 
@@ -176,5 +177,7 @@ def test_alerts_as_of_param(store_env, value):
 
 @pytest.mark.parametrize("value", HOSTILE.values(), ids=HOSTILE)
 def test_slices_tab_and_queue_params(store_env, value):
-    at = _run({**WINDOW, "sl_tab": value, "sl_queue": value}, "views/slices.py")
+    at = _run(
+        {**WINDOW, "sl_tab": value, "sl_queue": value, "sl_keyless": value}, "views/slices.py"
+    )
     _check(at, value, finished=True)

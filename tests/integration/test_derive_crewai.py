@@ -16,7 +16,9 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from _derived import (
+
+import analytics
+from tests.integration._derived import (
     anomaly_counts,
     app_venv_python,
     created_rows,
@@ -24,8 +26,6 @@ from _derived import (
     run_app,
     wait_for_funnel,
 )
-
-import analytics
 
 RULE = "openinference.crewai.delegation"
 

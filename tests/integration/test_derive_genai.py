@@ -14,7 +14,6 @@ import urllib.request
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from _derived import anomaly_counts, wait_for_funnel
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
@@ -22,6 +21,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 import analytics
+from tests.integration._derived import anomaly_counts, wait_for_funnel
 
 RULE = "genai.execute_tool.handoff"
 

@@ -17,7 +17,6 @@ pytest.importorskip("langgraph_swarm")
 pytest.importorskip("langgraph_supervisor")
 pytest.importorskip("openinference.instrumentation.langchain")
 
-from _derived import anomaly_counts, wait_for_funnel
 from langchain_openai import ChatOpenAI
 from langgraph.prebuilt import create_react_agent
 from langgraph_supervisor import create_supervisor
@@ -30,6 +29,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 import analytics
 from derive.testing import ScriptedOpenAI
+from tests.integration._derived import anomaly_counts, wait_for_funnel
 
 RULE = "openinference.langgraph.handoff"
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")

@@ -11,7 +11,6 @@ import urllib.request
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from _derived import funnel_counts
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -19,6 +18,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 import analytics
 from serve.testing import wait_until
+from tests.integration._derived import funnel_counts
 
 _LIFECYCLE = (
     ("create", "", "created"),

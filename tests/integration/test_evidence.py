@@ -9,10 +9,10 @@ import urllib.request
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from analytics_seed import T, create, seed
 
 from analytics import evidence_package, verify_package
 from handoffs.cli import main
+from tests.analytics_seed import T, create, seed
 
 T0 = datetime(2026, 11, 23, 10, 0, tzinfo=UTC)
 EV = {

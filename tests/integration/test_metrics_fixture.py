@@ -15,7 +15,6 @@ from datetime import UTC, datetime, timedelta
 
 import pandas as pd
 import pytest
-from analytics_seed import T, create, seed
 
 from analytics import (
     ANOMALY_KINDS,
@@ -29,6 +28,7 @@ from analytics import (
     task_stats,
     tenants,
 )
+from tests.analytics_seed import T, create, seed
 
 T0 = datetime(2026, 11, 23, 10, 0, tzinfo=UTC)
 WINDOW = Window(start=T0, end=T0 + timedelta(hours=1), as_of=T0 + timedelta(hours=2))

@@ -11,8 +11,10 @@ capability grants (capabilities, tenant, expiry), receipts with an expiry, recei
 by an actor other than the to_agent, claimed tenants; and each topology's attributes: queue
 lag and offsets, result items, transfer history counts, Agent Cards, message kinds and
 replays, schema versions against consumers' supported versions and unknown fields, plus
-agent-as-tool fan-outs around the 3-expert and every-expert boundaries. Each example seeds
-its own tenant in one database.
+agent-as-tool fan-outs around the 3-expert and every-expert boundaries; and what senders do
+without declaring it (retries inferred or after final refusals, keyless writes, grant
+callers, state versions: _inferred_strategies.py). Each example seeds its own tenant in one
+database.
 Derandomized, so a failure replays.
 """
 
@@ -24,7 +26,6 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from analytics_seed import T, create, seed, span_rows
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -39,10 +40,13 @@ from analytics import (
 )
 from analytics import reference as ref
 from analytics import reference_audit as ref_audit
+from analytics import reference_inferred as ref_inf
 from analytics import reference_topology as ref_topo
 from analytics._topology_sql import thresholds
 from collector.contract import EVENTS, STATES, TRANSITIONS
 from collector.semconv import MODES, TOPOLOGIES
+from tests.analytics_seed import T, create, seed, span_rows
+from tests.integration._inferred_strategies import inferred_groups
 
 T0 = datetime(2026, 11, 23, 10, 0, tzinfo=UTC)
 WINDOW_END = T0 + timedelta(hours=1)
@@ -109,7 +113,7 @@ def _topology_envelope(draw, at: datetime) -> dict:
         if removed is not None:
             kw["handoff.history.removed_items"] = removed
     if draw(_often):
-        age = draw(st.sampled_from([86_401, 60, 86_399, 200_000]))
+        age = draw(st.sampled_from([86_401, 60, 86_399, 200_000, 86_400]))
         kw["handoff.agent_card.fetched_at"] = _iso(at - timedelta(seconds=age))
         if draw(_often):
             kw["handoff.agent_card.skills"] = draw(
@@ -375,6 +379,7 @@ def scenario(draw, linked_max: int = 2, topology_groups: bool = True):
             rows += draw(fanned(tenant, as_of, k))
         for k in range(draw(st.integers(0, 3))):
             rows += draw(executed(tenant, as_of, k))
+        rows += draw(inferred_groups(tenant, as_of))
     return tenant, rows, as_of
 
 
@@ -407,7 +412,9 @@ def inserted_in_blocks(draw):
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(inserted_in_blocks())
-def test_sql_funnel_and_anomalies_equal_reference(chdb_client, fresh_db, sc):
+def test_sql_funnel_and_anomalies_equal_reference(chdb_client, fresh_db, monkeypatch, sc):
+    # missing_grant is judged only where the policy requires grants
+    monkeypatch.setenv("HANDOFFS_REQUIRE_GRANTS", "1")
     tenant, inserts, as_of, settles = sc
     for block, settled in zip(inserts, settles, strict=True):
         if block:
@@ -460,6 +467,16 @@ def test_sql_funnel_and_anomalies_equal_reference(chdb_client, fresh_db, sc):
                    kinds=ref_topo.TOPOLOGY_KINDS)  # fmt: skip
     for r in df.itertuples():
         ref_ids = sorted(h for (_t, h), kinds in topo.items() if r.kind in kinds)
+        assert (r.count, list(r.examples)) == (len(ref_ids), ref_ids), r.kind
+    # what senders do without declaring it: retries after final refusals, keyless writes
+    # done twice, grant callers and presence, state versions out of order
+    inf = ref_inf.inferred_anomalies(
+        refrows, start_ns=int(lo), end_ns=int(hi), pol=ref_inf.policy()
+    )
+    df = anomalies(chdb_client, database=fresh_db, window=w, tenant=tenant, examples=1000,
+                   kinds=ref_inf.INFERRED_KINDS)  # fmt: skip
+    for r in df.itertuples():
+        ref_ids = sorted(h for (_t, h), kinds in inf.items() if r.kind in kinds)
         assert (r.count, list(r.examples)) == (len(ref_ids), ref_ids), r.kind
 
 

@@ -14,12 +14,12 @@ import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from analytics_seed import T, create, seed
 from streamlit.testing.v1 import AppTest
 
 from analytics import weekly_report
 from dashboard import APP_PATH
 from handoffs.cli import main
+from tests.analytics_seed import T, create, seed
 
 AT = datetime(2026, 11, 30, tzinfo=UTC)  # the end of ISO week 2026-W48
 ISO = "%Y-%m-%dT%H:%M:%SZ"

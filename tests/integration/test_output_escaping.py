@@ -6,10 +6,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from analytics_seed import T, create, seed
-
 from analytics.display import html_safe, markdown_link_text, terminal_safe
 from handoffs.cli import main
+from tests.analytics_seed import T, create, seed
 
 T0 = datetime(2026, 11, 23, 10, 0, tzinfo=UTC)
 #: an OSC sequence that retitles the terminal, an SGR colour, and an RTL override

@@ -15,13 +15,13 @@ import random
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from analytics_seed import T, create, seed
 from streamlit.testing.v1 import AppTest
 
 from analytics import Window, funnel, weekly_report
 from analytics.pairs_lost import lost_by_pair
 from dashboard import APP_PATH
 from handoffs.cli import main
+from tests.analytics_seed import T, create, seed
 
 AS_OF = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)  # a Tuesday: week 2026-W49 has just begun
 START = AS_OF - timedelta(days=7)

@@ -10,11 +10,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from analytics_seed import T, create, seed
 
 from analytics import Window, funnel, weekly_report
 from analytics.report import fmt_rate
 from handoffs.cli import main
+from tests.analytics_seed import T, create, seed
 
 W47 = datetime(2026, 11, 16, tzinfo=UTC)
 AS_OF = datetime(2026, 12, 1, tzinfo=UTC)

@@ -13,11 +13,11 @@ import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from analytics_seed import T, create, seed
 
 from analytics import Window, anomalies, evidence_package, funnel, verify_package
 from ingest import ingest_requests, verify_chain
 from ingest.testing import request_json, span_json, transition
+from tests.analytics_seed import T, create, seed
 
 T0 = datetime(2026, 11, 23, 10, 0, tzinfo=UTC)
 WINDOW = Window(start=T0, end=T0 + timedelta(hours=1), as_of=T0 + timedelta(hours=2))

@@ -11,7 +11,6 @@ import re
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from analytics_seed import T, create, seed
 
 from analytics import Window, anomalies, funnel
 from analytics._common import cohort_sql
@@ -24,6 +23,7 @@ from analytics._watermarks import (
     Settled,
     read_settled,
 )
+from tests.analytics_seed import T, create, seed
 
 T0 = datetime(2026, 11, 20, 9, 0, tzinfo=UTC)
 CLOCK = T0 + timedelta(hours=1)

@@ -9,12 +9,12 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from analytics_seed import T, create, seed
 
 from analytics import Window, anomalies
 from analytics._anomaly_sql import PASSES
 from analytics._settled import FLAGS_TABLE, STATE_KIND_BITS, settle, settled_state_pass
 from analytics._watermarks import read_settled
+from tests.analytics_seed import T, create, seed
 
 T0 = datetime(2026, 11, 20, 9, 0, tzinfo=UTC)
 W = Window(

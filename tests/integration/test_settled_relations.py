@@ -9,7 +9,6 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from analytics_seed import T, create, seed
 
 from analytics import Window, anomalies
 from analytics._settled import settle
@@ -19,6 +18,7 @@ from analytics._settled_relations import (
     settled_relation_pass,
 )
 from analytics._watermarks import RELATION_FLAGS_TABLE, read_settled
+from tests.analytics_seed import T, create, seed
 
 T0 = datetime(2026, 11, 20, 9, 0, tzinfo=UTC)
 W = Window(

@@ -52,6 +52,8 @@ KIND_OF = {
     "command_replayed": "command_replayed",
     "after_terminal": "invalid_transition",
     "stale_agent_card": "stale_agent_card",
+    "card_skill_refused": "card_skill_refused",
+    "consumer_stalled": "consumer_stalled",
     "incompatible_accepted": "incompatible_accepted",
     "risky_field_ignored": "risky_field_ignored",
 }

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from analytics_seed import T, create, seed
-
 from analytics import Window, anomalies, backfill_task_index, evidence_package
+from tests.analytics_seed import T, create, seed
 
 T0 = datetime(2026, 11, 23, 10, 0, tzinfo=UTC)
 WINDOW = Window(start=T0, end=T0 + timedelta(hours=1), as_of=T0 + timedelta(hours=2))

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from analytics_seed import T, create, seed
-
 from analytics import Window, anomalies
 from analytics._topology_sql import PASSES, TOPOLOGY_ATTRS_FILE, render_topology_attrs_ddl
 from collector import semconv as sc
 from foundation.store import SQL_DIR, apply_schema
+from tests.analytics_seed import T, create, seed
 from tests.integration._schema_before import merge_transitions, store_before
 
 T0 = datetime(2026, 11, 20, 9, 0, tzinfo=UTC)

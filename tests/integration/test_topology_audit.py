@@ -137,6 +137,7 @@ EXPECTED = {
     "partial_result_committed": ["p1"],
     "unfiltered_sensitive_history": ["s1", "s3"],
     "stale_agent_card": ["a1", "a4"],
+    "card_skill_refused": [],  # a2's card lists no skills; a5 was not refused
     "command_replayed": ["r1"],
     "incompatible_accepted": ["i1"],
     "risky_field_ignored": ["i4", "i5"],
@@ -195,12 +196,16 @@ def test_bad_thresholds_are_refused():
 def test_lag_fan_out_and_unknown_field_tables(served):
     client, db = served.client(), served.database
     lag = queue_lag(client, WINDOW, database=db, tenant="acme")
-    # jobs: 10, 60,000, 60,001 (exact percentiles: an observed value); q4's reject not counted
-    assert lag.to_dict(orient="records") == [
+    # jobs: 10, 60,000, 60,001 (exact percentiles: an observed value); q4's reject not counted;
+    # no producer recorded its enqueue; jobs' head 1,011 (q3), worker consumed up to 10
+    got = lag.to_dict(orient="records")
+    assert math.isnan(got[1].pop("offsets_behind"))  # mail: no offsets at all
+    assert got == [
         {"consumer": "worker", "queue": "jobs", "handoffs": 3, "p50_ms": 60_000.0,
-         "p95_ms": 60_001.0, "max_ms": 60_001},
+         "p95_ms": 60_001.0, "max_ms": 60_001, "enqueued": 0, "waiting": 0, "stalled": 0,
+         "offsets_behind": 1_001},
         {"consumer": "worker2", "queue": "mail", "handoffs": 1, "p50_ms": 500.0,
-         "p95_ms": 500.0, "max_ms": 500},
+         "p95_ms": 500.0, "max_ms": 500, "enqueued": 0, "waiting": 0, "stalled": 0},
     ]  # fmt: skip
     fan = task_fan_out(client, WINDOW, database=db, tenant="acme")
     # orch: tf1 (3 experts, 4 attempts), tf2 (2, 2); orch2: tg1 (3, 3), tg2 (1, 1); planner:
@@ -247,8 +252,10 @@ def test_topology_cards_and_slices(served):
         ("shared_queue", "idempotency_conflict"): (5, 0),
         ("shared_queue", "duplicate_execution"): (5, 0),
         ("shared_queue", "consumer_lag"): (5, 2),
+        ("shared_queue", "consumer_stalled"): (5, 0),
         ("federated_a2a", "invalid_transition"): (6, 1),
         ("federated_a2a", "stale_agent_card"): (6, 2),
+        ("federated_a2a", "card_skill_refused"): (6, 0),
     }
     assert cards.loc[cards["kind"] == "consumer_lag", "rate"].item() == pytest.approx(2 / 5)
     none = topology_cards(client, WINDOW, database=db, tenant="nobody")

@@ -9,7 +9,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from analytics_seed import T, create, seed
 from streamlit.testing.v1 import AppTest
 from test_dashboard_browser import (  # the browser harness: one way to drive chromium
     _ARGS,
@@ -24,6 +23,7 @@ from analytics import evidence_package, verify_package
 from analytics.evidence import task_bundle, verify_task_bundle
 from analytics.verify import verify_offline
 from dashboard import APP_PATH
+from tests.analytics_seed import T, create, seed
 
 T0 = datetime(2026, 12, 5, 10, 1, 0, tzinfo=UTC)
 TIMEOUT = 60  # seconds per script run: generous for a loaded CI machine, not a speed assert

@@ -26,7 +26,12 @@ from a2a.types.a2a_pb2 import (
 )
 
 from collector import InMemoryRecorder
-from collector.adapters.a2a import METADATA_KEY, A2AServerObserver, HandoffClientInterceptor
+from collector.adapters.a2a import (
+    METADATA_KEY,
+    STATUS_CODE_KEY,
+    A2AServerObserver,
+    HandoffClientInterceptor,
+)
 
 CTX = ServerCallContext()
 
@@ -97,13 +102,20 @@ def test_completed_carries_artifacts_as_evidence_and_skipped_steps_are_walked(re
 
 
 def test_rejected_and_failed_error_codes(rec):
+    """A task the agent rejects is the refusal of the skill asked for (`unknown_capability`,
+    what the Agent Card checks read) unless the agent names its reason on the status message."""
     _, store = _server(rec)
     rejected = new_task_from_user_message(_message())
     failed = new_task_from_user_message(_message())
+    busy = new_task_from_user_message(_message())
     _walk(store, rejected, "SUBMITTED", "REJECTED")
     _walk(store, failed, "SUBMITTED", "WORKING", "FAILED")
-    assert _events(rec, **{"handoff.handoff_id": rejected.id})[-1] == ("reject", "a2a_rejected")
+    busy.status.message.CopyFrom(_message("later", metadata={STATUS_CODE_KEY: "busy"}))
+    _walk(store, busy, "REJECTED")
+    assert _events(rec, **{"handoff.handoff_id": rejected.id})[-1] == (
+        "reject", "unknown_capability")  # fmt: skip
     assert _events(rec, **{"handoff.handoff_id": failed.id})[-1] == ("fail", "a2a_failed")
+    assert _events(rec, **{"handoff.handoff_id": busy.id})[-1] == ("reject", "busy")
 
 
 def test_contradicting_state_lenient_flags_strict_refuses(rec):
@@ -137,10 +149,27 @@ def test_message_to_terminal_task_rebuilt_from_the_store_after_eviction(rec):
     last = rec.transitions()[-1]
     assert last["handoff.handoff_id"] == done.id
     assert (last["handoff.event"], last["handoff.from_state"], last["handoff.valid"]) == (
-        "start", "committed", False)  # fmt: skip
-    assert last["handoff.error_code"] == "a2a_message_after_terminal"
+        "reject", "committed", False)  # fmt: skip
+    assert (last["handoff.error_code"], last["handoff.actor"]) == ("conflict", "coder")
     assert obs.errors == 0
     assert len(trace_of_done) == 1  # (uninstrumented: the rebuilt handoff has a fresh trace)
+
+
+def test_a_strict_observer_records_a_message_to_a_finished_task(rec):
+    """Strict (the default) no longer drops it: the agent's reject of the message, flagged
+    (the handoff stays committed), error_code conflict; nothing counted as dropped."""
+    obs, store = _server(rec)
+    handler = obs.request_handler(DefaultRequestHandler(None, store, AgentCard(name="coder")))
+    done = new_task_from_user_message(_message())
+    _walk(store, done, "SUBMITTED", "WORKING", "COMPLETED", artifacts=1)
+    req = SendMessageRequest(message=_message("again", task_id=done.id))
+    with pytest.raises(Exception, match="terminal state"):
+        asyncio.run(handler.on_message_send(req, CTX))
+    last = rec.transitions()[-1]
+    assert (last["handoff.event"], last["handoff.from_state"], last["handoff.to_state"],
+            last["handoff.valid"], last["handoff.error_code"]) == (
+        "reject", "committed", "rejected", False, "conflict")  # fmt: skip
+    assert (obs.refused, obs.errors) == (0, 0)
 
 
 def test_client_interceptor_creates_and_injects(rec):

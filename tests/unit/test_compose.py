@@ -177,8 +177,24 @@ def test_cluster_profile_has_keeper_and_two_shards():
         assert macros.findtext("macros/replica") == f"clickhouse-s{i}"
 
 
+def _mounted_xml() -> set[Path]:
+    """The deploy/ XML files docker-compose.yml mounts into a container."""
+    found = set()
+    for svc in SERVICES.values():
+        for volume in svc.get("volumes", []):
+            source = str(volume).split(":", 1)[0]
+            if source.startswith("./deploy/") and source.endswith(".xml"):
+                found.add((ROOT / source).resolve())
+    return found
+
+
 def test_deploy_xml_files_parse():
-    for f in (ROOT / "deploy").rglob("*.xml"):
+    found = {f.resolve() for f in (ROOT / "deploy").rglob("*.xml")}
+    mounted = _mounted_xml()
+    # an empty glob (files moved or renamed) must fail, not pass with nothing parsed
+    assert len(mounted) >= 6, mounted
+    assert mounted <= found, f"mounted by docker-compose.yml, not in deploy/: {mounted - found}"
+    for f in sorted(found):
         ET.parse(f)  # raises on malformed XML
 
 

@@ -199,8 +199,9 @@ def test_idempotency_conflict_reuses_the_key_with_a_new_payload():
 def test_skill_outage_rejects_that_capability_inside_its_slice_only():
     outage = SkillOutage("coder", "code.test", T0 + 1000 * S, T0 + 2000 * S, reject_rate=1.0)
     # an audit intent succeeds whatever the outage says: none here
-    # (nor a stale Agent Card: its rejections carry the same code)
-    cfg = ScenarioConfig(outage=outage, rates=FailureRates.parse(NO_AUDIT + ",stale_agent_card=0"))
+    # (nor a stale Agent Card nor a refused card skill: their rejections carry the same code)
+    rates = FailureRates.parse(NO_AUDIT + ",stale_agent_card=0,card_skill_refused=0")
+    cfg = ScenarioConfig(outage=outage, rates=rates)
     inside = rejected = outside = 0
     for plan in _plans(400, cfg):
         for h in plan.handoffs:

@@ -295,8 +295,9 @@ def test_the_keyword_table_covers_the_transition_signature():
     assert {
         "queue",
         "result_items",
+        "result_fields",
         "supported_versions",
         "unknown_fields",
         "extra",
     } <= TRANSITION_KEYWORDS
-    assert len(TRANSITION_KEYWORDS) == 21
+    assert len(TRANSITION_KEYWORDS) == 23
