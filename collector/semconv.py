@@ -298,13 +298,7 @@ WIRE_ATTRIBUTES: Final[tuple[AttrSpec, ...]] = (
         False,
         "evidence policy: fewest refs a result carries",
     ),
-    AttrSpec(
-        EVIDENCE_POLICY_REQUIRE_CLAIMS,
-        "bool",
-        "create",
-        False,
-        "evidence policy: every ref of a result carries a claim",
-    ),
+    AttrSpec(EVIDENCE_POLICY_REQUIRE_CLAIMS, "bool", "create", False, "policy: refs carry claims"),
     AttrSpec(
         REPLY_CONTRACT_MUST_RETURN,
         "string[]",
@@ -328,13 +322,7 @@ WIRE_ATTRIBUTES: Final[tuple[AttrSpec, ...]] = (
     ),
     AttrSpec(MESSAGE_ID, "string", "create", False, "message: the sender's id of the message"),
     AttrSpec(MESSAGE_TTL_S, "int", "create", False, "message: seconds it stays deliverable"),
-    AttrSpec(
-        MESSAGE_REQUIRES_ACK,
-        "bool",
-        "create",
-        False,
-        "message: the receiver must accept or reject it within ttl_s",
-    ),
+    AttrSpec(MESSAGE_REQUIRES_ACK, "bool", "create", False, "message: accept/reject within ttl_s"),
     AttrSpec(
         MESSAGE_PAYLOAD_REF, "string", "create", False, "message: where a large payload is kept"
     ),
