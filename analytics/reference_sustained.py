@@ -20,6 +20,7 @@ from analytics._sustained_sql import HOUR_S, SustainedThresholds
 from analytics.reference import Row, counted, facts
 from analytics.reference_audit import attrs, is_create
 from analytics.reference_topology import parse_int
+from analytics.spike_reference import envelope
 from collector import semconv as sc
 
 __all__ = ["SustainedRun", "consumer_stalled_ids", "sustained_ids", "sustained_runs"]
@@ -45,20 +46,6 @@ class SustainedRun:
     handoffs: tuple[tuple[str, str], ...]
 
 
-def _envelope(rows: Sequence[Row]) -> tuple[str, list[str]]:
-    creates = [
-        r
-        for r in rows
-        if counted(r)
-        and r["event"] == "create"
-        and not r["from_state"]
-        and r["to_state"] == "created"
-    ]
-    to_agent = max((str(r.get("to_agent") or "") for r in creates), default="")
-    caps = max((list(r.get("capabilities") or []) for r in creates), default=[])
-    return to_agent, caps
-
-
 def _by_handoff(rows: Iterable[Row]) -> dict[tuple[str, str], list[Row]]:
     by_h: dict[tuple[str, str], list[Row]] = defaultdict(list)
     for r in rows:
@@ -77,7 +64,7 @@ def sustained_runs(
         f = facts(key[1], hr, as_of_ns=as_of_ns)
         if f.created_ns is None or not f.settled:
             continue
-        to_agent, caps = _envelope(hr)
+        to_agent, caps = envelope(hr)
         for cap in caps or [""]:  # a capability listed twice counts twice, as in SQL
             cell = groups[(to_agent, cap)].setdefault(f.created_ns // _HOUR_NS, [0, 0, set()])
             cell[0] += 1

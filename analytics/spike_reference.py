@@ -26,7 +26,7 @@ from analytics._spike_sql import (
 )
 from analytics.reference import counted, facts
 
-__all__ = ["SpikeBucket", "rejection_spike_ids", "rejection_spikes", "spiking"]
+__all__ = ["SpikeBucket", "envelope", "rejection_spike_ids", "rejection_spikes", "spiking"]
 
 Row = Mapping[str, Any]
 _NS = 1_000_000_000
@@ -65,7 +65,8 @@ def spiking(settled: int, rejected: int, baseline_settled: int, baseline_rejecte
     )
 
 
-def _envelope(rows: Sequence[Row]) -> tuple[str, list[str]]:
+def envelope(rows: Sequence[Row]) -> tuple[str, list[str]]:
+    """A handoff's to_agent and capabilities: the greatest over its counted create rows."""
     creates = [
         r
         for r in rows
@@ -100,7 +101,7 @@ def rejection_spikes(
         f = facts(hid, hr, as_of_ns=as_of_ns)
         if f.created_ns is None or not f.settled:
             continue
-        to_agent, caps = _envelope(hr)
+        to_agent, caps = envelope(hr)
         for cap in caps or [""]:  # a capability listed twice counts twice, as in SQL
             cell = groups[(to_agent, cap)].setdefault(f.created_ns // width, [0, 0, set()])
             cell[0] += 1
