@@ -2,8 +2,8 @@
 that keeps the dataframe libraries out (serve's `GET /metrics`, serve._funnel_metrics).
 
 The same SQL pieces as analytics.metrics and analytics.anomalies (the cohort and its
-contract flags, the anomaly passes); tests hold the numbers equal to funnel() and
-anomalies() on the same store.
+contract flags, the stages of analytics.stages, the anomaly passes); tests hold the numbers
+equal to funnel() and anomalies() on the same store.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 from analytics._anomaly_sql import PASSES, pass_sql
 from analytics._common import (
@@ -25,25 +25,12 @@ from analytics._common import (
     ts,
 )
 from analytics.reference import UNKNOWN_SLA_MS
+from analytics.stages import CONDITIONS
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
 
-__all__ = ["FUNNEL_STAGES", "AgedCounts", "anomaly_counts", "funnel_by_age"]
-
-#: funnel stage -> condition over the cohort flags; the metric contract (docs/design.md) and
-#: analytics.metrics.STAGES, which a test holds this equal to
-FUNNEL_STAGES: Final = {
-    "volume": "1",
-    "settled": "is_settled",
-    "in_flight": "NOT is_settled",
-    "accepted": "is_settled AND is_a",
-    "executed": "is_settled AND is_e",
-    "evidenced": "is_settled AND is_v",
-    "committed": "is_settled AND is_k",
-    "unknown": "is_settled AND is_unk",
-    "escalated": "is_settled AND is_esc",
-}
+__all__ = ["AgedCounts", "anomaly_counts", "funnel_by_age"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,9 +49,10 @@ def funnel_by_age(
     as_of: datetime,
     ages: Sequence[timedelta],
     by: Sequence[str] = ("tenant", "from_agent", "to_agent"),
-    stages: Sequence[str] = tuple(FUNNEL_STAGES),
+    stages: Sequence[str] = tuple(CONDITIONS),
 ) -> list[AgedCounts]:
-    """Funnel counts per group of `by` (plain dimensions; `pair` and `capability` refused)
+    """Funnel counts (`stages`: names of analytics.stages.FUNNEL, all by default; handoffs)
+    per group of `by` (plain dimensions; `pair` and `capability` refused)
     for the cohorts created in [as_of - age, as_of) for each age, settled as of `as_of`:
     one scan of the longest. Groups sorted by keys. ValueError for an unknown dimension or
     stage, an empty or non-positive age, or a naive `as_of`."""
@@ -75,14 +63,14 @@ def funnel_by_age(
     if not ages or any(a <= timedelta(0) for a in ages):
         raise ValueError(f"ages must be positive durations, got {list(ages)!r}")
     for s in stages:
-        if s not in FUNNEL_STAGES:
-            raise ValueError(f"unknown stage {s!r}; choose from {', '.join(FUNNEL_STAGES)}")
+        if s not in CONDITIONS:
+            raise ValueError(f"unknown stage {s!r}; choose from {', '.join(CONDITIONS)}")
     window = settled_window(
         client, db, Window(start=as_of - max(ages), end=as_of, as_of=as_of), None
     )
     extra = [c for d in dims for c in DIM_COLUMNS[d]]
     cols = [
-        f"countIf(created >= {ts(as_of - age)} AND ({FUNNEL_STAGES[s]}))"
+        f"countIf(created >= {ts(as_of - age)} AND ({CONDITIONS[s]}))"
         for age in ages
         for s in stages
     ]

@@ -38,6 +38,7 @@ from analytics.rollup import (
     rate,
     rollup,
 )
+from analytics.stages import FUNNEL
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
@@ -61,9 +62,6 @@ __all__ = [
     "tenants",
 ]
 
-#: cohort-row condition of `verified`: K (committed with evidence) and read back (verified)
-_VERIFIED: Final = f"is_k AND {cs.has('tmask', cs.reached_mask('verified'))}"
-
 #: outcome -> cohort-row condition: the bit tests of the state the handoff already keeps
 #: (tmask), so the outcomes cost the funnel query a few bit operations, not a query each
 _OUTCOME_CONDITIONS: Final = {
@@ -71,43 +69,26 @@ _OUTCOME_CONDITIONS: Final = {
     "unknown_open": "is_unresolved",
     "unknown_resolved": "is_unk AND NOT is_unresolved",
 }
-_OUTCOMES_SQL: Final = ",\n    ".join(
-    f"countIf({_OUTCOME_CONDITIONS[o]}) AS outcome_{o}" for o in OUTCOMES
+
+#: the funnel's count columns over cohort rows: the stages (analytics.stages), the outcomes
+_COUNTS_SQL: Final = ",\n    ".join(
+    [
+        *(f"countIf({s.condition}) AS {s.name}" for s in FUNNEL),
+        *(f"countIf({_OUTCOME_CONDITIONS[o]}) AS outcome_{o}" for o in OUTCOMES),
+    ]
 )
 
-#: the funnel's count columns over cohort rows (analytics._common.cohort_sql flags)
-_COUNTS_SQL: Final = f"""count() AS volume,
-    countIf(is_settled) AS settled,
-    countIf(NOT is_settled) AS in_flight,
-    countIf(is_settled AND is_a) AS accepted,
-    countIf(is_settled AND is_e) AS executed,
-    countIf(is_settled AND is_v_claimed) AS evidence_claimed,
-    countIf(is_settled AND is_v) AS evidenced,
-    countIf(is_settled AND is_k) AS committed,
-    countIf(is_settled AND {_VERIFIED}) AS verified,
-    countIf(is_settled AND is_unk) AS unknown,
-    countIf(is_settled AND is_esc) AS escalated,
-    countIf(is_unresolved) AS unresolved_now,
-    {_OUTCOMES_SQL}"""
-
-#: handoffs_behind stages -> SQL condition over the cohort flags (see analytics._common).
+#: handoffs_behind's names of two funnel counts; every other stage keeps its column's name
+_BEHIND_NAMES: Final = {"volume": "all", "unresolved_now": "unresolved"}
+#: handoffs_behind stages -> SQL condition over the cohort flags (see analytics._common): the
+#: funnel's stages, the handoffs each step lost, disputed evidence, the outcomes
 STAGES: Final = {
-    "all": "1",
-    "settled": "is_settled",
-    "in_flight": "NOT is_settled",
-    "accepted": "is_settled AND is_a",
+    **{_BEHIND_NAMES.get(s.name, s.name): s.condition for s in FUNNEL},
     "not_accepted": "is_settled AND NOT is_a",
-    "executed": "is_settled AND is_e",
     "not_executed": "is_settled AND is_a AND NOT is_e",
-    "evidenced": "is_settled AND is_v",
     "not_evidenced": "is_settled AND is_e AND NOT is_v",
-    "evidence_claimed": "is_settled AND is_v_claimed",
     "evidence_disputed": "is_settled AND is_v_claimed AND NOT is_v",
-    "committed": "is_settled AND is_k",
     "not_committed": "is_settled AND is_v AND NOT is_k",
-    "unknown": "is_settled AND is_unk",
-    "unresolved": "is_unresolved",
-    "escalated": "is_settled AND is_esc",
     **{f"outcome_{o}": c for o, c in _OUTCOME_CONDITIONS.items()},
 }
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from analytics._common import Window, check_db, cohort_sql, settled_window, ts
 from analytics.metrics import RATES, rate
+from analytics.stages import CONDITIONS
 from collector import semconv
 
 if TYPE_CHECKING:
@@ -92,19 +93,21 @@ def has_adapter_spans(client: Client, database: str, window: Window) -> bool:
     return bool(client.query(sql).result_rows[0][0])
 
 
-#: the funnel counts split by origin, each defined as in analytics.funnel (the ones that need
-#: more than the cohort flags, such as `verified`, are not split here)
+#: the funnel counts split by origin (columns in this order), each as analytics.stages counts it
 ORIGIN_COUNTS: Final = {
-    "volume": "count()",
-    "settled": "countIf(is_settled)",
-    "in_flight": "countIf(NOT is_settled)",
-    "accepted": "countIf(is_settled AND is_a)",
-    "executed": "countIf(is_settled AND is_e)",
-    "evidenced": "countIf(is_settled AND is_v)",
-    "committed": "countIf(is_settled AND is_k)",
-    "unknown": "countIf(is_settled AND is_unk)",
-    "escalated": "countIf(is_settled AND is_esc)",
-    "unresolved_now": "countIf(is_unresolved)",
+    name: f"countIf({CONDITIONS[name]})"
+    for name in (
+        "volume",
+        "settled",
+        "in_flight",
+        "accepted",
+        "executed",
+        "evidenced",
+        "committed",
+        "unknown",
+        "escalated",
+        "unresolved_now",
+    )
 }
 #: the metric contract's rates (analytics.metrics.RATES) whose counts are all split here
 ORIGIN_RATES: Final = {

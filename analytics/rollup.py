@@ -19,6 +19,8 @@ from typing import Final
 
 import pandas as pd
 
+from analytics.stages import FUNNEL
+
 __all__ = [
     "COUNT_COLUMNS",
     "OUTCOMES",
@@ -47,21 +49,8 @@ OUTCOMES: Final = (
 )
 OUTCOME_COLUMNS: Final = tuple(f"outcome_{o}" for o in OUTCOMES)
 
-COUNT_COLUMNS: Final = (
-    "settled",
-    "in_flight",
-    "accepted",
-    "executed",
-    "evidence_claimed",
-    "evidenced",
-    "committed",
-    "verified",
-    "unknown",
-    "escalated",
-    "unresolved_now",
-    "volume",
-    *OUTCOME_COLUMNS,
-)
+#: funnel()'s count columns (handoffs): the stages of analytics.stages, then the outcomes
+COUNT_COLUMNS: Final = (*(s.name for s in FUNNEL), *OUTCOME_COLUMNS)
 #: rate column -> (numerator count, denominator count), the metric contract's one table
 #: (docs/metrics.md); an empty denominator gives NaN. funnel() and every roll-up use it.
 RATES: Final = {

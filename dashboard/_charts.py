@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = [
-    "FUNNEL_STAGES",
+    "FUNNEL_BARS",
     "anomaly_bars",
     "funnel_figure",
     "pair_heatmap",
@@ -26,9 +26,9 @@ __all__ = [
     "trend_figure",
 ]
 
-#: (column in funnel(), label) in funnel order: S ⊇ A ⊇ E ⊇ V ⊇ K, and between E and V the
+#: the funnel chart's bars, (column in funnel(), label) in funnel order: S ⊇ A ⊇ E ⊇ V ⊇ K, and between E and V the
 #: results whose evidence the emitter marked valid (V counts those the checks then passed).
-FUNNEL_STAGES = (
+FUNNEL_BARS = (
     ("settled", "Settled"),
     ("accepted", "Accepted"),
     ("executed", "Executed"),
@@ -51,8 +51,8 @@ def _num(v: Any) -> float | None:
 
 def funnel_figure(row: dict[str, Any]) -> go.Figure:
     """Funnel of settled handoffs through each stage, counts with % of settled."""
-    labels = [label for _, label in FUNNEL_STAGES]
-    values = [int(_num(row.get(col)) or 0) for col, _ in FUNNEL_STAGES]
+    labels = [label for _, label in FUNNEL_BARS]
+    values = [int(_num(row.get(col)) or 0) for col, _ in FUNNEL_BARS]
     fig = go.Figure(go.Funnel(y=labels, x=values, textinfo="value+percent initial"))
     fig.update_layout(title="Funnel of settled handoffs", **_LAYOUT)
     return fig

@@ -8,7 +8,7 @@ of the whole store at every refresh. Families (all `window`-labelled):
 
 - `handoffs_funnel_handoffs{tenant,from_agent,to_agent,stage,window="24h"}`: per agent pair,
   the `top` pairs by volume of each tenant plus one `other`/`other` series for the rest, so at
-  most (top + 1) x 7 stages series per tenant;
+  most (top + 1) x 7 stages (analytics.stages.EXPORTED) series per tenant;
 - `handoffs_cohort_handoffs{tenant,stage,window}`: per tenant, window 5m, 30m, 1h, 6h, 24h;
 - `handoffs_anomalies{tenant,kind,window="24h"}`: handoffs flagged, per anomaly kind;
 - `handoffs_funnel_pairs{tenant}`: distinct pairs in the 24 h cohort before bucketing;
@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final
 
+from analytics.stages import EXPORTED, FUNNEL
 from foundation import settings
 
 if TYPE_CHECKING:
@@ -62,16 +63,10 @@ log = logging.getLogger("handoffs.serve")
 METRICS_TOP_PAIRS: Final = settings.METRICS_TOP_PAIRS
 METRICS_REFRESH_S: Final = settings.METRICS_REFRESH_S
 
-#: exported stages, in this order everywhere (the metric contract's counts)
-STAGES: Final = (
-    "settled",
-    "accepted",
-    "executed",
-    "evidenced",
-    "committed",
-    "unknown",
-    "escalated",
-)
+#: exported stages (the `stage` label), in this order everywhere: analytics.stages.EXPORTED
+STAGES: Final = EXPORTED
+#: what each `stage` label value counts, for the stage-labelled families' help
+_STAGE_HELP: Final = "; ".join(f"{s.name}: {s.doc}" for s in FUNNEL if s.exported)
 #: cohort windows (label, seconds) of handoffs_cohort_handoffs; the longest is the pairs' and
 #: the anomalies' window
 WINDOWS: Final = (("5m", 300), ("30m", 1800), ("1h", 3600), ("6h", 21600), ("24h", 86400))
@@ -301,7 +296,8 @@ class FunnelCollector:
         pairs = GaugeMetricFamily(
             "handoffs_funnel_handoffs",
             f"Handoffs per funnel stage and agent pair, cohort {window_help}; the top pairs "
-            f"by volume per tenant, the rest summed as from_agent/to_agent {OTHER!r}",
+            f"by volume per tenant, the rest summed as from_agent/to_agent {OTHER!r}. "
+            f"Stages: {_STAGE_HELP}",
             labels=["tenant", "from_agent", "to_agent", "stage", "window"],
         )
         for p in snap.pairs:
@@ -311,7 +307,7 @@ class FunnelCollector:
         cohorts = GaugeMetricFamily(
             "handoffs_cohort_handoffs",
             "Handoffs per funnel stage and tenant, cohort created in the trailing `window`, "
-            "settled as of the last refresh",
+            f"settled as of the last refresh. Stages: {_STAGE_HELP}",
             labels=["tenant", "stage", "window"],
         )
         for c in snap.cohorts:

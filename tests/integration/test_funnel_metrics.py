@@ -13,8 +13,8 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from analytics import Window, anomalies, funnel
-from analytics.counts import FUNNEL_STAGES, anomaly_counts, funnel_by_age
-from analytics.metrics import STAGES as METRIC_STAGES
+from analytics.counts import anomaly_counts, funnel_by_age
+from analytics.stages import FUNNEL
 from ingest.testing import request_protobuf, span_json, transition
 from serve._funnel_metrics import OTHER, STAGES, WINDOWS
 from serve.testing import start_serve
@@ -133,6 +133,8 @@ def test_funnel_series_carry_the_hand_computed_numbers(serve):
         if name == "handoffs_cohort_handoffs"
     }
     assert {w for _t, w, _s in cohort} == {label for label, _s in WINDOWS}
+    # the `stage` label values are the stages analytics.stages marks exported
+    assert {s for _t, _w, s in cohort} == {s.name for s in FUNNEL if s.exported}
     for window in ("30m", "1h", "6h", "24h"):
         assert cohort[("acme", window, "settled")] == 4
         assert cohort[("acme", window, "committed")] == 1
@@ -174,13 +176,10 @@ def test_series_stay_bounded_with_over_a_thousand_pairs(serve):
 def test_counts_match_the_analytics_loaders(serve):
     """analytics.counts (pandas-free, what serve runs) gives funnel()'s and anomalies()'
     numbers on the same store and clock."""
-    assert {s: METRIC_STAGES[s] for s in FUNNEL_STAGES if s != "volume"} == {
-        s: c for s, c in FUNNEL_STAGES.items() if s != "volume"
-    }
     client = serve.client()
     as_of = datetime.now(UTC)
     window = Window(start=as_of - timedelta(hours=24), end=as_of, as_of=as_of)
-    stages = tuple(FUNNEL_STAGES)
+    stages = tuple(s.name for s in FUNNEL)  # every stage, not only those serve exports
     rows = funnel_by_age(
         client, database=serve.database, as_of=as_of, ages=[timedelta(hours=24)], stages=stages
     )
