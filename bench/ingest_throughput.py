@@ -49,7 +49,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from bench._paired import versus_sizes, versus_tree
-from ingest._decode import decode_protobuf
+from ingest import decode_protobuf
 from ingest.testing import key_value
 from serve.procstat import (
     MEMORY_FIELDS,

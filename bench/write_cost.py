@@ -43,8 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from foundation.integrity import GENESIS
 from foundation.store import StoreSpec, apply_schema, connect
-from ingest._decode import decode_protobuf
-from ingest._writer import Member, _GroupRows, make_token
+from ingest import decode_protobuf, make_token
+from ingest._writer import Member, _GroupRows
 
 VIEWS: Final = ("handoff_summary_mv", "handoff_tasks_mv", "handoff_anomaly_state_mv")
 CONFIGS: Final = ("null", "otel only", "transitions only", *(f"+{v}" for v in VIEWS), "full")

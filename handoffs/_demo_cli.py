@@ -9,8 +9,12 @@ import time
 from dataclasses import fields
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from foundation import settings
+
+if TYPE_CHECKING:
+    from handoffs.simulator import FailureRates
 
 _S = 1_000_000_000
 
@@ -174,7 +178,7 @@ def _default_workers() -> int:
     return max(1, min(4, (os.cpu_count() or 2) - 1))
 
 
-def _rates(args: argparse.Namespace):
+def _rates(args: argparse.Namespace) -> FailureRates:
     from handoffs.simulator import FailureRates
 
     base = FailureRates.parse(args.rates, base=FailureRates.cli_defaults())

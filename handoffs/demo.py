@@ -18,7 +18,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from handoffs.simulator import (
     EmitStats,
@@ -32,6 +32,12 @@ from handoffs.simulator import (
     run_backfill_parallel,
     run_live,
 )
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import FrameType
+
+    from serve.testing import ServeHandle
 
 __all__ = ["DEMO_TENANTS", "DemoOptions", "demo_env", "demo_tokens", "run_demo"]
 
@@ -248,7 +254,7 @@ def run_demo(
     return 0
 
 
-def _demo_spans(serve) -> int:
+def _demo_spans(serve: ServeHandle) -> int:
     """Spans of the demo's agents the store already holds (0 on a new store): a second run
     on the same data directory would otherwise add a second backfill on top of the first."""
     client = serve.client()
@@ -308,13 +314,13 @@ def _start_dashboard(
     return proc
 
 
-def _install_signal_handlers(stop: threading.Event):
+def _install_signal_handlers(stop: threading.Event) -> Callable[[], None]:
     """SIGINT/SIGTERM set `stop` (main thread only); returns a function restoring the old ones."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
     old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
 
-    def handler(signum, frame):
+    def handler(signum: int, frame: FrameType | None) -> None:
         stop.set()
 
     for s in old:

@@ -15,11 +15,16 @@ import threading
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import asdict, replace
-from typing import TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from handoffs.simulator._emit import EmitStats, Emitter, otlp_exporter_factory
 from handoffs.simulator._model import ScenarioConfig, SimulatorConfigError
 from handoffs.simulator._run import _bar, run_backfill
+
+if TYPE_CHECKING:
+    from multiprocessing.queues import Queue
+    from multiprocessing.sharedctypes import Synchronized
+    from multiprocessing.synchronize import Event as EventType
 
 __all__ = ["merge_stats", "run_backfill_parallel"]
 
@@ -51,8 +56,20 @@ def merge_stats(parts: list[EmitStats]) -> EmitStats:
     )
 
 
-def _worker(index, workers, otlp_url, tokens, service_name, config, start_ns, end_ns, handoffs,
-            counter, stop_flag, results) -> None:  # fmt: skip
+def _worker(
+    index: int,
+    workers: int,
+    otlp_url: str,
+    tokens: dict[str, str],
+    service_name: str,
+    config: ScenarioConfig,
+    start_ns: int,
+    end_ns: int,
+    handoffs: int,
+    counter: Synchronized[int],
+    stop_flag: EventType,
+    results: Queue[dict[str, Any]],
+) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
     emitter = Emitter(
         exporter_factory=otlp_exporter_factory(otlp_url), tokens=tokens, service_name=service_name

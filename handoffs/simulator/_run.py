@@ -7,7 +7,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import TextIO
+from typing import Any, Protocol, TextIO
 
 from handoffs.simulator._arrivals import backfill_starts, live_starts
 from handoffs.simulator._catalog import MEAN_INTENTS
@@ -138,7 +138,16 @@ def run_live(
     return emitter.stats()
 
 
-def _bar(progress: bool | TextIO, **kw):
+class _Bar(Protocol):
+    """What the backfills use of a tqdm bar."""
+
+    def update(self, n: int) -> object: ...
+    def close(self) -> None: ...
+
+
+def _bar(progress: bool | TextIO, **kw: Any) -> _Bar | None:
+    """A tqdm bar on stderr (progress=True) or the given stream; None for progress=False.
+    `kw` goes to tqdm (total=, desc=, unit=)."""
     if progress is False:
         return None
     from tqdm import tqdm
