@@ -35,6 +35,7 @@ _WHERE = {
     "Stager": "ingest.chdb",
     "StoreUnavailable": "foundation.store",
     "Spool": "ingest._spool",
+    "SpoolClosed": "ingest._spool",
     "SpoolFull": "ingest._spool",
     "SpoolLocked": "ingest._spool",
     "SpoolRecord": "ingest._spool",
@@ -68,7 +69,7 @@ if TYPE_CHECKING:
     from ingest._otlp_http import OtlpConfig, make_otlp_server
     from ingest._parts import PartsWatch, TooManyParts
     from ingest._service import OVERLAP_MAX_RSS, SQL_MIN_BYTES, Ingestor
-    from ingest._spool import Spool, SpoolFull, SpoolLocked, SpoolRecord
+    from ingest._spool import Spool, SpoolClosed, SpoolFull, SpoolLocked, SpoolRecord
     from ingest._telemetry import Telemetry
     from ingest._validate import TENANT_MISMATCH, CheckResult, check_handoff_span
     from ingest._verify import ChainReport, verify_chain
@@ -91,6 +92,7 @@ __all__ = [
     "PartsWatch",
     "Reject",
     "Spool",
+    "SpoolClosed",
     "SpoolFull",
     "SpoolLocked",
     "SpoolRecord",

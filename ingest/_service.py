@@ -334,6 +334,7 @@ class Ingestor:
             "sql_declined": self.stager.fallbacks if self.stager is not None else 0,
             "sql_decode_queries": self.stager.queries if self.stager is not None else 0,
             "sql_decode_rounds": self.stager.rounds if self.stager is not None else 0,
+            "sql_decode_timeouts": self.stager.timeouts if self.stager is not None else 0,
             **self.stats,
             **{k: round(v, 3) for k, v in self.timings.items()},
         }

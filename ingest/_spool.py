@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-__all__ = ["Spool", "SpoolFull", "SpoolLocked", "SpoolRecord"]
+__all__ = ["Spool", "SpoolClosed", "SpoolFull", "SpoolLocked", "SpoolRecord"]
 
 log = logging.getLogger("handoffs.spool")
 _MAGIC: Final = b"HOS1"
@@ -38,6 +38,12 @@ _SEGMENT_BYTES: Final = 64 * 1024 * 1024
 
 class SpoolFull(RuntimeError):
     """The spool holds SPOOL_MAX_BYTES of records not yet stored: the store is behind."""
+
+
+class SpoolClosed(OSError):
+    """append() after close(): nothing was written. An OSError, as a failed spool write is,
+    so the receivers answer 503 and the sender retries (this serve after its restart, or
+    another); writing on would hit a closed file descriptor, or a file that reused its number."""
 
 
 class SpoolLocked(RuntimeError):
@@ -139,6 +145,7 @@ class Spool:
         self._open_segment()
         self._written = 0  # records written to the active segment's fd (monotonic)
         self._synced = 0
+        self._closed = False  # set by close(), under both locks
         #: sync rounds (count): one covers every record written before it, so under
         #: concurrent appends this stays below the number of appends (group commit)
         self.syncs = 0
@@ -240,8 +247,11 @@ class Spool:
         return 0.0 if first is None else time.monotonic() - first
 
     def append(self, header: dict[str, Any], body: bytes) -> int:
-        """Write one record durably; return its sequence number. Raises SpoolFull."""
+        """Write one record durably; return its sequence number. Raises SpoolFull, and
+        SpoolClosed after close()."""
         with self._lock:
+            if self._closed:
+                raise SpoolClosed("spool closed")
             size = sum(self._pending.values())
             if size + len(body) > self.max_bytes and self._pending:
                 raise SpoolFull(
@@ -383,8 +393,16 @@ class Spool:
                 del self._segments[n]
 
     def close(self) -> None:
+        """Sync and close the active segment, release the directory. A second call does
+        nothing; append() raises SpoolClosed from now on."""
         with self._sync_lock, self._lock:
+            if self._closed:
+                return
+            self._closed = True
             if self._fsync:
                 os.fdatasync(self._fd)
+            # the records written before this sync are durable: an append that wrote its frame
+            # before close() finds its target synced and returns without touching the fd
+            self._synced = self._written
             os.close(self._fd)
             os.close(self._lock_fd)  # releases the directory's lock

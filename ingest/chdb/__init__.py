@@ -1,8 +1,9 @@
 """chDB decodes OTLP/protobuf requests in SQL, beside the Python decoder (ingest._decode).
 
-Public surface: Stager (the decoding threads and staging tables) and Staged (one staged
-request), plus what the writer needs to read the staging tables (OTEL_FROM_STAGE, LEAN,
-inline_settings, sql_string, STAGE_DATABASE) and the query builders. Modules: _schema
+Public surface: Stager (the decoding threads and staging tables), Staged (one staged
+request) and StageTimeout (a decode not answered in time), plus what the writer needs to
+read the staging tables (OTEL_FROM_STAGE, LEAN, inline_settings, sql_string,
+STAGE_DATABASE) and the query builders. Modules: _schema
 (Protobuf schema, columns, settings), _select (the decoding SQL), _framing (records for
 the FIFO, varints), _native (reading Native blocks), _stream (the FIFO stream; the only
 module touching clickhouse-connect internals), _stager (the Stager).
@@ -30,6 +31,7 @@ _WHERE = {
     "check_client_version": "ingest.chdb._stream",
     "Staged": "ingest.chdb._stager",
     "Stager": "ingest.chdb._stager",
+    "StageTimeout": "ingest.chdb._stager",
 }
 
 
@@ -50,7 +52,7 @@ if TYPE_CHECKING:
         sql_string,
     )
     from ingest.chdb._select import stage_select, stream_select
-    from ingest.chdb._stager import Staged, Stager
+    from ingest.chdb._stager import Staged, Stager, StageTimeout
     from ingest.chdb._stream import UnsupportedClient, check_client_version
 
 __all__ = [
@@ -59,6 +61,7 @@ __all__ = [
     "PROTO",
     "STAGE_COLUMNS",
     "STAGE_DATABASE",
+    "StageTimeout",
     "Staged",
     "Stager",
     "UnsupportedClient",

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
+from foundation.store import StoreUnavailable
 from ingest.chdb._framing import frame_parts, span_count
 from ingest.chdb._native import block_batch, summarize
 from ingest.chdb._schema import (
@@ -52,7 +53,7 @@ from ingest.chdb._stream import (
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
 
-__all__ = ["STAGE_STREAMS", "Staged", "Stager"]
+__all__ = ["STAGE_STREAMS", "STAGE_TIMEOUT_S", "StageTimeout", "Staged", "Stager"]
 
 _log = logging.getLogger(__name__)
 #: decoding streams (threads, each with its query). One: the round trip is shared by more
@@ -69,6 +70,14 @@ _STAGE_SPANS: Final = 8192
 _ROUND_REQUESTS: Final = 8
 _ROUND_BYTES: Final = 4 << 20
 _MAX_START_FAILURES: Final = 3
+#: seconds stage() waits for a decoding thread (a round takes milliseconds; the OTLP
+#: exporters' own timeout is 10 s): past it the thread is stuck, and the request is refused
+STAGE_TIMEOUT_S: Final = 30.0
+
+
+class StageTimeout(StoreUnavailable):
+    """No decoding thread answered within the stage timeout. Nothing was spooled, so serve
+    answers 503 (a StoreUnavailable) and the sender retries: the request is not lost."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +93,8 @@ class Staged:
 
 
 class _Pending:
-    __slots__ = ("batch_id", "body", "done", "received_at_ms", "result", "spans", "tenant")
+    __slots__ = ("abandoned", "batch_id", "body", "done", "received_at_ms", "result", "spans",
+                 "tenant")  # fmt: skip
 
     def __init__(self, body: bytes, batch_id: str, received_at_ms: int, tenant: str) -> None:
         self.body = body
@@ -94,6 +104,7 @@ class _Pending:
         self.done = threading.Event()
         self.result: Staged | None = None
         self.spans: int | None = None  # framing.span_count of body, once taken
+        self.abandoned = False  # stage() stopped waiting (its timeout); set under Stager._lock
 
 
 class _Table:
@@ -124,7 +135,8 @@ class Stager:
     goes the Python way, every request of it; the thread starts a new stream. `connect`
     opens a new clickhouse-connect client on the same embedded store; `tmp_dir` holds the
     FIFOs and each block file while chDB reads it; `stream_query` builds each stream's
-    query from its FIFO's path (ingest.chdb._select.stream_select).
+    query from its FIFO's path (ingest.chdb._select.stream_select); `stage_timeout_s` bounds
+    each stage() call's wait for its request's decode (StageTimeout past it).
     """
 
     def __init__(
@@ -134,10 +146,14 @@ class Stager:
         *,
         stream_query: Callable[[str], str] = stream_select,
         streams: int = STAGE_STREAMS,
+        stage_timeout_s: float = STAGE_TIMEOUT_S,
     ) -> None:
         if streams < 1:
             raise ValueError(f"streams must be >= 1, got {streams}")
+        if not stage_timeout_s > 0:
+            raise ValueError(f"stage_timeout_s must be > 0 seconds, got {stage_timeout_s}")
         self.streams = streams
+        self.stage_timeout_s = stage_timeout_s
         self._connect = connect
         self._stream_query = stream_query
         self.tmp_dir = tmp_dir
@@ -150,6 +166,11 @@ class Stager:
         self._n = itertools.count()
         self._threads: list[threading.Thread] = []
         self._incoming = 0  # requests being received (see incoming())
+        # The DROPs' one client (opened on first use) serves the writer and request threads
+        # (release), the decoding threads (_close_table, _finish) and setup/close, and runs one
+        # query at a time: they take turns on _drop_lock. Not _lock: no DROP holds up the
+        # counters and references that request threads take _lock for.
+        self._drop_lock = threading.Lock()
         self._drop_client: Client | None = None
         self.fallbacks = 0  # requests this path declined (went through ingest._decode)
         self.staged = 0  # requests it decoded
@@ -157,6 +178,7 @@ class Stager:
         self.queries = 0  # decoding streams started (one per thread unless a request broke one)
         self._start_failures = 0  # streams whose query failed before reading (see _run)
         self.disabled = False  # after _MAX_START_FAILURES of those: every request goes Python
+        self.timeouts = 0  # stage() calls refused with StageTimeout
         #: called with the thread's client before each decode (serve: Ingestor._purge_if_big)
         self.before_decode: Callable[[Client], None] | None = None
 
@@ -172,9 +194,10 @@ class Stager:
         for pattern in ("*.pb", "*.fifo", "*.native"):
             for f in self.tmp_dir.glob(pattern):
                 f.unlink(missing_ok=True)
-        admin = self._connect_once()
-        admin.command(f"DROP DATABASE IF EXISTS {STAGE_DATABASE}")
-        admin.command(f"CREATE DATABASE {STAGE_DATABASE} ENGINE = Memory")
+        self._drop(
+            f"DROP DATABASE IF EXISTS {STAGE_DATABASE}",
+            f"CREATE DATABASE {STAGE_DATABASE} ENGINE = Memory",
+        )
         try:
             check_client_version()
         except UnsupportedClient as e:  # every request goes the Python way, said once
@@ -216,7 +239,8 @@ class Stager:
         tenant: str,
     ) -> Staged | None:
         """Decode `body` into a staging table; None when the request must go the Python way
-        (a span to reject or flag, a value type this path does not encode, bad framing)."""
+        (a span to reject or flag, a value type this path does not encode, bad framing).
+        Raises StageTimeout when no decoding thread answered within stage_timeout_s."""
         if not self._threads:
             return None
         if self.disabled:
@@ -225,7 +249,15 @@ class Stager:
             return None
         p = _Pending(body, batch_id, received_at_ms, tenant)
         self._queue.put(p)
-        p.done.wait()
+        if not p.done.wait(self.stage_timeout_s):
+            with self._lock:  # _finish sets done under it: decoded now, or abandoned for good
+                if not p.done.is_set():
+                    p.abandoned = True
+                    self.timeouts += 1
+                    raise StageTimeout(
+                        f"chDB decoding did not answer within {self.stage_timeout_s:g} s; "
+                        "nothing was stored, retry later"
+                    )
         with self._lock:
             if p.result is None:
                 self.fallbacks += 1
@@ -320,8 +352,7 @@ class Stager:
                 except Exception:
                     for p in group:
                         p.result = None
-                for p in group:
-                    p.done.set()
+                self._finish(group)
                 # megabytes, not kept while the thread waits for a request
                 del blocks, group, first, p
         finally:
@@ -373,6 +404,16 @@ class Stager:
             self._close_table(table.name)
             table.name = ""
 
+    def _finish(self, group: list[_Pending]) -> None:
+        """Wake the round's callers. One whose stage() gave up (its timeout) never hands its
+        Staged to the writer: released here, or its staging table would be kept for good."""
+        with self._lock:
+            for p in group:
+                p.done.set()
+            late = [p.result for p in group if p.abandoned and p.result is not None]
+        if late:
+            self.release(late)
+
     def _retire_stream(self, stream: Stream) -> None:
         threading.Thread(target=stream.close, name="ingest-stream-end", daemon=True).start()
 
@@ -394,7 +435,7 @@ class Stager:
             if gone:
                 self._refs.pop(table, None)
         if gone:
-            self._connect_once().command(f"DROP TABLE IF EXISTS {table}")
+            self._drop(f"DROP TABLE IF EXISTS {table}")
 
     def _insert(self, c: Client, table: str, blocks: list[Chunk]) -> None:
         path = self.tmp_dir / f"{table.rsplit('.', 1)[1]}-{next(self._n)}.native"
@@ -422,20 +463,19 @@ class Stager:
                 elif s.table in self._refs:
                     self._refs[s.table] = max(left, 0)
         if gone:
-            c = self._connect_once()
-            for t in gone:
-                c.command(f"DROP TABLE IF EXISTS {t}")
+            self._drop(*(f"DROP TABLE IF EXISTS {t}" for t in gone))
 
     def new_client(self) -> Client:
         """Another connection to the same store (the caller closes it)."""
         return self._connect()
 
-    def _connect_once(self) -> Client:
-        # DROPs run on the caller's thread (the writer): a client of their own, opened once
-        with self._lock:
+    def _drop(self, *commands: str) -> None:
+        """Run `commands` on the drop client, one caller at a time (see _drop_lock)."""
+        with self._drop_lock:
             if self._drop_client is None:
                 self._drop_client = self._connect()
-            return self._drop_client
+            for c in commands:
+                self._drop_client.command(c)
 
     def close(self) -> None:
         for _ in self._threads:
@@ -443,10 +483,12 @@ class Stager:
         for t in self._threads:
             t.join(30)
         self._threads.clear()
-        for c in [*self._clients, self._drop_client]:
-            if c is not None:
-                c.close()
+        for c in self._clients:
+            c.close()
         self._clients.clear()
-        self._drop_client = None
+        with self._drop_lock:  # a writer's release still running finishes first
+            if self._drop_client is not None:
+                self._drop_client.close()
+            self._drop_client = None
         if self._own_dir is not None:
             shutil.rmtree(self._own_dir, ignore_errors=True)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
 import pytest
 
-from ingest import Spool, SpoolFull
+from ingest import Spool, SpoolClosed, SpoolFull
 from ingest._writes import ROWS_BY_BATCH
 
 
@@ -86,6 +87,30 @@ def test_full_spool_refuses(tmp_path):
     s.commit(1)
     s.append({}, b"y" * 600)
     s.close()
+
+
+def test_append_after_close_is_refused_and_writes_nowhere(tmp_path):
+    """The closed segment's descriptor number is free for the next file opened: an append
+    after close() must not write into it (nor acknowledge what is on no disk)."""
+    s = Spool(tmp_path / "spool", max_bytes=1 << 20)
+    s.append({"i": 0}, b"before")
+    s.close()
+    segments = {p.name: p.read_bytes() for p in (tmp_path / "spool").glob("seg-*.log")}
+    other = tmp_path / "other"
+    fd = os.open(other, os.O_RDWR | os.O_CREAT, 0o600)  # likely the segment's old number
+    try:
+        with pytest.raises(SpoolClosed, match="spool closed"):
+            s.append({"i": 1}, b"after")
+        s.close()  # a second close does nothing: it would close the other file's descriptor
+        os.fstat(fd)
+    finally:
+        os.close(fd)
+    assert other.read_bytes() == b""
+    assert {p.name: p.read_bytes() for p in (tmp_path / "spool").glob("seg-*.log")} == segments
+    s2 = Spool(tmp_path / "spool", max_bytes=1 << 20)  # the directory lock was released
+    assert [r.body for r in s2.uncommitted()] == [b"before"]
+    assert s2.append({"i": 1}, b"after") == 2
+    s2.close()
 
 
 def test_concurrent_appends_share_syncs_and_lose_nothing(tmp_path):
@@ -251,7 +276,6 @@ def test_a_dedup_record_without_its_rows_does_not_swallow_the_replay(
 def test_a_second_process_cannot_open_a_spool_in_use(tmp_path):
     """Two serves on one --spool-dir would race on its files: the second is refused at once,
     naming the holder's pid, and may open it as soon as the first has closed it."""
-    import os
     import subprocess
     import sys
 

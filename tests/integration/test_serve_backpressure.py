@@ -1,4 +1,5 @@
-"""503 + Retry-After instead of accept-then-drop: a full spool, a store that is down.
+"""503 + Retry-After instead of accept-then-drop: a full spool, a store that is down, a
+spool already closed.
 
 In-process: a real Ingestor + OTLP server on the session's chDB, or on a real
 clickhouse-connect HTTP client aimed at a port where nothing listens (the store is down).
@@ -70,6 +71,19 @@ def test_full_spool_answers_503_and_keeps_what_it_accepted(
         f"SELECT SpanId FROM {fresh_db}.otel_traces ORDER BY SpanId"
     ).result_rows
     assert spans == [(f"{2:016x}",), (f"{3:016x}",)]
+
+
+def test_a_request_after_the_spool_closed_answers_503(chdb_client, fresh_db, tmp_path, serve_on):
+    """A keep-alive connection may still send a request after shutdown closed the spool: it
+    is refused, for the sender to retry elsewhere or later, never written nor acknowledged."""
+    spool = Spool(tmp_path / "spool", max_bytes=1 << 20)
+    ing = Ingestor(chdb_client, fresh_db, spool)
+    url = serve_on(ing)
+    spool.close()
+    r = requests.post(url, data=_body(1), headers=PB, timeout=30)
+    assert r.status_code == 503 and "spool closed" in r.text
+    assert r.headers["Retry-After"] == "1"
+    assert ing.health()["queued"] == 0
 
 
 def test_store_down_answers_503_and_replays_the_spool_later(
