@@ -55,6 +55,7 @@ from analytics._anomaly_state_passes import STATE_PASSES
 from analytics._anomaly_state_sql import COPY_KEY  # noqa: F401 (re-exported)
 from analytics._common import Window, cohort_sql, ts
 from analytics._settled import settled_state_pass
+from analytics._settled_audits import AUDIT_PASSES, settled_audit_pass
 from analytics._settled_relations import RELATION_PASSES, settled_relation_pass
 from analytics._spike_sql import (  # noqa: F401 (re-exported: the spike thresholds)
     SPIKE_BASELINE_FACTOR,
@@ -164,12 +165,10 @@ def pass_sql(name: str, db: str, window: Window, *, tenant: bool, sla_ms: int) -
         "orphan": _orphan_pass,
         "topology": topo.topology_pass,
         "fan_out": topo.fan_out_pass,
-        "evidence": evidence.evidence_pass,
         "sustained": sustained.sustained_pass,
         "stall": stall.stall_pass,
-        "deadline": budget.deadline_pass,
-        "budget": budget.budget_pass,
-        **inferred.BUILDERS,
+        "version_order": inferred.versions_pass,
+        **{n: partial(settled_audit_pass, n) for n in AUDIT_PASSES},
     }
     if name not in builders:
         raise ValueError(f"unknown anomaly pass {name!r}")

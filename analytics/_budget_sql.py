@@ -67,14 +67,16 @@ def _ns(expr: str) -> str:
     return f"toUnixTimestamp64Nano({expr})"
 
 
-def deadline_pass(db: str, window: Window, tenant: bool) -> str:
+def deadline_pass(db: str, window: Window, tenant: bool, keys: str | None = None) -> str:
     """deadline_overrun over the cohort (see the module doc). The first terminal state is the
     to-state of the least first_times key whose to-state is terminal (machine order: rank of
     from, rank of to, then event); the time it was reached is the earliest time of any
     counted transition into that state. Flagged when that state is an outcome
     (OUTCOME_STATES) and its time - created > deadline_ms (ms, strictly: exactly at the
-    deadline is in time)."""
-    cohort = cohort_sql(db, window, tenant_param=tenant, extra=("deadline_ms", "last_seen"))
+    deadline is in time). `keys` (SQL of (tenant, handoff_id) rows): only those judged."""
+    cohort = cohort_sql(
+        db, window, tenant_param=tenant, extra=("deadline_ms", "last_seen"), within=keys
+    )
     late = f"{_ns('last_seen')} - {_ns('created')} > toInt128(assumeNotNull(deadline_ms)) * 1000000"
     candidates = (
         f"deadline_ms IS NOT NULL AND {cs.has('tmask', cs.into_mask(OUTCOME_STATES))} AND {late}"
@@ -96,7 +98,9 @@ WHERE bitAnd(first_k, 255) IN {_idx(OUTCOME_STATES)}
   AND {reached} - {_ns("created")} > toInt128(assumeNotNull(deadline_ms)) * 1000000"""
 
 
-def budget_pass(db: str, window: Window, tenant: bool) -> str:
+def budget_pass(
+    db: str, window: Window, tenant: bool, keys: str | None = None, *, pending: bool = False
+) -> str:
     """tool_budget_exceeded and ack_missing over the cohort (see the module doc).
 
     tool_budget_exceeded: the greatest `handoff.tool_calls` of a result row (prepare,
@@ -105,7 +109,11 @@ def budget_pass(db: str, window: Window, tenant: bool) -> str:
     ack_missing: the envelope's `handoff.message.requires_ack` is true and it has
     `handoff.message.ttl_s`; the first counted accept or reject (from created) came more than
     ttl_s seconds after created, or none came and the window's clock (as_of) is more than
-    ttl_s past created. Exactly at ttl_s is in time."""
+    ttl_s past created. Exactly at ttl_s is in time.
+    `keys` (SQL of (tenant, handoff_id) rows): only those judged and read. The column
+    `ack_open` (an ack asked for, none yet: whether it is missing depends on the clock)
+    comes too; with `pending`, so do its rows, and ack_missing is set only for an ack that
+    came late (what no clock changes)."""
     tw = "AND tenant = {tenant:String}" if tenant else ""
     results = _tuple(sorted(str(e) for e in RESULT_EVENTS))
     now = _ns(ts(window.clock()))
@@ -116,11 +124,17 @@ def budget_pass(db: str, window: Window, tenant: bool) -> str:
     ack = " OR ".join(f"(event = '{e}' AND to_state = '{t}')" for e, t in ACK_EVENTS)
     tool, budget = f"attributes['{sc.TOOL_CALLS}']", f"attributes['{sc.MAX_TOOL_CALLS}']"
     wants, ttl = f"attributes['{sc.MESSAGE_REQUIRES_ACK}']", f"attributes['{sc.MESSAGE_TTL_S}']"
-    return f"""WITH (SELECT (min(first_seen), max(last_seen)) FROM ({seen})) AS bounds,
+    if keys is None:
+        bounds = f"WITH (SELECT (min(first_seen), max(last_seen)) FROM ({seen})) AS bounds,"
+        where = f"time >= bounds.1 AND time <= bounds.2 {tw}"
+    else:
+        bounds, where = "WITH", f"(tenant, handoff_id) IN ({keys}) {tw}"
+    late = "AND t_ack IS NOT NULL" if pending else ""
+    return f"""{bounds}
 marked AS (
     SELECT DISTINCT tenant, handoff_id FROM {db}.handoff_transitions
     PREWHERE audit_attrs
-    WHERE time >= bounds.1 AND time <= bounds.2 {tw}
+    WHERE {where}
       AND ((event IN {results} AND mapContains(attributes, '{sc.TOOL_CALLS}'))
            OR (event = 'create' AND {wants} = 'true'))
 ),
@@ -132,14 +146,16 @@ facts AS (
         max(if({_IS_CREATE}, toInt64OrNull({ttl}), NULL)) AS ttl_s,
         min(if(valid AND from_state = 'created' AND ({ack}), {_ns("time")}, NULL)) AS t_ack
     FROM {db}.handoff_transitions
+    PREWHERE audit_attrs OR event IN ('create', {", ".join(f"'{e}'" for e, _t in ACK_EVENTS)})
     WHERE (tenant, handoff_id) IN marked
     GROUP BY tenant, handoff_id
 )
 SELECT tenant, handoff_id,
     coalesce(used > budget, false) AS tool_budget_exceeded,
-    wants_ack AND ttl_s IS NOT NULL
+    wants_ack AND ttl_s IS NOT NULL {late}
         AND coalesce(t_ack, {now}) - {_ns("created")} > toInt128(assumeNotNull(ttl_s)) * 1000000000
-        AS ack_missing
+        AS ack_missing,
+    wants_ack AND ttl_s IS NOT NULL AND t_ack IS NULL AS ack_open
 FROM (SELECT tenant, handoff_id, created FROM ({cohort})) AS c
 INNER JOIN facts USING (tenant, handoff_id)
-WHERE tool_budget_exceeded OR ack_missing"""
+WHERE tool_budget_exceeded OR ack_missing{" OR ack_open" if pending else ""}"""

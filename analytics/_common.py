@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Final
 from analytics import _contract_sql as cs
 from analytics._evidence_facts_sql import declared_sql, failed_sql
 from analytics._watermarks import (
+    AUDIT_FAILED_BIT,
+    AUDIT_FLAGS_TABLE,
     COHORT_TABLE,
     COHORT_WATERMARK_TABLE,
     EPOCH,
@@ -311,7 +313,20 @@ def _checked(db: str, window: Window, tenant_and: str) -> str:
     absent = window.checks_absent_since
     if absent is not None and absent <= window.start:
         return "is_v_claimed"
-    failed = failed_sql(db, ts(window.start), tenant_and)
+    since = ts(window.start)
+    st = window.settled
+    if st is None or not st.audits_match:
+        failed = failed_sql(db, since, tenant_and)
+        return f"is_v_claimed AND (tenant, handoff_id) NOT IN (\n{failed})"
+    # the settled bit (analytics._settled_audits) but the live handoffs, recomputed
+    failed = f"""SELECT tenant, handoff_id FROM {db}.{AUDIT_FLAGS_TABLE} FINAL
+    WHERE bitTest(flags, {AUDIT_FAILED_BIT}) AND created >= {since} AND created < {ts(window.end)} {tenant_and}"""
+    if st.live:
+        live = live_keys_sql(db, st.wm_sql, tenant_and)
+        failed += f"""
+      AND (tenant, handoff_id) NOT IN ({live})
+    UNION ALL
+    {failed_sql(db, since, tenant_and, live)}"""
     return f"is_v_claimed AND (tenant, handoff_id) NOT IN (\n{failed})"
 
 

@@ -41,26 +41,33 @@ PASSES: Final = {
 }
 
 
-def evidence_pass(db: str, window: Window, tenant: bool) -> str:
+def evidence_pass(
+    db: str, window: Window, tenant: bool, keys: str | None = None, *, failed: bool = False
+) -> str:
     """The four kinds (module doc), one row per flagged cohort handoff; no query of the
-    store when the window knows no handoff since its start declares a check."""
+    store when the window knows no handoff since its start declares a check. `keys` (SQL
+    of (tenant, handoff_id) rows): only those handoffs are judged and read. The column
+    `evidence_failed` (a check fails: V(h) leaves the handoff out, whether or not a kind is
+    set) comes too; with `failed`, so do the rows where only it is set."""
     absent = window.checks_absent_since
     if absent is not None and absent <= window.start:
         kinds = ", ".join(f"false AS {k}" for k in PASSES["evidence"])
-        return f"SELECT '' AS tenant, '' AS handoff_id, {kinds} WHERE false"
+        none = ", false AS evidence_failed" if failed else ""
+        return f"SELECT '' AS tenant, '' AS handoff_id, {kinds}{none} WHERE false"
     tenant_and = "AND tenant = {tenant:String}" if tenant else ""
     cohort = cohort_sql(
         db, window, tenant_param=tenant, within="SELECT tenant, handoff_id FROM checked"
     )
     committed = cs.has("tmask", cs.COMMITTED_MASK)
-    return f"""WITH checked AS ({checks_sql(db, ts(window.start), tenant_and)})
+    fails = "out_of_window OR below_policy OR contract_unmet"
+    return f"""WITH checked AS ({checks_sql(db, ts(window.start), tenant_and, keys)})
 SELECT tenant, handoff_id,
     out_of_window AS evidence_out_of_window,
     below_policy AS evidence_below_policy,
     contract_unmet AND {committed} AS reply_contract_unmet,
-    is_v_claimed AND (out_of_window OR below_policy OR contract_unmet)
-        AS evidence_claim_disputed
+    is_v_claimed AND ({fails}) AS evidence_claim_disputed,
+    {fails} AS evidence_failed
 FROM (SELECT tenant, handoff_id, tmask, is_v_claimed FROM ({cohort})) AS c
 INNER JOIN checked USING (tenant, handoff_id)
 WHERE evidence_out_of_window OR evidence_below_policy OR reply_contract_unmet
-   OR evidence_claim_disputed"""
+   OR evidence_claim_disputed{" OR evidence_failed" if failed else ""}"""

@@ -80,13 +80,15 @@ def _result_key() -> str:
     return f"if(valid, transform({row}, {names}, {values}, 0), 0)"
 
 
-def _declaring(db: str, since: str, tenant_and: str) -> str:
+def _declaring(db: str, since: str, tenant_and: str, within: str | None = None) -> str:
     """SQL of (tenant, handoff_id) of the create rows at or after `since` carrying a check's
-    attribute: PREWHERE on the typed flag, so the map is read for flagged rows only."""
+    attribute (of the handoffs of `within`, SQL of (tenant, handoff_id) rows, when given):
+    PREWHERE on the typed flag, so the map is read for flagged rows only."""
     keys = "[" + ", ".join(f"'{k}'" for k in POLICY_KEYS) + "]"
+    of = f" AND (tenant, handoff_id) IN ({within})" if within else ""
     return f"""SELECT tenant, handoff_id FROM {db}.handoff_transitions
             PREWHERE audit_attrs AND event = 'create'
-            WHERE time >= {since} {tenant_and} AND hasAny(mapKeys(attributes), {keys})"""
+            WHERE time >= {since} {tenant_and}{of} AND hasAny(mapKeys(attributes), {keys})"""
 
 
 def declared_sql(db: str, since: str) -> str:
@@ -96,11 +98,12 @@ def declared_sql(db: str, since: str) -> str:
     return f"SELECT 1 FROM ({_declaring(db, since, '')}) LIMIT 1"
 
 
-def checks_sql(db: str, since: str, tenant_and: str = "") -> str:
+def checks_sql(db: str, since: str, tenant_and: str = "", within: str | None = None) -> str:
     """SQL of one row per handoff with a create row carrying a check's attribute, timed at or
     after `since` (a DateTime64 SQL literal: every create row of a handoff created in a
     window starting there is): tenant, handoff_id, out_of_window, below_policy,
-    contract_unmet (Bool; module doc). `tenant_and`: a condition on `tenant` ("AND ...")."""
+    contract_unmet (Bool; module doc). `tenant_and`: a condition on `tenant` ("AND ...");
+    `within`: SQL of (tenant, handoff_id) rows, the only handoffs read (None: all)."""
     per_row = (
         "(rkey, "
         f"arrayMap(i -> {iso_time_sql('arrayElement(valid_at, i)')}, "
@@ -137,14 +140,14 @@ FROM (
             {_strings(sc.EVIDENCE_CLAIMS)} AS claims
         FROM {db}.handoff_transitions
         PREWHERE event IN ('create', {_RESULT_LIST})
-        WHERE (tenant, handoff_id) IN ({_declaring(db, since, tenant_and)})
+        WHERE (tenant, handoff_id) IN ({_declaring(db, since, tenant_and, within)})
     )
     GROUP BY tenant, handoff_id
 )"""
 
 
-def failed_sql(db: str, since: str, tenant_and: str = "") -> str:
+def failed_sql(db: str, since: str, tenant_and: str = "", within: str | None = None) -> str:
     """SQL of (tenant, handoff_id) of the handoffs of checks_sql whose result fails a check:
-    what the cohort's V(h) leaves out."""
-    return f"""SELECT tenant, handoff_id FROM ({checks_sql(db, since, tenant_and)})
+    what the cohort's V(h) leaves out (of the handoffs of `within` when given)."""
+    return f"""SELECT tenant, handoff_id FROM ({checks_sql(db, since, tenant_and, within)})
 WHERE out_of_window OR below_policy OR contract_unmet"""

@@ -68,77 +68,135 @@ def _attr(name: str) -> str:
     return f"attributes['{name}']"
 
 
-def refusal_pass(db: str, window: Window, tenant: bool) -> str:
+def refusal_pass(db: str, window: Window, tenant: bool, keys: str | None = None) -> str:
     """retry_after_final_refusal: B of the cohort created after A's first counted reject
     with a final code (collector.semconv.FINAL_ERROR_CODES), B retrying A: B's retry_of
     names A, or B names none and has A's task (non-empty), from_agent, to_agent and
     objective hash (non-empty). A reject at or after the window's end can precede no cohort
-    handoff, so the rejects are read up to it."""
+    handoff, so the rejects are read up to it. `keys` (SQL of (tenant, handoff_id) rows):
+    only those are judged as B, and only the rejects of their tasks and of the handoffs
+    their retry_of names are read.
+
+    Cost: the pairs are formed from typed columns (the rejects' `event` and `error_code`,
+    the state's `retry_of`, the summary rows of the refused attempts' tasks, grouped per
+    (task, from_agent, to_agent) in memory); only the paired handoffs' create rows are read
+    for the objective hash and retry_of. Each set is read once into a constant: a subquery
+    named in several places would be evaluated in each."""
     tw = _tenant_and(tenant)
+    only_a = of_keys = ""
+    if keys is not None:
+        of_keys = f"AND (tenant, handoff_id) IN ({keys})"
+        only_a = f"""AND (tenant, handoff_id) IN (
+            SELECT tenant, handoff_id FROM {db}.handoff_tasks WHERE (tenant, task_id) IN (
+                SELECT tenant, task_id FROM {db}.handoff_summary
+                WHERE task_id != '' AND (tenant, handoff_id) IN ({keys}))
+            UNION ALL
+            SELECT tenant, retry_of FROM {db}.{TABLE}
+            WHERE retry_of != '' AND (tenant, handoff_id) IN ({keys}))"""
     rejected = f"""SELECT tenant, handoff_id, min(time) AS t_rej FROM {db}.handoff_transitions
         PREWHERE event = 'reject' AND error_code IN {sql_tuple(semconv.FINAL_ERROR_CODES)}
         WHERE valid AND from_state = 'created' AND to_state = 'rejected'
-          AND time < {ts(window.end)} {tw}
+          AND time < {ts(window.end)} {tw} {only_a}
         GROUP BY tenant, handoff_id"""
-    refused = f"SELECT tenant, handoff_id FROM ({rejected})"
-    involved = f"""SELECT tenant, handoff_id FROM {db}.{TABLE}
-        WHERE retry_of != '' {tw} AND (tenant, retry_of) IN ({refused})
-        UNION ALL
-        SELECT tenant, handoff_id FROM {db}.handoff_tasks
-        WHERE (tenant, task_id) IN (
-            SELECT tenant, task_id FROM {db}.handoff_summary
-            WHERE task_id != '' AND (tenant, handoff_id) IN ({refused}))"""
-
-    def summaries(keys: str, having: str = "1") -> str:
-        return f"""SELECT tenant, handoff_id, max(task_id) AS task, max(from_agent) AS src,
+    refused = rows_of("ref_rej", 1, 2)
+    rej = "SELECT r.1 AS tenant, r.2 AS a_id, r.3 AS t_rej FROM (SELECT arrayJoin(ref_rej) AS r)"
+    declaring = f"""SELECT DISTINCT tenant, handoff_id, retry_of FROM {db}.{TABLE}
+        WHERE retry_of != '' {tw} {of_keys} AND (tenant, retry_of) IN ({refused})"""
+    slots = f"""SELECT tenant, handoff_id, max(task_id) AS task, max(from_agent) AS src,
             max(to_agent) AS dst, min(created) AS created
-        FROM {db}.handoff_summary WHERE (tenant, handoff_id) IN ({keys})
-        GROUP BY tenant, handoff_id HAVING {having}"""
-
-    # A: the refused attempts with their slot and objective hash; B: the cohort's handoffs
-    # that name one in retry_of or share its task, with their envelope. Two equi-joins (the
-    # declared link, the inferred one): the work follows the refused attempts and their
-    # tasks, never their product.
-    attempts_a = f"""SELECT r.tenant AS tenant, r.handoff_id AS a_id, r.t_rej AS t_rej,
-            s.task AS task, s.src AS src, s.dst AS dst, c.oh AS oh
-        FROM ({rejected}) AS r
-        INNER JOIN ({summaries(refused)}) AS s ON s.tenant = r.tenant AND s.handoff_id = r.handoff_id
-        LEFT JOIN ({create_envelope_sql(db, refused)}) AS c
-            ON c.tenant = r.tenant AND c.handoff_id = r.handoff_id"""
-    cohort_b = summaries(involved, _in("created", window))
-    attempts_b = f"""SELECT b.tenant AS tenant, b.handoff_id AS b_id, b.created AS created,
-            b.task AS task, b.src AS src, b.dst AS dst, c.oh AS oh, c.rof AS rof
-        FROM ({cohort_b}) AS b
-        INNER JOIN ({create_envelope_sql(db, f"SELECT tenant, handoff_id FROM ({cohort_b})")}) AS c
-            ON c.tenant = b.tenant AND c.handoff_id = b.handoff_id"""
-    return f"""SELECT DISTINCT tenant, handoff_id, true AS retry_after_final_refusal FROM (
-    SELECT b.tenant AS tenant, b.b_id AS handoff_id
-    FROM ({attempts_b}) AS b INNER JOIN ({attempts_a}) AS a
-        ON a.tenant = b.tenant AND a.a_id = b.rof
-    WHERE b.b_id != a.a_id AND b.created > a.t_rej
-    UNION ALL
-    SELECT b.tenant AS tenant, b.b_id AS handoff_id
-    FROM ({attempts_b}) AS b INNER JOIN ({attempts_a}) AS a
-        ON a.tenant = b.tenant AND a.task = b.task AND a.src = b.src AND a.dst = b.dst
-            AND a.oh = b.oh
-    WHERE b.rof = '' AND b.task != '' AND b.oh != '' AND b.b_id != a.a_id
-        AND b.created > a.t_rej
-)
+        FROM {db}.handoff_summary
+        WHERE (tenant, handoff_id) IN (
+            SELECT tenant, handoff_id FROM {db}.handoff_tasks WHERE (tenant, task_id) IN (
+                SELECT tenant, task_id FROM {db}.handoff_summary
+                WHERE task_id != '' AND (tenant, handoff_id) IN ({refused}))
+            UNION ALL
+            SELECT d.1, d.2 FROM (SELECT arrayJoin(ref_decl) AS d))
+        GROUP BY tenant, handoff_id"""
+    slot = """SELECT s.1 AS tenant, s.2 AS id, s.3 AS task, s.4 AS src, s.5 AS dst,
+            s.6 AS created FROM (SELECT arrayJoin(ref_slot) AS s)"""
+    # a B candidate: created in the window (and one of `keys`)
+    is_b = _in("s.created", window) + (
+        f" AND (s.tenant, s.id) IN ({keys})" if keys is not None else ""
+    )
+    declared = f"""SELECT d.1 AS tenant, d.2 AS b_id, d.3 AS a_id, r.t_rej AS t_rej,
+            true AS declared
+        FROM (SELECT arrayJoin(ref_decl) AS d) AS x
+        INNER JOIN ({rej}) AS r ON r.tenant = d.1 AND r.a_id = d.3
+        INNER JOIN ({slot}) AS s ON s.tenant = d.1 AND s.id = d.2
+        WHERE {_in("s.created", window)} AND s.created > r.t_rej AND d.2 != d.3"""
+    inferred = f"""SELECT tenant, b.1 AS b_id, a.1 AS a_id, assumeNotNull(a.3) AS t_rej,
+            false AS declared
+        FROM (
+            SELECT s.tenant AS tenant,
+                groupArray((s.id, s.created, if(r.a_id != '', r.t_rej, NULL), {is_b})) AS hs
+            FROM ({slot}) AS s
+            LEFT JOIN ({rej}) AS r ON r.tenant = s.tenant AND r.a_id = s.id
+            WHERE s.task != ''
+            GROUP BY s.tenant, s.task, s.src, s.dst
+            HAVING count() > 1 AND countIf(r.a_id != '') > 0
+        )
+        ARRAY JOIN hs AS b
+        ARRAY JOIN hs AS a
+        WHERE b.4 AND a.3 IS NOT NULL AND a.1 != b.1 AND b.2 > a.3"""
+    paired = f"{rows_of('ref_pairs', 1, 2)} UNION ALL {rows_of('ref_pairs', 1, 3)}"
+    env = """SELECT e.1 AS tenant, e.2 AS id, e.3 AS oh, e.4 AS rof
+        FROM (SELECT arrayJoin(ref_env) AS e)"""
+    return f"""WITH (SELECT groupArray((tenant, handoff_id, t_rej)) FROM ({rejected})) AS ref_rej,
+    (SELECT groupArray((tenant, handoff_id, retry_of)) FROM ({declaring})) AS ref_decl,
+    (SELECT groupArray((tenant, handoff_id, task, src, dst, created)) FROM ({slots})) AS ref_slot,
+    (SELECT groupArray((tenant, b_id, a_id, declared))
+     FROM ({declared} UNION ALL {inferred})) AS ref_pairs,
+    (SELECT groupArray((tenant, handoff_id, oh, rof))
+     FROM ({create_envelope_sql(db, paired)})) AS ref_env
+SELECT DISTINCT p.1 AS tenant, p.2 AS handoff_id, true AS retry_after_final_refusal
+FROM (SELECT arrayJoin(ref_pairs) AS p) AS x
+INNER JOIN ({env}) AS eb ON eb.tenant = p.1 AND eb.id = p.2
+LEFT JOIN ({env}) AS ea ON ea.tenant = p.1 AND ea.id = p.3
+WHERE (p.4 AND eb.rof = p.3)
+   OR (NOT p.4 AND eb.rof = '' AND eb.oh != '' AND eb.oh = ea.oh)
 """
 
 
-def keyless_pass(db: str, window: Window, tenant: bool, pol: Policy | None = None) -> str:
+def keyless_pass(
+    db: str,
+    window: Window,
+    tenant: bool,
+    pol: Policy | None = None,
+    keys: str | None = None,
+    *,
+    gaps: bool = False,
+) -> str:
     """keyless_duplicate_write: among the committed side-effecting writes (a command, or any
     handoff on the shared_queue topology) without an idempotency key and with a payload
     hash, per (tenant, to_agent, payload hash) in (created, handoff_id) order, each write
     created at most the window (HANDOFFS_KEYLESS_WINDOW_S) after the one before it; the
     first of a group is not flagged. Writes created from one window before the cohort's
-    start can precede a cohort write; none later than its end matters."""
+    start can precede a cohort write; none later than its end matters. `keys` (SQL of
+    (tenant, handoff_id) rows): only those judged, only their groups read. With `gaps`,
+    every write of the cohort after the first of its group, flagged or not, with
+    `keyless_gap_ns` (ns since the write before it): the kind for any window length."""
     pol = pol or policy()
     tw = _tenant_and(tenant)
     w_ns = pol.keyless_window_s * 1_000_000_000
     lo = f"{ts(window.start)} - toIntervalSecond({pol.keyless_window_s})"
     kind = _attr(semconv.MESSAGE_KIND)
+    of_groups = of_keys = ""
+    if keys is not None:
+        of_keys = f"AND (tenant, handoff_id) IN ({keys})"
+        # only the writes that can precede one of `keys` by the window or less: an earlier
+        # one ends the group (its gap is over the window, so no kind at any shorter one)
+        mine = f"""SELECT tenant, to_agent, payload_hash, time FROM {db}.handoff_transitions
+            PREWHERE event = 'create' AND payload_hash != ''
+            WHERE (tenant, handoff_id) IN ({keys})"""
+        lo = f"(SELECT min(time) FROM ({mine})) - toIntervalSecond({pol.keyless_window_s})"
+        of_groups = f"""AND (tenant, to_agent, payload_hash) IN (
+            SELECT tenant, to_agent, payload_hash FROM ({mine}))"""
+    gap = "toUnixTimestamp64Nano(created) - toUnixTimestamp64Nano(prev_created)"
+    kind_col, within = (
+        (f"{gap} AS keyless_gap_ns", "")
+        if gaps
+        else ("true AS keyless_duplicate_write", f"AND {gap} <= {w_ns}")
+    )
     # the keyless side-effecting creates with a payload hash, only those of a (to_agent,
     # payload hash) held by two handoffs or more: a constant, so one scan
     groups = f"""SELECT tenant, to_agent AS dst, payload_hash AS ph,
@@ -146,7 +204,7 @@ def keyless_pass(db: str, window: Window, tenant: bool, pol: Policy | None = Non
         FROM {db}.handoff_transitions
         PREWHERE event = 'create' AND payload_hash != '' AND idempotency_key = ''
             AND (topology = '{SIDE_EFFECT_TOPOLOGY}' OR topology_attrs)
-        WHERE {IS_CREATE} AND time >= {lo} AND time < {ts(window.end)} {tw}
+        WHERE {IS_CREATE} AND time >= {lo} AND time < {ts(window.end)} {tw} {of_groups}
           AND (topology = '{SIDE_EFFECT_TOPOLOGY}' OR {kind} = '{SIDE_EFFECT_KIND}')
         GROUP BY tenant, dst, ph
         HAVING length(hs) > 1"""
@@ -165,27 +223,31 @@ def keyless_pass(db: str, window: Window, tenant: bool, pol: Policy | None = Non
         WHERE notEmpty(keyless) AND s.t_commit IS NOT NULL AND s.idem = ''
           AND s.created IS NOT NULL"""
     return f"""WITH (SELECT groupArray((dst, ph, tenant, handoff_id)) FROM ({writes})) AS keyless
-SELECT tenant, handoff_id, true AS keyless_duplicate_write FROM (
+SELECT tenant, handoff_id, {kind_col} FROM (
     SELECT tenant, handoff_id, created,
         lagInFrame(created) OVER w AS prev_created, row_number() OVER w AS rn
     FROM ({members})
     WINDOW w AS (PARTITION BY tenant, dst, ph ORDER BY created, handoff_id
                  ROWS BETWEEN 1 PRECEDING AND CURRENT ROW)
 )
-WHERE rn > 1 AND {_in("created", window)}
-  AND toUnixTimestamp64Nano(created) - toUnixTimestamp64Nano(prev_created) <= {w_ns}"""
+WHERE rn > 1 AND {_in("created", window)} {of_keys} {within}"""
 
 
-def grants_pass(db: str, window: Window, tenant: bool, pol: Policy | None = None) -> str:
+def grants_pass(
+    db: str, window: Window, tenant: bool, pol: Policy | None = None, keys: str | None = None
+) -> str:
     """grant_caller_mismatch: the grant's caller (the greatest over the counted create rows)
     is set and is not the envelope's from_agent. missing_grant (only when the policy
     requires grants): capabilities asked for, and no counted create row carries any
     `handoff.grant.*` attribute. Candidates: create rows of the window carrying audit
     attributes whose caller differs from the row's from_agent; the state rows of the cohort
     asking for capabilities without a grant's capabilities, tenant or expiry. Their create
-    rows are then read by primary key and judged exactly."""
+    rows are then read by primary key and judged exactly. `keys` (SQL of (tenant,
+    handoff_id) rows): only those judged and read."""
     pol = pol or policy()
     tw = _tenant_and(tenant)
+    if keys is not None:
+        tw += f" AND (tenant, handoff_id) IN ({keys})"
     caller = _attr(semconv.GRANT_CALLER)
     callers = f"""SELECT tenant, handoff_id FROM {db}.handoff_transitions
         PREWHERE audit_attrs AND event = 'create'

@@ -46,8 +46,11 @@ from analytics._anomaly_state_passes import (
 )
 from analytics._anomaly_state_sql import TABLE
 from analytics._common import Window, check_db, ts
+from analytics._settled_audits import audit_settle_sql
 from analytics._settled_relations import relation_settle_sql
 from analytics._watermarks import (
+    AUDIT_FLAGS_TABLE,
+    AUDIT_WATERMARK_TABLE,
     COHORT_COLUMNS,
     COHORT_TABLE,
     COHORT_WATERMARK_TABLE,
@@ -59,6 +62,7 @@ from analytics._watermarks import (
     live_keys_sql,
     watermark_sql,
 )
+from analytics.reference_inferred import policy
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
@@ -82,9 +86,14 @@ log = logging.getLogger("handoffs.analytics.settle")
 SETTLE_LAG_S: Final = 30
 #: kind -> its bit in handoff_state_flags.flags
 STATE_KIND_BITS: Final = {kind: i for i, (kind, _e) in enumerate(state_kinds())}
-#: the settle's watermark tables (state flags, cohort copy, relation flags): a settle starts
-#: from the least and moves all three
-_WATERMARKS: Final = (WATERMARK_TABLE, COHORT_WATERMARK_TABLE, RELATION_WATERMARK_TABLE)
+#: the settle's watermark tables (state flags, cohort copy, relation flags, audit flags): a
+#: settle starts from the least and moves them all
+_WATERMARKS: Final = (
+    WATERMARK_TABLE,
+    COHORT_WATERMARK_TABLE,
+    RELATION_WATERMARK_TABLE,
+    AUDIT_WATERMARK_TABLE,
+)
 #: handoffs merged per settle query (a first settle of a big store runs in slices by hash)
 KEYS_PER_SLICE: Final = 500_000
 _EPOCH_MS: Final = 0
@@ -333,6 +342,7 @@ def settle(
     if not handoffs:  # the watermark may stay: no handoff is live that was not before
         return None
     until_text = _ms(until)
+    pol = policy()  # recorded with the audit watermark: what its flags hold
     ranges = [KeyRange()]
     n = slices_for(handoffs, keys_per_slice)
     if n > 1:  # cut at a sample of ~200 keys per slice
@@ -343,21 +353,33 @@ def settle(
         ).result_rows
         ranges = key_ranges([(str(t), str(h)) for t, h in sample], n)
     # a table with no row yet has none to replace (the first settle of a store)
-    flags, copy, relations = (
+    flags, copy, relations, audits = (
         _count(client, f"SELECT count() > 0 FROM {db}.{t}") > 0
-        for t in (FLAGS_TABLE, COHORT_TABLE, RELATION_FLAGS_TABLE)
+        for t in (FLAGS_TABLE, COHORT_TABLE, RELATION_FLAGS_TABLE, AUDIT_FLAGS_TABLE)
     )
     for i, part in enumerate(ranges):
         client.command(settle_sql(db, since, until, part, flags), parameters=part.params())
         client.command(cohort_settle_sql(db, since, until, part, copy), parameters=part.params())
         keys = f"{_touched_keys(db, since, until)} AND {part.sql()}"
         client.command(relation_settle_sql(db, keys, until, relations), parameters=part.params())
+        client.command(
+            audit_settle_sql(db, keys, until, audits, pol=pol),
+            parameters=part.params(),
+        )
         if progress is not None:
             progress(i + 1, len(ranges))
     for table in _WATERMARKS:
+        # the audit flags hold what this policy keeps (keyless gaps up to its window,
+        # missing_grant only when it requires grants)
+        extra = ("", "")
+        if table == AUDIT_WATERMARK_TABLE:
+            extra = (
+                ", keyless_window_s, require_grants",
+                f", {pol.keyless_window_s}, {int(pol.require_grants)}",
+            )
         client.command(
-            f"INSERT INTO {db}.{table} (tenant, watermark)"
-            f" SELECT DISTINCT tenant, {until_text} FROM {db}.{TABLE}"
+            f"INSERT INTO {db}.{table} (tenant, watermark{extra[0]})"
+            f" SELECT DISTINCT tenant, {until_text}{extra[1]} FROM {db}.{TABLE}"
         )
     elapsed = (time.perf_counter() - t0) * 1000
     log.debug("settled %d handoffs up to %d ms (%.0f ms)", handoffs, until, elapsed)

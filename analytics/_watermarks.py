@@ -19,6 +19,9 @@ if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
 
 __all__ = [
+    "AUDIT_FAILED_BIT",
+    "AUDIT_FLAGS_TABLE",
+    "AUDIT_WATERMARK_TABLE",
     "COHORT_COLUMNS",
     "COHORT_TABLE",
     "COHORT_WATERMARK_TABLE",
@@ -72,6 +75,12 @@ COHORT_WATERMARK_TABLE: Final = "cohort_settle"
 RELATION_FLAGS_TABLE: Final = "handoff_relation_flags"
 #: per tenant, the watermark of the relation flags
 RELATION_WATERMARK_TABLE: Final = "relation_settle"
+#: per settled handoff with an audit bit or a keyless gap (analytics._settled_audits)
+AUDIT_FLAGS_TABLE: Final = "handoff_audit_flags"
+#: per tenant, the watermark of the audit flags
+AUDIT_WATERMARK_TABLE: Final = "audit_settle"
+#: the audit bit of a result failing a declared evidence check (V(h) leaves it out)
+AUDIT_FAILED_BIT: Final = 4
 #: the watermark of a store (or tenant) no settle has reached
 EPOCH: Final = "toDateTime64(0, 3, 'UTC')"
 
@@ -105,13 +114,18 @@ class Settled:
     the copy holds (about the store's handoffs); `flags_ms` is the state flags' watermark
     (0 = none, None = not read): the state pass reads the flags with this state only when
     it is the copy's, so that the same handoffs are live for both; `relations_ms` the same
-    for the relation flags (bounce and the retry kinds)."""
+    for the relation flags (bounce and the retry kinds), `audits_ms` for the audit flags and
+    `audits_keyless_s` the keyless window they were settled with (seconds) and
+    `audits_grants` whether that settle required grants (missing_grant kept)."""
 
     watermark_ms: int
     live: int
     stored: int = 0
     flags_ms: int | None = None
     relations_ms: int | None = None
+    audits_ms: int | None = None
+    audits_keyless_s: int = 0
+    audits_grants: bool = False
 
     @property
     def flags_match(self) -> bool:
@@ -123,6 +137,11 @@ class Settled:
     def relations_match(self) -> bool:
         """Whether the relation flags were settled to the copy's watermark."""
         return self.relations_ms is not None and self.relations_ms == max(self.watermark_ms, 0)
+
+    @property
+    def audits_match(self) -> bool:
+        """Whether the audit flags were settled to the copy's watermark (and it is one)."""
+        return self.watermark_ms > 0 and self.audits_ms == self.watermark_ms
 
     @property
     def wm_sql(self) -> str:
@@ -152,17 +171,28 @@ def read_settled(client: Client, db: str, tenant: str | None) -> Settled:
     wm = f"({watermark_sql(db, tenant is not None, COHORT_WATERMARK_TABLE)})"
     tenant_and = "" if tenant is None else "AND tenant = {tenant:String}"
     live = live_keys_sql(db, wm, tenant_and)
-    flags, relations = (
+    flags, relations, audits = (
         f"({watermark_sql(db, tenant is not None, t)})"
-        for t in (WATERMARK_TABLE, RELATION_WATERMARK_TABLE)
+        for t in (WATERMARK_TABLE, RELATION_WATERMARK_TABLE, AUDIT_WATERMARK_TABLE)
     )
-    ms, n, stored, flags_ms, rel_ms = client.query(
+    policy_of = f"FROM {db}.{AUDIT_WATERMARK_TABLE} FINAL WHERE 1 {tenant_and}"
+    ms, n, stored, flags_ms, rel_ms, aud_ms, keyless_s, grants = client.query(
         f"SELECT toUnixTimestamp64Milli({wm}), (SELECT count() FROM ({live})),"
         f" (SELECT count() FROM {db}.{COHORT_TABLE}), toUnixTimestamp64Milli({flags}),"
-        f" toUnixTimestamp64Milli({relations})",
+        f" toUnixTimestamp64Milli({relations}), toUnixTimestamp64Milli({audits}),"
+        f" (SELECT min(keyless_window_s) {policy_of}), (SELECT min(require_grants) {policy_of})",
         parameters=params,
     ).result_rows[0]
-    flags_ms, rel_ms = (max(int(v or 0), 0) for v in (flags_ms, rel_ms))
+    flags_ms, rel_ms, aud_ms = (max(int(v or 0), 0) for v in (flags_ms, rel_ms, aud_ms))
     if (ms or 0) <= 0:
-        return Settled(0, 0, flags_ms=flags_ms, relations_ms=rel_ms)
-    return Settled(int(ms), int(n or 0), int(stored or 0), flags_ms, rel_ms)
+        return Settled(0, 0, flags_ms=flags_ms, relations_ms=rel_ms, audits_ms=aud_ms)
+    return Settled(
+        int(ms),
+        int(n or 0),
+        int(stored or 0),
+        flags_ms,
+        rel_ms,
+        aud_ms,
+        int(keyless_s or 0),
+        bool(grants),
+    )

@@ -20,7 +20,8 @@ time excluded, which favours pandas).
             causation attributes, and actors are not the to_agent, so the audit passes do
             their full work on every cohort row. The contract checks get work too: every
             create has an objective hash and a payload hash (1,000 distinct: keyless
-            shared-queue writes repeat), one in 10 declares an evidence policy, a reply
+            shared-queue writes repeat; a key's two attempts carry the same one but in one
+            key of 50, an idempotency conflict), one in 10 declares an evidence policy, a reply
             contract and a tool budget (its results meet the first two and record 0-3 tool
             calls), one in 25 names a grant caller (half of them another agent), one in 30
             asks for an ack within 60 s, and rejections carry a final or a retryable code
@@ -140,8 +141,10 @@ SELECT 'default',
     if(tr.1 IN ('prepare', 'commit', 'resolve_committed'), toInt64(h % 7 != 0), NULL),
     if(tr.1 IN ('prepare', 'commit', 'resolve_committed'), h % 11 != 0, NULL),
     hex(cityHash64(h)), hex(cityHash64(h, step)), 'bench', 'bench',
-    if(tr.1 = 'reject', ['permission_denied', 'busy'][h % 2 + 1], ''),
-    if(tr.1 = 'create', concat('p', toString(h % 1000)), ''),
+    if(tr.1 = 'reject', ['permission_denied', 'busy'][intDiv(h, 10) % 2 + 1], ''),
+    if(tr.1 != 'create', '',
+       if(h % 20 < 2 AND intDiv(h, 20) % 50 != 0, concat('p', toString(intDiv(h, 20) % 1000)),
+          concat('p', toString(h % 1000)))),
     if(is_result AND h % 10 = 5, [concat('r', toString(h))], CAST([], 'Array(String)'))
 FROM (
     SELECT intDiv(number, 5) AS h, number % 5 AS step,

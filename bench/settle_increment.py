@@ -1,6 +1,6 @@
 """What serve's settle thread costs per run on a big store: the handoffs touched since the
-last settle recomputed (state flags, relation flags, the cohort copy) while the rest of the
-store stays as it is.
+last settle recomputed (state flags, relation flags, audit flags, the cohort copy) while the
+rest of the store stays as it is.
 
 A store of --handoffs handoffs (the generator of bench/analytics_queries.py; or --path of
 one it generated, grown by this run) settled once in full, then --rounds times: --increment

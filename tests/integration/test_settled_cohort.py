@@ -23,6 +23,7 @@ from analytics._watermarks import (
     Settled,
     read_settled,
 )
+from analytics.reference_inferred import policy
 from tests.analytics_seed import T, create, seed
 
 T0 = datetime(2026, 11, 20, 9, 0, tzinfo=UTC)
@@ -125,13 +126,16 @@ def test_a_settled_cohort_gives_what_the_summary_gives(chdb_client, store):
     assert want["early"][0]["volume"] == 4 and want["late"][0]["volume"] == 2
     acme = _numbers(chdb_client, store, "acme")
     rows = _cohort(chdb_client, store)
-    assert read_settled(chdb_client, store, None) == Settled(0, 0, flags_ms=0, relations_ms=0)
+    assert read_settled(chdb_client, store, None) == Settled(
+        0, 0, flags_ms=0, relations_ms=0, audits_ms=0
+    )
 
     done = settle(chdb_client, database=store, lag_s=0)
     assert done is not None and done.handoffs == 6
     assert chdb_client.command(f"SELECT count() FROM {store}.{COHORT_TABLE} FINAL") == 6
+    window_s = policy().keyless_window_s
     assert read_settled(chdb_client, store, "acme") == Settled(
-        done.until_ms, 0, 6, done.until_ms, done.until_ms
+        done.until_ms, 0, 6, done.until_ms, done.until_ms, done.until_ms, window_s
     )
     assert _numbers(chdb_client, store) == want
     assert _numbers(chdb_client, store, "acme") == acme
@@ -181,7 +185,9 @@ def test_a_store_settled_before_the_copy_reads_the_summary_until_it_is_copied(ch
     chdb_client.command(f"TRUNCATE TABLE {store}.{COHORT_TABLE}")
     chdb_client.command(f"TRUNCATE TABLE {store}.{COHORT_WATERMARK_TABLE}")
     st = read_settled(chdb_client, store, None)
-    assert st == Settled(0, 0, flags_ms=first.until_ms, relations_ms=first.until_ms)
+    assert st == Settled(
+        0, 0, flags_ms=first.until_ms, relations_ms=first.until_ms, audits_ms=first.until_ms
+    )
     assert not st.flags_match and not st.relations_match
     assert _numbers(chdb_client, store) == want
     rows = _cohort(chdb_client, store)

@@ -41,6 +41,8 @@ TENANT_TABLES = {
     "cohort_settle": "tenant",
     "handoff_relation_flags": "tenant",
     "relation_settle": "tenant",
+    "handoff_audit_flags": "tenant",
+    "audit_settle": "tenant",
     "transition_ledger": "tenant",
     "ingest_batches": "tenant",
     "ingest_rejects": "tenant",
@@ -156,6 +158,23 @@ def _spans(tenant: str, n: int, offset: int) -> bytes:
                 start_ns=time.time_ns() + n + j,
             )
         )
+    # a message asking for an ack that never came: a row in each tenant's audit flags
+    spans.append(
+        span_json(
+            trace_id=f"{offset + 950:032x}",
+            span_id=f"{offset + 950:016x}",
+            attributes=transition(
+                f"{tenant}-ack",
+                "create",
+                "",
+                "created",
+                task_id=f"{tenant}-ta",
+                handoff__message__requires_ack=True,
+                handoff__message__ttl_s=60,
+            ),
+            start_ns=time.time_ns() + n + 5,
+        )
+    )
     # one span each tenant's validation refuses, so ingest_rejects holds both tenants
     spans.append(
         span_json(
@@ -205,6 +224,8 @@ def serve(tmp_path_factory):
                     "handoff_settled",
                     "handoff_relation_flags",
                     "relation_settle",
+                    "handoff_audit_flags",
+                    "audit_settle",
                 )
             )
             and op.command(behind) == 0
@@ -372,25 +393,25 @@ def test_the_filter_setting_is_refused_from_a_tenant_and_allowed_to_the_operator
     for settings in ({"additional_table_filters": "{}"},):
         with pytest.raises(DatabaseError, match="SETTING_CONSTRAINT_VIOLATION"):
             acme.query(sql, settings=settings)
-        assert operator.query(sql, settings=settings).result_rows == [(14,)]
+        assert operator.query(sql, settings=settings).result_rows == [(16,)]
     with pytest.raises(DatabaseError, match="SETTING_CONSTRAINT_VIOLATION"):
         acme.query(sql + " SETTINGS additional_table_filters = {}")
 
 
 def test_an_acme_reader_still_does_what_a_client_does(acme):
-    assert acme.query("SELECT count() FROM handoff_transitions").result_rows == [(6,)]
+    assert acme.query("SELECT count() FROM handoff_transitions").result_rows == [(7,)]
     assert acme.command("EXISTS TABLE handoffs.handoff_transitions") == 1
     assert acme.query("DESCRIBE TABLE otel_traces").result_rows
     assert acme.query("EXPLAIN SELECT count() FROM handoff_transitions").result_rows
     df = acme.query_df("SELECT handoff_id, tenant FROM handoff_transitions ORDER BY handoff_id")
-    assert set(df["tenant"]) == {"acme"} and len(df) == 6
+    assert set(df["tenant"]) == {"acme"} and len(df) == 7
 
 
 def test_the_operator_reads_every_tenant(operator):
     rows = operator.query(
         "SELECT tenant, count() FROM handoff_transitions GROUP BY tenant ORDER BY tenant"
     ).result_rows
-    assert rows == [("acme", 6), ("globex", 8)]
+    assert rows == [("acme", 7), ("globex", 9)]
     assert operator.command("SELECT count() FROM system.parts WHERE database = 'handoffs'") > 0
 
 
