@@ -208,17 +208,37 @@ WHERE event IN {sql_tuple(RECEIPT_EVENTS)}
 
 def idempotency_pass(db: str, window: Window, tenant: bool) -> str:
     """Cohort handoffs with a create row whose idempotency key was created elsewhere (any
-    handoff of the tenant, any time) with another payload hash."""
+    handoff of the tenant, any time) with another payload hash (idempotency_sql)."""
+    sql = idempotency_sql(db, tenant, lambda c: _in_window(window, c))
+    return f"SELECT tenant, handoff_id, idempotency_conflict FROM ({sql})"
+
+
+def idempotency_sql(db: str, tenant: bool, subject: Subject, scope: str | None = None) -> str:
+    """tenant, handoff_id, created, idempotency_conflict of the handoffs `subject` selects
+    (SQL over their created column) holding a key whose create rows carry two payload
+    hashes or more. With `scope` (SQL of (tenant, handoff_id) rows holding every subject:
+    the settle's few handoffs), only the keys the scope's handoffs hold are grouped."""
+    tw = _tenant_and(tenant)
+    keys_of = ""
+    if scope is not None:
+        keys_of = f"""AND (tenant, p.1) IN (
+            SELECT tenant, arrayJoin(idempotency_keys) FROM {db}.{TABLE}
+            WHERE (tenant, handoff_id) IN ({scope}))"""
     conflicts = f"""SELECT tenant, p.1 FROM (
         SELECT tenant, arrayJoin(idempotency_payloads) AS p
-        FROM {db}.{TABLE} WHERE notEmpty(idempotency_payloads) {_tenant_and(tenant)})
+        FROM {db}.{TABLE} WHERE notEmpty(idempotency_payloads) {tw})
+    WHERE 1 {keys_of}
     GROUP BY tenant, p.1 HAVING uniqExact(p.2) > 1"""
     holders = f"""SELECT tenant, handoff_id FROM (
         SELECT tenant, handoff_id, arrayJoin(idempotency_keys) AS key
-        FROM {db}.{TABLE} WHERE notEmpty(idempotency_keys) {_tenant_and(tenant)})
+        FROM {db}.{TABLE} WHERE notEmpty(idempotency_keys) {tw})
     WHERE (tenant, key) IN ({conflicts})"""
-    cand = _candidates(db, window, tenant, f"(tenant, handoff_id) IN ({holders})", "1 AS one")
-    return f"SELECT tenant, handoff_id, true AS idempotency_conflict FROM ({cand})"
+    return f"""SELECT tenant, handoff_id, created, true AS idempotency_conflict FROM (
+    SELECT tenant, handoff_id, min(created) AS created FROM {db}.{TABLE}
+    WHERE (tenant, handoff_id) IN ({holders})
+    GROUP BY tenant, handoff_id
+)
+WHERE {subject("created")}"""
 
 
 def _attempts_sql(db: str, keys: str) -> str:

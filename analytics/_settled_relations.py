@@ -1,10 +1,12 @@
-"""The relation kinds (bounce, blind retry, duplicate execution) from settled flags (sql/015)
-plus the live remainder, and their part of the settle job (analytics._settled).
+"""The relation kinds (bounce, blind retry, duplicate execution, idempotency conflict) from
+settled flags (sql/015) plus the live remainder, and their part of the settle job
+(analytics._settled).
 
 Unlike the state kinds, these are functions of a handoff and the handoffs it relates to: its
 task's other transfers (bounce: the previous transfer of the task), the attempts sharing
-its idempotency key, the one its `retry_of` names and, for a blind retry the sender did
-not link, its task's attempts to the same agent (blind retry, duplicate execution).
+its idempotency key (and their payload hashes: idempotency conflict), the one its
+`retry_of` names and, for a blind retry the sender did not link, its task's attempts to the
+same agent (blind retry, duplicate execution).
 None depends on the window, so they are kept per handoff as the state kinds are:
 
   settle      the handoffs touched in [watermark, until) and every handoff related to one
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from analytics._anomaly_state_passes import Subject, bounce_sql, retry_sql
+from analytics._anomaly_state_passes import Subject, bounce_sql, idempotency_sql, retry_sql
 from analytics._anomaly_state_sql import TABLE as STATE_TABLE
 from analytics._common import Window, ts
 from analytics._watermarks import RELATION_FLAGS_TABLE, live_keys_sql
@@ -37,22 +39,32 @@ __all__ = [
 ]
 
 #: kind -> its bit in handoff_relation_flags.flags
-RELATION_KIND_BITS: Final = {"bounce": 0, "blind_retry": 1, "duplicate_execution": 2}
+RELATION_KIND_BITS: Final = {
+    "bounce": 0,
+    "blind_retry": 1,
+    "duplicate_execution": 2,
+    "idempotency_conflict": 3,
+}
 #: pass -> its kinds and the SQL builder over a subject (analytics._anomaly_state_passes)
 RELATION_PASSES: Final = {
     "bounce": (("bounce",), bounce_sql),
     "retry": (("blind_retry", "duplicate_execution"), retry_sql),
+    "idempotency": (("idempotency_conflict",), idempotency_sql),
 }
+#: the passes whose bit came with sql/018: read settled only from a settle that also wrote
+#: the audit flags (Settled.audits_match), so a store settled before re-settles them first
+_SINCE_AUDITS: Final = frozenset({"idempotency"})
 
 
 def related_keys_sql(db: str, keys: str) -> str:
     """(tenant, handoff_id) of the handoffs of `keys` (SQL of such rows) and of every handoff
     whose relation kinds their rows can change: the handoffs of their transfers' tasks (by
     primary key through handoff_tasks, sql/005), the handoffs sharing one of their
-    idempotency keys, the handoffs whose `retry_of` names one of them, and the handoffs of
-    the tasks of those that entered unknown (a retry inferred from the task, agents and
-    objective, analytics._inferred_retry_sql) (each relation as the passes read it:
-    handoff_summary's rows, the state's `retry_of`)."""
+    idempotency keys (the summary's, and every key the state holds from a create row: an
+    idempotency conflict reads those), the handoffs whose `retry_of` names one of them, and
+    the handoffs of the tasks of those that entered unknown (a retry inferred from the task,
+    agents and objective, analytics._inferred_retry_sql) (each relation as the passes read
+    it: handoff_summary's rows, the state's keys and `retry_of`)."""
     return f"""SELECT tenant, handoff_id FROM ({keys})
 UNION ALL
 SELECT tenant, handoff_id FROM {db}.handoff_tasks WHERE (tenant, task_id) IN (
@@ -64,6 +76,13 @@ SELECT tenant, handoff_id FROM {db}.handoff_summary
 WHERE idempotency_key != '' AND (tenant, idempotency_key) IN (
     SELECT tenant, idempotency_key FROM {db}.handoff_summary
     WHERE idempotency_key != '' AND (tenant, handoff_id) IN ({keys}))
+UNION ALL
+SELECT tenant, handoff_id FROM (
+    SELECT tenant, handoff_id, arrayJoin(idempotency_keys) AS key FROM {db}.{STATE_TABLE}
+    WHERE notEmpty(idempotency_keys))
+WHERE (tenant, key) IN (
+    SELECT tenant, arrayJoin(idempotency_keys) FROM {db}.{STATE_TABLE}
+    WHERE (tenant, handoff_id) IN ({keys}))
 UNION ALL
 SELECT tenant, handoff_id FROM {db}.{STATE_TABLE}
 WHERE retry_of != '' AND (tenant, retry_of) IN ({keys})
@@ -135,7 +154,12 @@ def settled_relation_pass(name: str, db: str, window: Window, tenant: bool) -> s
         return f"{c} IS NOT NULL AND {c} >= {ts(window.start)} AND {c} < {ts(window.end)} {tw}"
 
     cols = ", ".join(kinds)
-    if st is None or not st.relations_match or st.watermark_ms <= 0:
+    if (
+        st is None
+        or not st.relations_match
+        or st.watermark_ms <= 0
+        or (name in _SINCE_AUDITS and not st.audits_match)
+    ):
         return f"SELECT tenant, handoff_id, {cols} FROM ({build(db, tenant, in_window)})"
     mask = sum(1 << RELATION_KIND_BITS[k] for k in kinds)
     bits = ", ".join(f"bitTest(flags, {RELATION_KIND_BITS[k]}) AS {k}" for k in kinds)

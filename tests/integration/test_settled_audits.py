@@ -23,7 +23,8 @@ from foundation.store import apply_schema
 from tests.analytics_seed import T, create, seed
 from tests.integration._kind_fixtures import T0, WINDOW, fixtures, variants
 
-KINDS = [k for p in AUDIT_PASSES.values() for k in p.kinds]
+#: the audit flags' kinds, and the idempotency conflict the relation flags keep since sql/018
+KINDS = [k for p in AUDIT_PASSES.values() for k in p.kinds] + ["idempotency_conflict"]
 
 
 def _rows() -> list[T]:
