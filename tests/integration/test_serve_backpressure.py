@@ -15,7 +15,6 @@ import pytest
 import requests
 
 from ingest import Ingestor, Spool, verify_chain
-from ingest._otlp_http import OtlpConfig, make_otlp_server
 from ingest.testing import request_protobuf, span_json, transition
 from serve._query_http import QueryEngine, make_query_server
 from tests.integration._store_writers import Observed, Refusing
@@ -31,22 +30,6 @@ def _body(i: int) -> bytes:
         start_ns=time.time_ns(),
     )
     return request_protobuf([s])
-
-
-@pytest.fixture
-def serve_on(tmp_path):
-    servers = []
-
-    def start(ingestor: Ingestor) -> str:
-        srv = make_otlp_server("127.0.0.1", 0, ingestor, OtlpConfig(1 << 20, {}))
-        threading.Thread(target=srv.serve_forever, daemon=True).start()
-        servers.append(srv)
-        return f"http://127.0.0.1:{srv.server_address[1]}/v1/traces"
-
-    yield start
-    for s in servers:
-        s.shutdown()
-        s.server_close()
 
 
 def test_full_spool_answers_503_and_keeps_what_it_accepted(

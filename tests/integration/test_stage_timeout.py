@@ -19,7 +19,6 @@ import pytest
 import requests
 
 from foundation.store import StoreSpec, connect
-from ingest._otlp_http import OtlpConfig, make_otlp_server
 from ingest._service import Ingestor
 from ingest._spool import Spool
 from ingest.chdb import STAGE_DATABASE, Stager, StageTimeout
@@ -76,24 +75,8 @@ def test_a_stuck_decoding_thread_bounds_the_wait_and_keeps_no_table(
     assert _stage_tables(chdb_client) == []
 
 
-@pytest.fixture
-def otlp_url():
-    servers = []
-
-    def start(ingestor: Ingestor) -> str:
-        srv = make_otlp_server("127.0.0.1", 0, ingestor, OtlpConfig(1 << 24, {}))
-        threading.Thread(target=srv.serve_forever, daemon=True).start()
-        servers.append(srv)
-        return f"http://127.0.0.1:{srv.server_address[1]}/v1/traces"
-
-    yield start
-    for s in servers:
-        s.shutdown()
-        s.server_close()
-
-
 def test_serve_answers_503_not_200_and_the_retry_is_stored_once(
-    chdb_client, chdb_path, fresh_db, tmp_path, otlp_url
+    chdb_client, chdb_path, fresh_db, tmp_path, serve_on
 ):
     stager = Stager(_connector(chdb_path), tmp_path / "stage", stage_timeout_s=0.5)
     spool = Spool(tmp_path / "spool", max_bytes=1 << 30)
@@ -102,7 +85,7 @@ def test_serve_answers_503_not_200_and_the_retry_is_stored_once(
     stager.before_decode = lambda _client: gate.wait(60)  # replaces the Ingestor's purge hook
     ing.start()
     try:
-        url = otlp_url(ing)
+        url = serve_on(ing, max_body=1 << 24)
         body = _body(1)
         refused = requests.post(url, data=body, headers=PB, timeout=30)
         assert refused.status_code == 503, refused.text
