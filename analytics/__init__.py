@@ -4,16 +4,57 @@ Every loader takes a clickhouse-connect `client` and keyword-only arguments; tim
 UTC datetimes; `database` defaults to HANDOFFS_DATABASE. Contract: docs/metrics.md.
 """
 
-from __future__ import annotations
-
 from typing import TYPE_CHECKING
 
 from foundation.lazy import lazy_exports
 
+# The package face: exported name -> the module that defines it, loaded on first use (PEP 562).
+# `handoffs serve` imports analytics._cli to build its parser and must not pay for
+# pandas/numpy (about 100 MB RSS) that only the loaders need.
+_WHERE = {
+    "DIMENSIONS": "analytics._common",
+    "Window": "analytics._common",
+    "SettleResult": "analytics._settled",
+    "settle": "analytics._settled",
+    "ANOMALY_KINDS": "analytics.anomaly_kinds",
+    "anomalies": "analytics.anomaly_kinds",
+    "anomaly_handoff_ids": "analytics.anomaly_kinds",
+    "backfill_task_index": "analytics.anomaly_kinds",
+    "blind_spots": "analytics.coverage",
+    "VerifyResult": "analytics.evidence",
+    "evidence_package": "analytics.evidence",
+    "verify_package": "analytics.evidence",
+    "keyless_writes": "analytics.keyless",
+    "STAGES": "analytics.metrics",
+    "find_handoffs": "analytics.metrics",
+    "funnel": "analytics.metrics",
+    "funnel_windows": "analytics.metrics",
+    "handoffs_behind": "analytics.metrics",
+    "latencies": "analytics.metrics",
+    "task_stats": "analytics.metrics",
+    "tenants": "analytics.metrics",
+    "weekly_report": "analytics.report",
+    "rejection_spikes": "analytics.spikes",
+    "sustained_rejections": "analytics.sustained",
+    "queue_lag": "analytics.topology",
+    "task_fan_out": "analytics.topology",
+    "topology_cards": "analytics.topology",
+    "unknown_fields": "analytics.topology",
+}
+
+lazy_exports(__name__, _WHERE)
+
+__all__ = sorted(_WHERE)
+
+# What type checkers read: they follow imports, not the table above, so `from analytics import
+# funnel` is checked against funnel's signature. The same names from the same modules
+# (tests/unit/test_package_faces.py holds the two equal). Ruff, which reads only a literal
+# __all__, would call them unused:
+# ruff: noqa: F401
 if TYPE_CHECKING:
     from analytics._common import DIMENSIONS, Window
     from analytics._settled import SettleResult, settle
-    from analytics.anomalies import (
+    from analytics.anomaly_kinds import (
         ANOMALY_KINDS,
         anomalies,
         anomaly_handoff_ids,
@@ -36,71 +77,3 @@ if TYPE_CHECKING:
     from analytics.spikes import rejection_spikes
     from analytics.sustained import sustained_rejections
     from analytics.topology import queue_lag, task_fan_out, topology_cards, unknown_fields
-
-# Loaded on first use (PEP 562): `handoffs serve` imports analytics._cli to build its parser
-# and must not pay for pandas/numpy (about 100 MB RSS) that only the loaders need.
-_LAZY: dict[str, str] = {
-    "DIMENSIONS": "analytics._common",
-    "Window": "analytics._common",
-    "ANOMALY_KINDS": "analytics.anomalies",
-    "anomalies": "analytics.anomalies",
-    "anomaly_handoff_ids": "analytics.anomalies",
-    "backfill_task_index": "analytics.anomalies",
-    "blind_spots": "analytics.coverage",
-    "VerifyResult": "analytics.evidence",
-    "evidence_package": "analytics.evidence",
-    "verify_package": "analytics.evidence",
-    "keyless_writes": "analytics.keyless",
-    "STAGES": "analytics.metrics",
-    "find_handoffs": "analytics.metrics",
-    "funnel": "analytics.metrics",
-    "funnel_windows": "analytics.metrics",
-    "handoffs_behind": "analytics.metrics",
-    "latencies": "analytics.metrics",
-    "task_stats": "analytics.metrics",
-    "tenants": "analytics.metrics",
-    "weekly_report": "analytics.report",
-    "queue_lag": "analytics.topology",
-    "task_fan_out": "analytics.topology",
-    "topology_cards": "analytics.topology",
-    "unknown_fields": "analytics.topology",
-    "rejection_spikes": "analytics.spikes",
-    "sustained_rejections": "analytics.sustained",
-    "SettleResult": "analytics._settled",
-    "settle": "analytics._settled",
-}
-
-
-lazy_exports(__name__, _LAZY)
-
-
-__all__ = [
-    "ANOMALY_KINDS",
-    "DIMENSIONS",
-    "STAGES",
-    "SettleResult",
-    "VerifyResult",
-    "Window",
-    "anomalies",
-    "anomaly_handoff_ids",
-    "backfill_task_index",
-    "blind_spots",
-    "evidence_package",
-    "find_handoffs",
-    "funnel",
-    "funnel_windows",
-    "handoffs_behind",
-    "keyless_writes",
-    "latencies",
-    "queue_lag",
-    "rejection_spikes",
-    "settle",
-    "sustained_rejections",
-    "task_fan_out",
-    "task_stats",
-    "tenants",
-    "topology_cards",
-    "unknown_fields",
-    "verify_package",
-    "weekly_report",
-]

@@ -1,7 +1,7 @@
 """Every anomaly kind that flags one handoff, as an evidence package lists it (pure), and the
 SQL that asks the anomaly passes about that one handoff.
 
-A package's `findings` hold one entry per kind of analytics.anomalies.ANOMALY_KINDS that
+A package's `findings` hold one entry per kind of analytics.ANOMALY_KINDS that
 flags the handoff, in report order:
 
   kind      the kind
@@ -206,7 +206,7 @@ def _fleet_key(f: FleetRef) -> tuple[str, str, str, str]:
 
 
 def _report_order() -> tuple[str, ...]:
-    from analytics.anomalies import ANOMALY_KINDS  # pandas: loaded when a package is built
+    from analytics.anomaly_kinds import ANOMALY_KINDS  # pandas: loaded when a package is built
 
     return tuple(ANOMALY_KINDS)
 

@@ -84,7 +84,7 @@ Duration = Annotated[timedelta, BeforeValidator(_duration)]
 
 
 def _objectives() -> tuple[str, ...]:
-    from analytics.anomalies import ANOMALY_KINDS
+    from analytics.anomaly_kinds import ANOMALY_KINDS
 
     return (*RATIO_OBJECTIVES, *RATE_OBJECTIVES, *(ANOMALY_PREFIX + k for k in ANOMALY_KINDS))
 

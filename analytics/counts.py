@@ -1,7 +1,7 @@
 """The funnel and the anomaly counts as plain Python values, without pandas: for a process
 that keeps the dataframe libraries out (serve's `GET /metrics`, serve._funnel_metrics).
 
-The same SQL pieces as analytics.metrics and analytics.anomalies (the cohort and its
+The same SQL pieces as analytics.metrics and analytics.anomaly_kinds (the cohort and its
 contract flags, the stages of analytics.stages, the anomaly passes); tests hold the numbers
 equal to funnel() and anomalies() on the same store.
 """
@@ -101,7 +101,7 @@ def anomaly_counts(
     tenant: str | None = None,
     unknown_sla_ms: int = UNKNOWN_SLA_MS,
 ) -> dict[str, int]:
-    """{kind: handoffs flagged} for every kind of analytics.anomalies.ANOMALY_KINDS (zeros
+    """{kind: handoffs flagged} for every kind of analytics.ANOMALY_KINDS (zeros
     included) in the window's cohort, as anomalies() counts them: one query per pass."""
     db = check_db(database)
     params: dict[str, Any] = {"tenant": tenant} if tenant is not None else {}

@@ -386,7 +386,7 @@ def handoffs_behind(
     conds = [STAGES[stage], *_filters_sql(filters, params)]
     extra = ["task_id", "from_agent", "to_agent", *_dim_columns(tuple(filters or ()))]
     if anomaly is not None:
-        from analytics.anomalies import anomaly_sql
+        from analytics.anomaly_kinds import anomaly_sql
 
         # the kind's flagged ids as a set built in the same query (no id list round trip)
         flagged = anomaly_sql(anomaly, db, window, tenant=tenant is not None)

@@ -18,7 +18,7 @@ from analytics import _report_charts as charts
 from analytics._common import Window, check_db
 from analytics._report_slo import html_section, md_lines, slo_section
 from analytics._report_window import ReportWindow, parse_week, report_window
-from analytics.anomalies import anomalies
+from analytics.anomaly_kinds import anomalies
 from analytics.display import html_safe
 from analytics.keyless import keyless_writes
 from analytics.metrics import RATE_COLUMNS, funnel, handoffs_behind, latencies

@@ -130,12 +130,12 @@ def versus_tree(args: Namespace, bodies: list[bytes], base: int, e2e: E2e) -> in
               f"{t['e2e']:,.0f} vs {b['e2e']:,.0f} spans/s = "
               f"{round_ratio(got, 'this', 'baseline', 'e2e'):.2f}x; serve CPU {t['cpu_s']:.2f} "
               f"vs {b['cpu_s']:.2f} s = {round_ratio(got, 'this', 'baseline', 'cpu_s'):.2f}x")  # fmt: skip
-    e2e = median_ratio(runs, "this", "baseline", "e2e")
-    cpu = median_ratio(runs, "this", "baseline", "cpu_s")
+    e2e_x = median_ratio(runs, "this", "baseline", "e2e")
+    cpu_x = median_ratio(runs, "this", "baseline", "cpu_s")
     print(f"this tree / {args.baseline_tree} ({rev}), median of {len(runs)} round(s): end to "
-          f"end {e2e:.2f}x (higher is faster), serve CPU {cpu:.2f}x (lower is cheaper)")  # fmt: skip
+          f"end {e2e_x:.2f}x (higher is faster), serve CPU {cpu_x:.2f}x (lower is cheaper)")  # fmt: skip
     print(
-        f"RESULT vs_baseline={e2e:.2f} cpu_vs_baseline={cpu:.2f} rounds={len(runs)} baseline={rev}"
+        f"RESULT vs_baseline={e2e_x:.2f} cpu_vs_baseline={cpu_x:.2f} rounds={len(runs)} baseline={rev}"
     )
     return 0
 
@@ -170,9 +170,9 @@ def versus_sizes(
               f"serve CPU {a['cpu_s']:.2f} vs {b['cpu_s']:.2f} s for the same spans = "
               f"{round_ratio(got, small, large, 'cpu_s'):.2f}x; writes {a['health']['writes']} vs "
               f"{b['health']['writes']}")  # fmt: skip
-    e2e = median_ratio(runs, small, large, "e2e")
-    cpu = median_ratio(runs, small, large, "cpu_s")
+    e2e_x = median_ratio(runs, small, large, "e2e")
+    cpu_x = median_ratio(runs, small, large, "cpu_s")
     print(f"{small}-span / {large}-span requests, median of {len(runs)} round(s): end to end "
-          f"{e2e:.2f}x, serve CPU for the same spans {cpu:.2f}x")  # fmt: skip
-    print(f"RESULT small_vs_large={e2e:.2f} cpu_small_vs_large={cpu:.2f} rounds={len(runs)}")
+          f"{e2e_x:.2f}x, serve CPU for the same spans {cpu_x:.2f}x")  # fmt: skip
+    print(f"RESULT small_vs_large={e2e_x:.2f} cpu_small_vs_large={cpu_x:.2f} rounds={len(runs)}")
     return 0

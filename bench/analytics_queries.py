@@ -57,10 +57,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import pandas as pd
 
-from analytics import Window, anomalies, backfill_task_index, evidence_package, funnel, settle
+from analytics import (
+    ANOMALY_KINDS,
+    Window,
+    anomalies,
+    backfill_task_index,
+    evidence_package,
+    funnel,
+    settle,
+)
 from analytics._anomaly_sql import PASSES, pass_sql
 from analytics._common import settled_window
-from analytics.anomalies import ANOMALY_KINDS
 from analytics.reference_audit import AUDIT_KINDS
 from foundation.integrity import row_hash
 from foundation.store import StoreSpec, apply_schema, connect

@@ -3,7 +3,7 @@ handoff with must be in that handoff's package, and what one package costs.
 
 Without --store it runs `handoffs demo` (embedded chDB, the simulator's faults, a signing
 key) for --handoffs intents into a temporary directory, then reads that store. For every
-kind of analytics.anomalies.ANOMALY_KINDS it takes up to --per-kind of the handoffs the
+kind of analytics.ANOMALY_KINDS it takes up to --per-kind of the handoffs the
 report flags over --days before now, builds each one's package (analytics.evidence_package)
 and checks the kind is among its `anomalies` and `findings`; then it times the packages of
 those handoffs and of --plain unflagged ones: wall and process CPU (chDB runs in this
@@ -33,8 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from analytics import Window, anomaly_handoff_ids, evidence_package
-from analytics.anomalies import ANOMALY_KINDS
+from analytics import ANOMALY_KINDS, Window, anomaly_handoff_ids, evidence_package
 from foundation.store import connect, parse_store
 
 

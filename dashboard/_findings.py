@@ -56,8 +56,8 @@ def _fleet(ref: Mapping[str, Any]) -> str:
 
 def finding_lines(package: Mapping[str, Any]) -> list[str]:
     """One Markdown bullet per finding (pure): kind, what it involves, where it comes from,
-    and the kind's definition below it (analytics.anomalies.DESCRIPTIONS)."""
-    from analytics.anomalies import DESCRIPTIONS
+    and the kind's definition below it (analytics.anomaly_kinds.DESCRIPTIONS)."""
+    from analytics.anomaly_kinds import DESCRIPTIONS
 
     lines = []
     for f in findings_of(package):

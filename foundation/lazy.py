@@ -8,18 +8,22 @@ modules that define them and lets this install the module-level `__getattr__`/`_
 
     _WHERE = {"funnel": "analytics.metrics", ...}
     lazy_exports(__name__, _WHERE)
+    __all__ = sorted(_WHERE)
+
+    if TYPE_CHECKING:  # type checkers read imports, not _WHERE
+        from analytics.metrics import funnel
 
 A loaded name is cached in the package's namespace, so later lookups are plain attribute
-reads. A public function named like its own submodule (`analytics.anomalies`) stays the
-function when the submodule is imported directly, as it would with eager imports. `extras`
-names the optional extra a module needs, for an ImportError that says what to install.
+reads. No public name may also name a submodule of its package: importing that submodule
+would rebind the package attribute to the module. tests/unit/test_package_faces.py holds
+the TYPE_CHECKING imports equal to the table and refuses such a clash. `extras` names the
+optional extra a module needs, for an ImportError that says what to install.
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
-import types
 from collections.abc import Mapping
 from typing import Any
 
@@ -59,13 +63,3 @@ def lazy_exports(
 
     module.__getattr__ = __getattr__  # type: ignore[method-assign]
     module.__dir__ = __dir__  # type: ignore[method-assign]
-
-    class _Package(types.ModuleType):
-        # The import system sets a submodule as an attribute of its package last; when the
-        # package exports a function of that name, keep the function.
-        def __setattr__(self, name: str, value: Any) -> None:
-            if isinstance(value, types.ModuleType) and where.get(name) == value.__name__:
-                value = getattr(value, name)
-            super().__setattr__(name, value)
-
-    module.__class__ = _Package

@@ -259,11 +259,10 @@ def _demo_spans(serve: ServeHandle) -> int:
     on the same data directory would otherwise add a second backfill on top of the first."""
     client = serve.client()
     try:
-        return int(
-            client.command(
-                "SELECT count() FROM otel_traces WHERE startsWith(ServiceName, 'demo-agents')"
-            )
-        )
+        rows = client.query(
+            "SELECT count() FROM otel_traces WHERE startsWith(ServiceName, 'demo-agents')"
+        ).result_rows
+        return int(rows[0][0])
     finally:
         client.close()
 

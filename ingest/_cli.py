@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from foundation import settings
 from foundation.units import plural
+
+if TYPE_CHECKING:
+    from clickhouse_connect.driver.client import Client
 
 EXIT_UNAVAILABLE = 3
 
@@ -153,7 +157,7 @@ def _unreadable_checkpoint(path: str) -> str | None:
     return None
 
 
-def _check_checkpoint(client, database: str, path: str, public_keys: list[str]) -> dict:
+def _check_checkpoint(client: Client, database: str, path: str, public_keys: list[str]) -> dict:
     """One kept checkpoint against the store: its signature (with the public keys), then
     foundation.ledger_log.check_checkpoint on its log."""
     from pathlib import Path

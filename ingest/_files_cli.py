@@ -10,8 +10,15 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from foundation import settings
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
+
+    from foundation.store import StoreSpec
+    from ingest._files import IngestSummary
 
 EXIT_OK, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 2, 3
 
@@ -39,7 +46,7 @@ def register_ingest(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_ingest)
 
 
-def _requests(files: list[Path], summary) -> Iterator[tuple[str, bytes, str]]:
+def _requests(files: list[Path], summary: IngestSummary) -> Iterator[tuple[str, bytes, str]]:
     from ingest._decode import DecodeError
     from ingest._files import read_requests
 
@@ -51,7 +58,7 @@ def _requests(files: list[Path], summary) -> Iterator[tuple[str, bytes, str]]:
             summary.errors.append(f"{f}: {exc}")
 
 
-def _lock_hint(spec) -> str:
+def _lock_hint(spec: StoreSpec) -> str:
     return (
         f"the embedded store {spec.path} is locked by another process (is `handoffs serve` "
         "running?). Its query port (e.g. --store http://127.0.0.1:8124) is read-only; send the "
@@ -84,7 +91,7 @@ def _ingest(args: argparse.Namespace) -> int:
     return code
 
 
-def _direct(args, summary, bar) -> int:
+def _direct(args: argparse.Namespace, summary: IngestSummary, bar: tqdm) -> int:
     from foundation.store import StoreError, apply_schema, connect, parse_store, store_locked
     from ingest._files import ingest_requests
 
@@ -132,7 +139,7 @@ def _direct(args, summary, bar) -> int:
     return EXIT_OK
 
 
-def _via_otlp(args, summary, bar) -> int:
+def _via_otlp(args: argparse.Namespace, summary: IngestSummary, bar: tqdm) -> int:
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
     from ingest._decode import PROTOBUF, decode_request
@@ -188,7 +195,7 @@ def _via_otlp(args, summary, bar) -> int:
     return EXIT_OK
 
 
-def _print_summary(summary, *, as_json: bool) -> None:
+def _print_summary(summary: IngestSummary, *, as_json: bool) -> None:
     d = summary.as_dict()
     if as_json:
         print(json.dumps(d, indent=2))

@@ -9,8 +9,12 @@ import socket
 import sys
 import textwrap
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from foundation import settings
+
+if TYPE_CHECKING:
+    from serve._run import ServeConfig
 
 EXIT_OK, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 2, 3
 
@@ -288,7 +292,7 @@ def _taken(host: str, port: int) -> bool:
     return False
 
 
-def _busy_port(cfg) -> str | None:
+def _busy_port(cfg: ServeConfig) -> str | None:
     """The line naming the first of serve's ports another process holds, or None. Checked
     before serve opens anything: the gRPC server would otherwise fail late and noisily,
     after the store and the spool are open."""

@@ -26,7 +26,7 @@ import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from foundation import read_token, settings
 from foundation.ledger_instances import resolve_instance
@@ -44,6 +44,11 @@ from serve._private import UnsafeDirectory, private_dirs
 from serve._query_http import QueryEngine, make_query_server
 from serve._query_policy import QueryLimits
 from serve._tuning import MergePriority, Tuning, apply_process, plan
+
+if TYPE_CHECKING:
+    from ingest import PartsWatch
+    from serve._settler import Settler
+    from serve._signer import Signer
 
 __all__ = ["ServeConfig", "run_serve"]
 
@@ -160,7 +165,9 @@ def _query_health(cfg: ServeConfig, tokens: dict[str, str]) -> dict[str, str]:
     return {"query_auth": "on" if tokens else "off"}
 
 
-def _start_signer(cfg: ServeConfig, instance: str = "", health: dict[str, str] | None = None):
+def _start_signer(
+    cfg: ServeConfig, instance: str = "", health: dict[str, str] | None = None
+) -> Signer | None:
     """The ledger signer thread (serve._signer), or None with a warning when there is no key.
     It keeps its newest checkpoint beside the key; `health["signer"]` says why it stopped."""
     if cfg.signing_key is None:
@@ -191,7 +198,7 @@ def _start_signer(cfg: ServeConfig, instance: str = "", health: dict[str, str] |
     return signer
 
 
-def _start_settler(cfg: ServeConfig):
+def _start_settler(cfg: ServeConfig) -> Settler | None:
     """The anomaly settle thread (serve._settler), or None when settle_every_s is 0."""
     from serve._settler import Settler
 
@@ -205,7 +212,7 @@ def _start_settler(cfg: ServeConfig):
     return settler
 
 
-def _start_parts_watch(cfg: ServeConfig, ingestor: Ingestor):
+def _start_parts_watch(cfg: ServeConfig, ingestor: Ingestor) -> PartsWatch | None:
     """The parts watch (ingest._parts), started; None with a warning when there is no limit."""
     from ingest import PartsWatch
 

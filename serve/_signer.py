@@ -75,6 +75,13 @@ __all__ = ["SIGNING_KEY", "SIGN_EVERY_S", "Signer"]
 
 log = logging.getLogger("handoffs.serve.signer")
 
+#: batch id -> (chain_hash, transitions, received_at ns), as Signer._batches reads them
+_BatchInfo = dict[str, tuple[str, int, int]]
+#: batch id -> its Merkle leaves, as Signer._leaves reads them
+_Leaves = dict[str, list[bytes]]
+#: (level, index, hash) of the stored subtrees (foundation.merkle.Frontier.extend_nodes)
+_Nodes = list[tuple[int, int, bytes]]
+
 SIGNING_KEY: Final = settings.SIGNING_KEY
 #: a tick reads the batches received from an hour before the last signed one on: requests
 #: written concurrently may store a later batch with an earlier receive time
@@ -165,9 +172,7 @@ class Signer:
             self._client = self._connect()
         return self._client
 
-    def _batches(
-        self, client: Client, since_ns: int | None
-    ) -> tuple[list[str], dict[str, tuple[str, int, int]]]:
+    def _batches(self, client: Client, since_ns: int | None) -> tuple[list[str], _BatchInfo]:
         """Batch ids after the signed chain link, in chain order, and id -> (chain_hash,
         transitions, received_at ns). `since_ns`: read only batches received from then on
         (None: all), so a tick reads what is new, not the whole table."""
@@ -189,9 +194,7 @@ class Signer:
         ordered, _unreachable = chain_order(links, start=self._chain_hash)
         return ordered, info
 
-    def _leaves(
-        self, client: Client, batch_ids: list[str], since_ns: int | None = None
-    ) -> dict[str, list[bytes]]:
+    def _leaves(self, client: Client, batch_ids: list[str], since_ns: int | None = None) -> _Leaves:
         """Each batch's Merkle leaves: foundation.merkle.leaf_hash of the log entry of each
         of its ledger row hashes, in row-hash order; hashed by the store (SHA256 of 0x00 ||
         the 32 bytes), not by Python. `since_ns`: the batches were received from then on
@@ -321,7 +324,9 @@ class Signer:
                 len(ordered) - head.batches,
             )
 
-    def _positions(self, start: int, batches: list[str], info, hashes) -> list[list[object]]:
+    def _positions(
+        self, start: int, batches: list[str], info: _BatchInfo, hashes: _Leaves
+    ) -> list[list[object]]:
         out: list[list[object]] = []
         for b in batches:
             n = len(hashes.get(b, []))
@@ -329,7 +334,7 @@ class Signer:
             start += n
         return out
 
-    def _write_pieces(self, client: Client, positions, nodes) -> None:
+    def _write_pieces(self, client: Client, positions: list[list[object]], nodes: _Nodes) -> None:
         """Nodes first: a reader takes a position reaching a head as the sign its nodes are
         stored too."""
         if nodes:
@@ -347,7 +352,9 @@ class Signer:
                 positions,
             )
 
-    def _backfill(self, client: Client, batches: list[str], info, hashes, nodes) -> None:
+    def _backfill(
+        self, client: Client, batches: list[str], info: _BatchInfo, hashes: _Leaves, nodes: _Nodes
+    ) -> None:
         """Store the pieces of the signed log not stored yet (a store signed before them)."""
         p = {"instance": self.instance}
         have_b = {_s(b) for (b,) in client.query(

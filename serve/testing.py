@@ -19,13 +19,19 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from clickhouse_connect.driver.client import Client
 
 __all__ = ["ServeHandle", "free_port", "start_serve", "wait_until"]
 
+_T = TypeVar("_T")
+
 
 def wait_until(
-    cond: Callable[[], object], timeout: float, what: str, *, every: float = 0.05
-) -> object:
+    cond: Callable[[], _T | None], timeout: float, what: str, *, every: float = 0.05
+) -> _T:
     """Check `cond` every `every` seconds until it returns something truthy, and return that;
     TimeoutError naming `what` after `timeout` seconds. The one way tests wait for a state."""
     deadline = time.monotonic() + timeout
@@ -92,7 +98,7 @@ class ServeHandle:
         """`query_token` as HTTP basic auth (`requests`' `auth=`), None without one."""
         return ("reader", self.query_token) if self.query_token is not None else None
 
-    def client(self, **kwargs):
+    def client(self, **kwargs: Any) -> Client:
         """A clickhouse-connect HTTP client on the query port (read-only), sending
         `query_token` as its password unless `password=` is given."""
         import clickhouse_connect

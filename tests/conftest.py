@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,7 +32,7 @@ def chdb_client(chdb_path: Path):
 
 
 @pytest.fixture
-def fresh_db(chdb_client) -> str:
+def fresh_db(chdb_client) -> Iterator[str]:
     """A new database with the full schema applied; returns its name."""
     name = f"t_{uuid.uuid4().hex[:12]}"
     apply_schema(chdb_client, name)

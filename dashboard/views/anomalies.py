@@ -10,6 +10,7 @@ The trend is off by default: each slice is one more anomalies() query, and on a 
 one query over a day takes tens of seconds (bench/dashboard_render.py's data, 10M rows).
 """
 
+import pandas as pd
 import streamlit as st
 
 from analytics.display import markdown_link_text
@@ -124,7 +125,7 @@ for title, rows in groups:
             )
 
 
-def _spikes_when(df) -> None:
+def _spikes_when(df: pd.DataFrame) -> None:
     """When each rejection spike happened: hour, group, rates (percent), flagged handoffs."""
     st.markdown("##### Rejection spikes: when")
     view = df.assign(
@@ -149,7 +150,7 @@ if int(cur.loc[cur["kind"] == "rejection_spike", "count"].sum()):
         _spikes_when(when)
 
 
-def _runs_when(df) -> None:
+def _runs_when(df: pd.DataFrame) -> None:
     """When rejections stayed high: each run's hours (end or ongoing), group, rate, flagged."""
     st.markdown("##### Sustained rejections: when")
     view = df.assign(

@@ -17,12 +17,12 @@ import json
 import pandas as pd
 import streamlit as st
 
-from analytics.audit_view import grant_view, receipt_view
+from analytics.audit_view import LinkedHandoff, grant_view, receipt_view
 from analytics.display import markdown_link_text
 from dashboard import _charts, _data, _findings, _graph, _graph_layout, _ui, _why
 
 
-def _open(h, label: str, key: str) -> None:
+def _open(h: LinkedHandoff, label: str, key: str) -> None:
     """A button opening handoff `h` (a LinkedHandoff) in this page; the handoff shown is
     plain bold text instead."""
     state = h.last_state or _ui.DASH
@@ -38,7 +38,7 @@ def _open(h, label: str, key: str) -> None:
         st.rerun()
 
 
-def _decoded(v):
+def _decoded(v: object) -> object:
     """Array attributes travel as JSON text; show them as lists (the download keeps the text)."""
     if isinstance(v, str) and v.startswith("["):
         try:

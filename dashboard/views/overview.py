@@ -14,6 +14,8 @@ burn-rate alerts of the SLO rules file the Alerts page, `handoffs alerts check` 
 report read, the pair and stage losing the most handoffs in the window, and one link to act.
 """
 
+from typing import Any
+
 import pandas as pd
 import streamlit as st
 
@@ -81,11 +83,11 @@ every = (
 )
 
 
-def _row(df):
+def _row(df: pd.DataFrame) -> dict[str, Any]:
     return df.iloc[0].to_dict() if len(df) else {}
 
 
-def _split_at(split, p):
+def _split_at(split: pd.DataFrame, p: _ui.Picked) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(rows of this window, rows of the previous period) of an hourly split."""
     if not len(split):
         return split, split

@@ -13,6 +13,7 @@ queried: the selected tab (`?sl_tab=<label>` opens one) and the queue expander o
 (`?sl_queue=true`); each reruns the page when switched.
 """
 
+import pandas as pd
 import streamlit as st
 
 from analytics.pairs_lost import MIN_N, lost_by_pair
@@ -48,7 +49,7 @@ src = _ui.start_page("Slices")
 p = _ui.pickers(src, "slices")
 
 
-def _table(df, dim: str) -> None:
+def _table(df: pd.DataFrame, dim: str) -> None:
     cols = [dim, *(c for c in _COUNT_COLS if c in df), *(c for c in _RATE_COLS if c in df)]
     cols += [c for c in _OUTCOME_COLS if c in df]
     view = df[cols].sort_values("p_e2e", ascending=True, na_position="last", kind="stable")
@@ -62,7 +63,7 @@ def _table(df, dim: str) -> None:
     )
 
 
-def _lost_table(pairs) -> None:
+def _lost_table(pairs: pd.DataFrame) -> None:
     """The pairs (at least MIN_N settled) that lose the most handoffs beyond the fleet's rate,
     and where."""
     lost = lost_by_pair(pairs)
@@ -96,7 +97,7 @@ def _lost_table(pairs) -> None:
     )
 
 
-def _topology_cards(cards) -> None:
+def _topology_cards(cards: pd.DataFrame) -> None:
     """One column per topology: a metric per kind of its own (rate, flagged of handoffs)."""
     topologies = list(dict.fromkeys(cards["topology"]))
     for col, topology in zip(st.columns(max(1, len(topologies))), topologies, strict=False):
@@ -159,7 +160,7 @@ def _keyless_table() -> None:
     )
 
 
-def _frame(name: str):
+def _frame(name: str) -> pd.DataFrame:
     """The funnel by one dimension: rolled up from the page's split, or (capability) its own
     cached query."""
     if name in _SPLIT:

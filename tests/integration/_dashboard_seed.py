@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 DAY = datetime(2026, 11, 23, tzinfo=UTC)
 WINDOW = {
@@ -26,7 +27,8 @@ WINDOW = {
 }
 WEEK = "2026-W48"  # Monday 2026-11-23
 
-_FLOWS = {
+#: flow -> its steps: (event, from_state, to_state) or (event, from_state, to_state, attributes)
+_FLOWS: dict[str, list[tuple[Any, ...]]] = {
     "committed": [
         ("create", "", "created"),
         ("accept", "created", "accepted"),
@@ -161,11 +163,11 @@ def transitions(handoffs=HANDOFFS) -> list:
             actor = from_agent if event in ("create", "timeout", "escalate") else to_agent
             at = created + timedelta(seconds=5 * i)
             if event == "create":
+                refs: dict[str, Any] = {"handoff.evidence_refs": [f"ev-{hid}"]}
                 out.append(create(
                     hid, at, task_id=f"task-{hid}", mode=mode, from_agent=from_agent, to_agent=to_agent,
                     topology=topology, capabilities=["code.write"] if to_agent == "coder" else ["review"],
-                    idempotency_key=f"idem-{hid}", tenant=tenant,
-                    **{"handoff.evidence_refs": [f"ev-{hid}"]},
+                    idempotency_key=f"idem-{hid}", tenant=tenant, **refs,
                 ))  # fmt: skip
             else:
                 out.append(

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import analytics
 from serve.testing import ServeHandle, wait_until
@@ -31,6 +33,25 @@ def wait_for_funnel(
             timeout_s,
             f"the derived funnel {want}",
         )
+    except TimeoutError:
+        assert last == want
+
+
+def wait_for_anomalies(
+    serve: ServeHandle, window: analytics.Window, want: dict, timeout_s: float = 30
+):
+    """Wait until the window's anomaly counts are `want` (a later derivation pass may add a
+    link, e.g. a cause whose span came in a later batch); on timeout, fail showing the last
+    counts next to `want`."""
+    last: dict = {}
+
+    def seen() -> bool:
+        last.clear()
+        last.update(anomaly_counts(serve, window))
+        return last == want
+
+    try:
+        wait_until(seen, timeout_s, f"the derived anomalies {want}")
     except TimeoutError:
         assert last == want
 
@@ -69,7 +90,7 @@ def run_app(python: str, app: str, otlp_url: str, *args: str, timeout_s: float =
     return json.loads(ran.stdout.strip().splitlines()[-1])
 
 
-def created_rows(serve: ServeHandle, since: datetime, columns: str) -> list[tuple]:
+def created_rows(serve: ServeHandle, since: datetime, columns: str) -> Sequence[Sequence[Any]]:
     """`columns` of the derived `create` transitions stored since `since`, in time order."""
     with serve.client() as c:
         return c.query(
@@ -89,5 +110,6 @@ def failed_package(serve: ServeHandle, since: datetime) -> tuple[str, dict]:
             parameters={"t": since},
         ).result_columns[0]
         pkg = analytics.evidence_package(c, database=serve.database, handoff_id=hid)
+        assert pkg is not None
         assert analytics.verify_package(c, pkg, database=serve.database).ok
     return hid, pkg

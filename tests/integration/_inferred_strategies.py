@@ -12,6 +12,7 @@ as_of, so some groups start before the window (not in the cohort) and some after
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 
 from hypothesis import strategies as st
 
@@ -42,9 +43,15 @@ def retried(draw, tenant: str, as_of: datetime, k: int, unknown: bool) -> list[T
     (another objective, target or sender, no objective, retry_of naming another handoff)."""
     at = _clock(as_of - timedelta(seconds=draw(st.sampled_from([120, 900, 2400]))))
     task, a = f"task-i{k}", f"ia{k}"
-    base = {"task_id": task, "from_agent": "planner", "to_agent": "worker", "tenant": tenant}
+    base: dict[str, Any] = {
+        "task_id": task,
+        "from_agent": "planner",
+        "to_agent": "worker",
+        "tenant": tenant,
+    }
     key_a = draw(st.sampled_from([None, "ki1"]))
-    out = [create(a, at(0), idempotency_key=key_a, **base, **{OH: "obj-1"})]
+    objective: dict[str, Any] = {OH: "obj-1"}
+    out = [create(a, at(0), idempotency_key=key_a, **base, **objective)]
     fates = ["unknown", "unknown", "committed"] if unknown else ["final", "retryable", "other"]
     fate = draw(st.sampled_from(fates))
     if fate in CODES:
@@ -54,7 +61,7 @@ def retried(draw, tenant: str, as_of: datetime, k: int, unknown: bool) -> list[T
         out.append(T(a, "reject", "created", "rejected", at(2), task_id=task, actor="worker",
                      tenant=tenant, attrs=attrs))  # fmt: skip
     else:
-        mine = {"task_id": task, "tenant": tenant}
+        mine: dict[str, Any] = {"task_id": task, "tenant": tenant}
         out += [T(a, "accept", "created", "accepted", at(1), actor="worker", **mine),
                 T(a, "start", "accepted", "running", at(2), actor="worker", **mine)]  # fmt: skip
         if fate == "committed":
@@ -133,7 +140,11 @@ def keyless_writes(draw, tenant: str, as_of: datetime, k: int) -> list[T]:
         if kind is not None:
             env["handoff.message.kind"] = kind
         out.append(create(h, at(t), **env))
-        mine = {"task_id": env["task_id"], "actor": env["to_agent"], "tenant": tenant}
+        mine: dict[str, Any] = {
+            "task_id": env["task_id"],
+            "actor": env["to_agent"],
+            "tenant": tenant,
+        }
         out += [T(h, "accept", "created", "accepted", at(t + 1), **mine),
                 T(h, "start", "accepted", "running", at(t + 2), **mine)]  # fmt: skip
         end, state = ("fail", "failed") if off == "failed" else ("commit", "committed")

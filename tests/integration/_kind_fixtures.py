@@ -1,5 +1,5 @@
 """Per anomaly kind, the seeded rows that make one handoff flagged with it: the table the
-per-kind evidence test (test_evidence_findings.py) runs over analytics.anomalies.ANOMALY_KINDS.
+per-kind evidence test (test_evidence_findings.py) runs over analytics.ANOMALY_KINDS.
 
 A kind without an entry here fails that test (it is not skipped): adding a kind means adding
 its fixture. An entry is a `KindFixture`: the handoff the kind must flag, the rows (each
@@ -167,8 +167,8 @@ def tenant_claim_mismatch(f: _Fx) -> KindFixture:
 
 
 def consumer_lag(f: _Fx) -> KindFixture:
-    return f.fixture(1, [f.create(1, 0),
-                         f.t(1, "accept", "created", "accepted", 1, **{sc.QUEUE_LAG_MS: 90_000})])  # fmt: skip
+    lag: dict[str, Any] = {sc.QUEUE_LAG_MS: 90_000}
+    return f.fixture(1, [f.create(1, 0), f.t(1, "accept", "created", "accepted", 1, **lag)])
 
 
 def partial_result_committed(f: _Fx) -> KindFixture:
@@ -177,40 +177,42 @@ def partial_result_committed(f: _Fx) -> KindFixture:
 
 
 def unfiltered_sensitive_history(f: _Fx) -> KindFixture:
-    hist = {sc.HISTORY_SENSITIVE_ITEMS: 3, sc.HISTORY_REMOVED_ITEMS: 1}
+    hist: dict[str, Any] = {sc.HISTORY_SENSITIVE_ITEMS: 3, sc.HISTORY_REMOVED_ITEMS: 1}
     return f.fixture(1, [f.create(1, 0, mode="transfer", **hist),
                          f.t(1, "accept", "created", "accepted", 1)])  # fmt: skip
 
 
 def stale_agent_card(f: _Fx) -> KindFixture:
     # asks for a capability the card's skills lack
-    card = {sc.AGENT_CARD_SKILLS: ["search"], sc.AGENT_CARD_FETCHED_AT: _iso(-60)}
+    card: dict[str, Any] = {sc.AGENT_CARD_SKILLS: ["search"], sc.AGENT_CARD_FETCHED_AT: _iso(-60)}
     return f.fixture(1, [f.create(1, 0, capabilities=["deploy"], **card),
                          f.t(1, "reject", "created", "rejected", 1,
                              **{sc.ERROR_CODE: "unknown_capability"})])  # fmt: skip
 
 
 def command_replayed(f: _Fx) -> KindFixture:
+    replay: dict[str, Any] = {sc.REPLAY: True}
     return f.fixture(1, [f.create(1, 0, **{sc.MESSAGE_KIND: "command"}),
                          f.t(1, "accept", "created", "accepted", 1),
-                         f.t(1, "start", "accepted", "running", 2, **{sc.REPLAY: True})])  # fmt: skip
+                         f.t(1, "start", "accepted", "running", 2, **replay)])  # fmt: skip
 
 
 def incompatible_accepted(f: _Fx) -> KindFixture:
-    return f.fixture(1, [f.create(1, 0, **{sc.SCHEMA_VERSION: 3}),
-                         f.t(1, "accept", "created", "accepted", 1,
-                             **{sc.CONSUMER_SUPPORTED_VERSIONS: ["1", "2"]})])  # fmt: skip
+    version: dict[str, Any] = {sc.SCHEMA_VERSION: 3}
+    supported: dict[str, Any] = {sc.CONSUMER_SUPPORTED_VERSIONS: ["1", "2"]}
+    return f.fixture(1, [f.create(1, 0, **version),
+                         f.t(1, "accept", "created", "accepted", 1, **supported)])  # fmt: skip
 
 
 def risky_field_ignored(f: _Fx) -> KindFixture:
+    unknown: dict[str, Any] = {sc.ENVELOPE_UNKNOWN_FIELDS: ["grant.scope"]}
     return f.fixture(1, [f.create(1, 0),
-                         f.t(1, "accept", "created", "accepted", 1,
-                             **{sc.ENVELOPE_UNKNOWN_FIELDS: ["grant.scope"]})])  # fmt: skip
+                         f.t(1, "accept", "created", "accepted", 1, **unknown)])  # fmt: skip
 
 
 def card_skill_refused(f: _Fx) -> KindFixture:
     # a fresh card listing the skill asked for, and the skill refused anyway
-    card = {sc.AGENT_CARD_SKILLS: ["search"], sc.AGENT_CARD_FETCHED_AT: _iso(-60)}
+    card: dict[str, Any] = {sc.AGENT_CARD_SKILLS: ["search"], sc.AGENT_CARD_FETCHED_AT: _iso(-60)}
     return f.fixture(1, [f.create(1, 0, capabilities=["search"], **card),
                          f.t(1, "reject", "created", "rejected", 1,
                              **{sc.ERROR_CODE: "unknown_capability"})])  # fmt: skip
@@ -261,13 +263,14 @@ def deadline_overrun(f: _Fx) -> KindFixture:
 
 
 def tool_budget_exceeded(f: _Fx) -> KindFixture:
-    return f.fixture(1, [f.create(1, 0, **{sc.MAX_TOOL_CALLS: 2}), *f.run(1, 1),
+    budget: dict[str, Any] = {sc.MAX_TOOL_CALLS: 2}
+    return f.fixture(1, [f.create(1, 0, **budget), *f.run(1, 1),
                          f.commit(1, 3, **{sc.TOOL_CALLS: 5})])  # fmt: skip
 
 
 def ack_missing(f: _Fx) -> KindFixture:
     # an acknowledgement asked within 30 s; the accept came at 60 s
-    ack = {sc.MESSAGE_REQUIRES_ACK: True, sc.MESSAGE_TTL_S: 30}
+    ack: dict[str, Any] = {sc.MESSAGE_REQUIRES_ACK: True, sc.MESSAGE_TTL_S: 30}
     return f.fixture(1, [f.create(1, 0, **ack), f.t(1, "accept", "created", "accepted", 60)])
 
 
@@ -293,15 +296,16 @@ def bounce(f: _Fx) -> KindFixture:
 
 
 def blind_retry(f: _Fx) -> KindFixture:
-    key = {"idempotency_key": "kr"}
+    key: dict[str, Any] = {"idempotency_key": "kr"}
+    retry: dict[str, Any] = {sc.RETRY_OF: f.h(1), sc.ATTEMPT: 2}
     rows = [f.create(1, 0, task="tr", **key), *f.run(1, 1),
             f.t(1, "timeout", "running", "unknown", 3, actor="planner"),
-            f.create(2, 10, task="tr", **key, **{sc.RETRY_OF: f.h(1), sc.ATTEMPT: 2})]  # fmt: skip
+            f.create(2, 10, task="tr", **key, **retry)]  # fmt: skip
     return f.fixture(2, rows, involves=(1,))
 
 
 def duplicate_execution(f: _Fx) -> KindFixture:
-    key = {"idempotency_key": "kc"}
+    key: dict[str, Any] = {"idempotency_key": "kc"}
     rows = [*f.done(1, 0, task="tc", **key), *f.done(2, 10, task="tc", **key)]
     return f.fixture(2, rows, involves=(1,))
 
@@ -326,9 +330,10 @@ def fan_out_all(f: _Fx) -> KindFixture:
 
 
 def retry_after_final_refusal(f: _Fx) -> KindFixture:
+    retry: dict[str, Any] = {sc.RETRY_OF: f.h(1), sc.ATTEMPT: 2}
     rows = [f.create(1, 0, task="tq"),
             f.t(1, "reject", "created", "rejected", 1, **{sc.ERROR_CODE: "permission_denied"}),
-            f.create(2, 10, task="tq", **{sc.RETRY_OF: f.h(1), sc.ATTEMPT: 2})]  # fmt: skip
+            f.create(2, 10, task="tq", **retry)]  # fmt: skip
     return f.fixture(2, rows, involves=(1,))
 
 
@@ -341,17 +346,19 @@ def keyless_duplicate_write(f: _Fx) -> KindFixture:
 def out_of_order_version(f: _Fx) -> KindFixture:
     # 2's accept carries state version 3 after 1's commit carried 5 in the task (on an
     # accept, not a commit: no stale_fence)
+    older: dict[str, Any] = {sc.STATE_VERSION: 3}
     rows = [f.create(1, 0, task="tv"), *f.run(1, 1), f.commit(1, 3, **{sc.STATE_VERSION: 5}),
             f.create(2, 10, task="tv"),
-            f.t(2, "accept", "created", "accepted", 11, **{sc.STATE_VERSION: 3})]  # fmt: skip
+            f.t(2, "accept", "created", "accepted", 11, **older)]  # fmt: skip
     return f.fixture(2, rows, involves=(1,))
 
 
 def consumer_stalled(f: _Fx) -> KindFixture:
     """1 enqueued at offset 1 of queue jobs, never taken; 2 enqueued after it at offset 2."""
-    q = {"topology": "shared_queue", "to": "stalled-k", sc.QUEUE_NAME: "jobs"}
-    rows = [f.create(1, 0, **q, **{sc.QUEUE_OFFSET: 1}),
-            f.create(2, 10, **q, **{sc.QUEUE_OFFSET: 2})]  # fmt: skip
+    q: dict[str, Any] = {"topology": "shared_queue", "to": "stalled-k", sc.QUEUE_NAME: "jobs"}
+    first: dict[str, Any] = {sc.QUEUE_OFFSET: 1}
+    second: dict[str, Any] = {sc.QUEUE_OFFSET: 2}
+    rows = [f.create(1, 0, **q, **first), f.create(2, 10, **q, **second)]
     return f.fixture(1, rows, involves=(2,))
 
 

@@ -149,6 +149,7 @@ def _client(serve, url, observer, service="planner"):
                 if ev.HasField("task"):
                     last = ev.task
                 elif ev.HasField("status_update"):  # streaming: the latest status
+                    assert last is not None, "a status update before its task"
                     last.status.CopyFrom(ev.status_update.status)
             return last
         finally:
@@ -204,6 +205,7 @@ def test_completed_task_is_one_committed_handoff(serve, client_side):
     assert len({r[6] for r in rows}) == 1  # the client's trace, joined by the server
     with serve.client() as c:
         pkg = analytics.evidence_package(c, database=serve.database, handoff_id=hid)
+        assert pkg is not None
         assert analytics.verify_package(c, pkg, database=serve.database).ok
     assert pkg["anomalies"] == []
     assert pkg["envelope"]["topology"] == "federated_a2a"
@@ -276,7 +278,8 @@ def test_message_to_terminal_task_is_a_flagged_reject(serve, client_side):
 
 def test_a_strict_observer_records_the_refused_message_too(serve, strict_server):
     """Strict (the default) used to drop it, counting it in memory only: now stored."""
-    send, interceptor, observer, provider = _client(serve, *strict_server, "planner-strict")
+    url, strict_observer = strict_server
+    send, interceptor, observer, provider = _client(serve, url, strict_observer, "planner-strict")
     try:
         _refused_message(serve, send, interceptor, observer, streaming=False)
     finally:
@@ -332,6 +335,7 @@ def test_client_without_interceptor_joins_by_traceparent_header(serve, a2a_serve
     assert {r[6] for r in rows} == {trace_id}
     with serve.client() as c:
         pkg = analytics.evidence_package(c, database=serve.database, handoff_id=task.id)
+        assert pkg is not None
     assert pkg["envelope"]["from_agent"] == "a2a-client"
     assert pkg["envelope"]["task_id"] == task.context_id
 

@@ -57,7 +57,7 @@ def run_observed(serve):
         assert proc.errors == 0
         return analytics.Window(start=start, end=datetime.now(UTC) + timedelta(seconds=1))
 
-    run.processor = proc  # type: ignore[attr-defined]  (for observe_input_filter)
+    run.processor = proc  # type: ignore[attr-defined]  # for observe_input_filter
     yield run
     set_trace_processors([])
     provider.shutdown()
@@ -84,6 +84,7 @@ def test_single_handoff_funnel_and_evidence_package(serve, run_observed):
             parameters={"t": window.start},
         ).result_columns[0]
         pkg = analytics.evidence_package(c, database=serve.database, handoff_id=hid)
+        assert pkg is not None
         assert analytics.verify_package(c, pkg, database=serve.database).ok
     assert [t["event"] for t in pkg["transitions"]] == [
         "create", "accept", "start", "prepare", "commit"

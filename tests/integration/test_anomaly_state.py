@@ -6,6 +6,7 @@ view saw every insert (and running the backfill again changes nothing)."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -29,7 +30,14 @@ def _s(x: float) -> datetime:
 
 def _rows() -> list[T]:
     """One or two handoffs per kind the state table feeds, plus a plain one."""
-    slot = {"task_id": "t-r", "to_agent": "worker", "idempotency_key": "k-r"}
+    slot: dict[str, Any] = {"task_id": "t-r", "to_agent": "worker", "idempotency_key": "k-r"}
+    grant: dict[str, Any] = {
+        "handoff.grant.capabilities": ["search"],
+        "handoff.grant.tenant": "elsewhere",
+        "handoff.grant.expires_at": "2026-11-20T09:00:01Z",
+    }
+    retries_a1: dict[str, Any] = {"handoff.retry_of": "a1"}
+    consumes_a1: dict[str, Any] = {"handoff.causation_id": "a1"}
     rows = [
         create("plain", _s(0), task_id="t-p"),
         T("plain", "accept", "created", "accepted", _s(1), actor="worker"),
@@ -46,11 +54,7 @@ def _rows() -> list[T]:
             _s(0),
             task_id="t-e",
             capabilities=["search", "write"],
-            **{
-                "handoff.grant.capabilities": ["search"],
-                "handoff.grant.tenant": "elsewhere",
-                "handoff.grant.expires_at": "2026-11-20T09:00:01Z",
-            },
+            **grant,
         ),
         T("env", "accept", "created", "accepted", _s(1), actor="intruder"),
         T(
@@ -76,13 +80,13 @@ def _rows() -> list[T]:
             task_id="t-r",
             attrs={"handoff.receipt.expires_at": "2026-11-20T09:00:40Z"},
         ),
-        create("b1", _s(10), **slot, **{"handoff.retry_of": "a1"}),
+        create("b1", _s(10), **slot, **retries_a1),
         T("b1", "accept", "created", "accepted", _s(11), actor="worker", task_id="t-r"),
         T("b1", "start", "accepted", "running", _s(12), actor="worker", task_id="t-r"),
         T("b1", "commit", "running", "committed", _s(40), actor="worker", task_id="t-r"),
         # causation: c1 consumes a1 before any verify, c2 after its receipt expired
-        create("c1", _s(35), task_id="t-c", **{"handoff.causation_id": "a1"}),
-        create("c2", _s(50), task_id="t-c", **{"handoff.causation_id": "a1"}),
+        create("c1", _s(35), task_id="t-c", **consumes_a1),
+        create("c2", _s(50), task_id="t-c", **consumes_a1),
         # idempotency: one key, two payloads
         create("i1", _s(0), task_id="t-i", idempotency_key="k-i", payload_hash="p1"),
         create("i2", _s(5), task_id="t-i", idempotency_key="k-i", payload_hash="p2"),

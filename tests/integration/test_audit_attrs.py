@@ -4,6 +4,7 @@ flag is set at insert exactly on the rows carrying one of the contract-check att
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from analytics._audit_attrs_sql import AUDIT_ATTRS_FILE, render_audit_attrs_ddl
 from collector import semconv as sc
@@ -25,8 +26,11 @@ def test_the_ddl_file_is_generated_from_its_module():
 
 
 def test_the_flag_marks_exactly_the_rows_with_contract_attributes(chdb_client, fresh_db):
+    policy: dict[str, Any] = {sc.EVIDENCE_POLICY_MIN_REFS: 2}
+    subject: dict[str, Any] = {sc.GRANT_SUBJECT: "alice"}
+    caller: dict[str, Any] = {sc.GRANT_CALLER: "mallory"}
     rows = [
-        create("policy", _s(0), task_id="t-1", **{sc.EVIDENCE_POLICY_MIN_REFS: 2}),
+        create("policy", _s(0), task_id="t-1", **policy),
         T("policy", "accept", "created", "accepted", _s(1), actor="worker"),
         T("policy", "start", "accepted", "running", _s(2), actor="worker"),
         T(
@@ -38,8 +42,8 @@ def test_the_flag_marks_exactly_the_rows_with_contract_attributes(chdb_client, f
             actor="worker",
             attrs={sc.RESULT_FIELDS: ["answer"], sc.TOOL_CALLS: 3},
         ),
-        create("plain", _s(0), task_id="t-2", **{sc.GRANT_SUBJECT: "alice"}),
-        create("caller", _s(0), task_id="t-3", **{sc.GRANT_CALLER: "mallory"}),
+        create("plain", _s(0), task_id="t-2", **subject),
+        create("caller", _s(0), task_id="t-3", **caller),
     ]
     seed(chdb_client, fresh_db, rows, ledger=False)
     got = [

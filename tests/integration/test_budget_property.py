@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from analytics import Window, anomalies, settle
 from analytics.reference_budget import BUDGET_KINDS, budget_anomalies
 from collector import semconv as sc
-from collector.contract import EVENTS, STATES, TRANSITIONS
+from collector.contract import EVENTS, STATES, TRANSITIONS, Event, State
 from tests.analytics_seed import T, create, seed, span_rows
 
 T0 = datetime(2026, 11, 23, 10, 0, tzinfo=UTC)
@@ -71,7 +71,7 @@ def history(draw, hid: str, tenant: str) -> list[T]:
     steps: list[tuple[str, str, str]] = [("", "create", "created")]
     state = "created"
     for ev in draw(st.sampled_from(PATHS)):  # a common way to an outcome, or none
-        to = TRANSITIONS[(state, ev)]
+        to = TRANSITIONS[(State(state), Event(ev))]
         steps.append((state, ev, str(to)))
         state = str(to)
     for _ in range(draw(st.integers(0, 3))):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from typing import Any
 
 import pytest
 import requests
@@ -89,7 +90,7 @@ class _Client:
 def test_kill_9_loses_and_doubles_nothing_acknowledged(tmp_path, decoder):
     """`sql`: chDB decodes every request (ingest.chdb), staged requests are replayed too."""
     store = tmp_path / "data"
-    ports = {
+    ports: dict[str, Any] = {
         "otlp_port": free_port(),
         "query_port": free_port(),
         "extra_args": ("--decoder", decoder),
@@ -111,7 +112,11 @@ def test_kill_9_loses_and_doubles_nothing_acknowledged(tmp_path, decoder):
     try:
         for k in range(KILLS):
             target = acked_requests() + 5
-            wait_until(lambda t=target: acked_requests() >= t or failed(), 120, "acks")
+
+            def caught_up(t: int = target) -> object:
+                return acked_requests() >= t or failed()
+
+            wait_until(caught_up, 120, "acks")
             assert failed() is None, failed()
             serve.kill()  # SIGKILL: no drain, requests may be in flight
             serve = start_serve(tmp_path, TOKENS, store_dir=store, **ports)
@@ -128,10 +133,16 @@ def test_kill_9_loses_and_doubles_nothing_acknowledged(tmp_path, decoder):
     health = serve.wait_stored()
     print(f"FIGURES crash: kills={KILLS} acked_spans={len(acked)} health={health}")
     ch = serve.client()
-    counts = dict(ch.query("SELECT SpanId, count() FROM otel_traces GROUP BY SpanId").result_rows)
-    tenants = dict(
-        ch.query("SELECT tenant, count() FROM ingest_batches GROUP BY tenant").result_rows
-    )
+    counts = {
+        s: n
+        for s, n in ch.query("SELECT SpanId, count() FROM otel_traces GROUP BY SpanId").result_rows
+    }
+    tenants = {
+        t: n
+        for t, n in ch.query(
+            "SELECT tenant, count() FROM ingest_batches GROUP BY tenant"
+        ).result_rows
+    }
     assert set(tenants) == {"a", "b"}, tenants
     assert len(acked) >= (KILLS + 1) * 5 * SPANS_PER_REQUEST
     missing = [s for s in acked if s not in counts]

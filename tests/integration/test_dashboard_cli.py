@@ -133,6 +133,7 @@ def test_store_locked_by_another_process_is_explained(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
+    assert proc.stdin is not None and proc.stdout is not None
     try:
         assert proc.stdout.readline().strip() == "ready"
         assert chdb_lock_holder(path) == proc.pid

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import socket
 from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 from streamlit.testing.v1 import AppTest
@@ -108,7 +109,7 @@ def test_overview_tenant_filter_and_handoffs_behind(store_env, chdb_client):
     assert list(df["open"]) == ["explorer?handoff_id=h-ok-3"]
 
 
-def _slice_tables(at) -> dict[str, object]:
+def _slice_tables(at) -> dict[str, Any]:
     return {d.value.columns[0]: d.value for d in at.dataframe if "p_e2e" in d.value}
 
 
@@ -181,10 +182,10 @@ def test_slices_topology_cards_lag_and_fan_out_equal_analytics(store_env, chdb_c
                       attrs={"handoff.queue.name": "acme.worker.inbox",
                              "handoff.queue.lag_ms": lag, "handoff.queue.offset": offset,
                              "handoff.queue.head_offset": head}))  # fmt: skip
-    rows.append(create("tr-1", at0, task_id="task-tr", mode="transfer", tenant="acme",
-                       **{"handoff.history.items": 9, "handoff.history.sensitive_items": 2,
-                          "handoff.history.removed_items": 1,
-                          "handoff.input_filter": "redact_secrets"}))  # fmt: skip
+    history: dict[str, Any] = {"handoff.history.items": 9, "handoff.history.sensitive_items": 2,
+                               "handoff.history.removed_items": 1,
+                               "handoff.input_filter": "redact_secrets"}  # fmt: skip
+    rows.append(create("tr-1", at0, task_id="task-tr", mode="transfer", tenant="acme", **history))
     seed_rows(chdb_client, store_env, rows)
     closed = _app(WINDOW, page="views/slices.py")
     assert "consumer" not in {d.value.columns[0] for d in closed.dataframe}  # not queried
@@ -400,7 +401,9 @@ def test_link_with_only_from_ends_now(store_env, page):
     at = _app({"from": WINDOW["from"], "as_of": WINDOW["as_of"]}, page=page)
     assert not at.warning, _texts(at.warning)
     assert at.text_input(key="w_from").value == WINDOW["from"]
-    end = ui.parse_utc(at.text_input(key="w_to").value, field="To")
+    to = at.text_input(key="w_to").value
+    assert to is not None
+    end = ui.parse_utc(to, field="To")
     assert abs((end - datetime.now(end.tzinfo)).total_seconds()) < 120  # "to" is now
 
 
@@ -422,7 +425,7 @@ def test_explorer_draws_the_task_in_causation_order(store_env, chdb_client):
     at0 = DAY + timedelta(hours=16)
     rows = []
     for i, (hid, cause) in enumerate([("c-1", ""), ("c-2", "c-1"), ("c-3", "c-1")]):
-        extra = {"handoff.causation_id": cause} if cause else {}
+        extra: dict[str, Any] = {"handoff.causation_id": cause} if cause else {}
         t = at0 + timedelta(minutes=i)
         rows.append(create(hid, t, task_id="task-chain", from_agent="planner",
                            to_agent=f"worker-{i}", tenant="acme", **extra))  # fmt: skip
@@ -588,7 +591,7 @@ def test_overview_slices_the_funnel_by_origin(monkeypatch, chdb_path, chdb_clien
     from tests.integration._dashboard_seed import DAY, transitions
 
     rule = "adk.transfer_to_agent.handoff"  # a handoff derived from framework spans
-    derived = {"handoff.derived_by": rule}
+    derived: dict[str, Any] = {"handoff.derived_by": rule}
     at0 = DAY + timedelta(hours=16)
     seed_transitions(chdb_client, fresh_db, [
         *transitions(),

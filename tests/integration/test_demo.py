@@ -19,6 +19,7 @@ import time
 import urllib.request
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -41,7 +42,7 @@ def _demo_cmd(data: Path, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
-def _cli(*args: str) -> object:
+def _cli(*args: str) -> Any:
     r = subprocess.run(
         [sys.executable, "-m", "handoffs", *args], capture_output=True, text=True, timeout=120
     )
@@ -172,9 +173,10 @@ def test_sigint_stops_cleanly_with_everything_stored(tmp_path):
     data = tmp_path / "handoffs-data"
     cmd = _demo_cmd(data, "--backfill-handoffs", "200", "--rate", "20", "--workers", "1")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stderr is not None
     try:
         deadline = time.monotonic() + 120
-        lines = []
+        lines: list[str] = []
         while time.monotonic() < deadline:
             line = proc.stdout.readline()
             assert line, "demo exited early:\n" + "".join(lines) + proc.stderr.read()

@@ -13,11 +13,11 @@ import pytest
 
 import analytics
 from tests.integration._derived import (
-    anomaly_counts,
     app_venv_python,
     created_rows,
     failed_package,
     run_app,
+    wait_for_anomalies,
     wait_for_funnel,
 )
 
@@ -41,7 +41,7 @@ def test_adk_transfers_become_handoffs(derive_serve, adk_python):
         serve, window, {"volume": 4, "settled": 4, "accepted": 4, "executed": 3, "committed": 3}
     )
     # coder's transfer back names triage's as its cause, which is never verified
-    assert anomaly_counts(serve, window) == {"bounce": 1, "consumed_before_verified": 1}
+    wait_for_anomalies(serve, window, {"bounce": 1, "consumed_before_verified": 1})
     rows = created_rows(
         serve, start, "trace_id, from_agent, to_agent, attributes['handoff.derived_by']"
     )

@@ -13,11 +13,11 @@ import pytest
 
 import analytics
 from tests.integration._derived import (
-    anomaly_counts,
     app_venv_python,
     created_rows,
     failed_package,
     run_app,
+    wait_for_anomalies,
     wait_for_funnel,
 )
 
@@ -41,7 +41,7 @@ def test_agent_framework_handoffs_are_derived_from_messages_and_links(derive_ser
         serve, window, {"volume": 5, "settled": 5, "accepted": 5, "executed": 4, "committed": 4}
     )
     # refund's handoff back names triage's as its cause, which is never verified
-    assert anomaly_counts(serve, window) == {"bounce": 1, "consumed_before_verified": 1}
+    wait_for_anomalies(serve, window, {"bounce": 1, "consumed_before_verified": 1})
     with serve.client() as c:
         rows = created_rows(
             serve, start, "trace_id, from_agent, to_agent, attributes['handoff.derived_by']"

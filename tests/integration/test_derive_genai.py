@@ -21,7 +21,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 import analytics
-from tests.integration._derived import anomaly_counts, wait_for_funnel
+from tests.integration._derived import wait_for_anomalies, wait_for_funnel
 
 RULE = "genai.execute_tool.handoff"
 
@@ -82,7 +82,7 @@ def test_genai_transfers_become_handoffs(serve, tracer):
 
     wait_for_funnel(serve, window, {"volume": 3, "settled": 3, "accepted": 3, "executed": 2})
     # the handed-back transfer names the first as its cause, which is never verified
-    assert anomaly_counts(serve, window) == {"bounce": 1, "consumed_before_verified": 1}
+    wait_for_anomalies(serve, window, {"bounce": 1, "consumed_before_verified": 1})
     with serve.client() as c:
         (hid,) = c.query(
             f"SELECT handoff_id FROM {serve.database}.handoff_transitions "
@@ -90,6 +90,7 @@ def test_genai_transfers_become_handoffs(serve, tracer):
             parameters={"t": start},
         ).result_columns[0]
         pkg = analytics.evidence_package(c, database=serve.database, handoff_id=hid)
+        assert pkg is not None
         assert analytics.verify_package(c, pkg, database=serve.database).ok
     assert [t["event"] for t in pkg["transitions"]] == ["create", "accept", "start", "fail"]
     assert (pkg["envelope"]["from_agent"], pkg["envelope"]["to_agent"]) == ("triage", "refunds")

@@ -26,10 +26,11 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from pydantic import SecretStr
 
 import analytics
 from derive.testing import ScriptedOpenAI
-from tests.integration._derived import anomaly_counts, wait_for_funnel
+from tests.integration._derived import wait_for_anomalies, wait_for_funnel
 
 RULE = "openinference.langgraph.handoff"
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -58,7 +59,9 @@ def provider(serve):
 
 
 def _model(fake: ScriptedOpenAI, name: str) -> ChatOpenAI:
-    return ChatOpenAI(model=name, base_url=fake.base_url, api_key="offline", max_retries=0)
+    return ChatOpenAI(
+        model=name, base_url=fake.base_url, api_key=SecretStr("offline"), max_retries=0
+    )
 
 
 def run_swarm(scripts: dict, *, raises: bool = False) -> None:
@@ -101,7 +104,7 @@ def test_langgraph_handoffs_are_derived(serve, provider):
         serve, window, {"volume": 4, "settled": 4, "accepted": 4, "executed": 3, "committed": 3}
     )
     # bob's handoff back names alice's as its cause, which is never verified
-    assert anomaly_counts(serve, window) == {"bounce": 1, "consumed_before_verified": 1}
+    wait_for_anomalies(serve, window, {"bounce": 1, "consumed_before_verified": 1})
     with serve.client() as c:
         pairs = c.query(
             f"SELECT from_agent, to_agent FROM {serve.database}.handoff_transitions "
@@ -116,6 +119,7 @@ def test_langgraph_handoffs_are_derived(serve, provider):
             parameters={"t": start},
         ).result_columns[0]
         pkg = analytics.evidence_package(c, database=serve.database, handoff_id=hid)
+        assert pkg is not None
         assert analytics.verify_package(c, pkg, database=serve.database).ok
     assert [t["event"] for t in pkg["transitions"]] == ["create", "accept", "start", "fail"]
     assert (pkg["envelope"]["from_agent"], pkg["envelope"]["to_agent"]) == ("alice", "bob")

@@ -212,6 +212,7 @@ def test_derived_funnel_equals_the_adapter(serve, provider, adapter_expected, ki
             parameters={"t": start, "r": rule},
         ).result_columns[0]
         pkg = analytics.evidence_package(c, database=serve.database, handoff_id=hid)
+        assert pkg is not None
         assert analytics.verify_package(c, pkg, database=serve.database).ok
     assert [t["event"] for t in pkg["transitions"]] == [
         "create", "accept", "start", "prepare", "commit"

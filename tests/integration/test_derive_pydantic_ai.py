@@ -13,11 +13,11 @@ import pytest
 
 import analytics
 from tests.integration._derived import (
-    anomaly_counts,
     app_venv_python,
     created_rows,
     failed_package,
     run_app,
+    wait_for_anomalies,
     wait_for_funnel,
 )
 
@@ -44,7 +44,7 @@ def test_pydantic_ai_delegations_become_handoffs(derive_serve, app_python, versi
     # refund's delegation back names triage's as its cause, never verified. No clock_skew:
     # each nested run is accepted at its start, its results at its end. No bounce: a
     # delegation returns to its caller, a bounce is a transfer handed straight back
-    assert anomaly_counts(serve, window) == {"consumed_before_verified": 1}
+    wait_for_anomalies(serve, window, {"consumed_before_verified": 1})
     rows = created_rows(
         serve,
         start,

@@ -13,11 +13,11 @@ import pytest
 
 import analytics
 from tests.integration._derived import (
-    anomaly_counts,
     app_venv_python,
     created_rows,
     failed_package,
     run_app,
+    wait_for_anomalies,
     wait_for_funnel,
 )
 
@@ -45,7 +45,7 @@ def test_strands_handoffs_become_handoffs(derive_serve, app_python, conventions)
         serve, window, {"volume": 5, "settled": 5, "accepted": 5, "executed": 4, "committed": 4}
     )
     # refund handed straight back (a bounce), naming triage's handoff as its cause
-    assert anomaly_counts(serve, window) == {"bounce": 1, "consumed_before_verified": 1}
+    wait_for_anomalies(serve, window, {"bounce": 1, "consumed_before_verified": 1})
     rows = created_rows(
         serve, start, "trace_id, from_agent, to_agent, mode, attributes['handoff.derived_by']"
     )

@@ -5,6 +5,7 @@ old rows too, so the funnel by origin comes out the same as on a store that had 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from analytics import Window
 from analytics.origin import funnel_by_origin
@@ -26,7 +27,7 @@ def _s(x: float) -> datetime:
 
 
 def _rows() -> list[T]:
-    derived = {sc.DERIVED_BY: RULE}
+    derived: dict[str, Any] = {sc.DERIVED_BY: RULE}
     return [
         create("d1", _s(0), task_id="t1", **derived),
         T("d1", "accept", "created", "accepted", _s(1), attrs=derived),

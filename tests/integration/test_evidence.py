@@ -7,6 +7,7 @@ import json
 import time
 import urllib.request
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -64,6 +65,7 @@ def db(chdb_client, fresh_db):
 
 def test_package_content(chdb_client, reader, db):
     pkg = evidence_package(reader, database=db, handoff_id="h1", as_of=s(3600))
+    assert pkg is not None
     assert (pkg["handoff_id"], pkg["task_id"], pkg["tenant"]) == ("h1", "t1", "default")
     assert pkg["envelope"]["mode"] == "delegate" and pkg["envelope"]["to_agent"] == "coder"
     assert pkg["input_summary"]["objective_summary"] == "fix bug 12"
@@ -95,6 +97,7 @@ def test_package_content(chdb_client, reader, db):
     chdb_client.insert(f"{db}.otel_traces", [[s(2.5), trace, "00000000000000aa", "tool.run", "coder"]],
                        column_names=["Timestamp", "TraceId", "SpanId", "SpanName", "ServiceName"])  # fmt: skip
     again = evidence_package(reader, database=db, handoff_id="h1", as_of=s(3600))
+    assert again is not None
     assert [(r["span_id"], r["name"]) for r in again["related_spans"]] == [
         ("00000000000000aa", "tool.run")
     ]
@@ -104,6 +107,7 @@ def test_package_content(chdb_client, reader, db):
 
 def test_tampering_with_a_stored_row_is_detected_and_named(chdb_client, reader, db):
     pkg = evidence_package(reader, database=db, handoff_id="h1")
+    assert pkg is not None
     start_span = next(t["span_id"] for t in pkg["transitions"] if t["event"] == "start")
     chdb_client.command(
         f"ALTER TABLE {db}.handoff_transitions UPDATE actor = 'mallory' WHERE span_id = {{s:String}}",
@@ -122,6 +126,7 @@ def test_tampering_with_a_stored_row_is_detected_and_named(chdb_client, reader, 
     assert all(start_span in p for p in res.problems)  # only the tampered row is named
     # a package made AFTER the tampering still fails: the ledger remembers the ingested row
     later = evidence_package(reader, database=db, handoff_id="h1")
+    assert later is not None
     assert later["integrity"]["ledger"]["mismatched"] == [start_span]
     res2 = verify_package(reader, later, database=db)
     assert not res2.ok and res2.problems == [
@@ -132,6 +137,7 @@ def test_tampering_with_a_stored_row_is_detected_and_named(chdb_client, reader, 
 
 def test_deleted_and_added_rows_are_named(chdb_client, reader, db):
     pkg = evidence_package(reader, database=db, handoff_id="h1")
+    assert pkg is not None
     commit_span = next(t["span_id"] for t in pkg["transitions"] if t["event"] == "commit")
     chdb_client.command(
         f"ALTER TABLE {db}.handoff_transitions DELETE WHERE span_id = {{s:String}}",
@@ -196,6 +202,7 @@ def test_verify_package_made_from_data_sent_through_serve(serve_process, tmp_pat
     now = time.time_ns() - 60 * 10**9
     steps = [("create", "", "created"), ("accept", "created", "accepted"), ("start", "accepted", "running"),
              ("commit", "running", "committed")]  # fmt: skip
+    evidence: dict[str, Any] = {"handoff__evidence__count": 1, "handoff__evidence__valid": True}
     spans = [
         span_json(
             trace_id="ab" * 16,
@@ -206,11 +213,7 @@ def test_verify_package_made_from_data_sent_through_serve(serve_process, tmp_pat
                 ev,
                 f,
                 t,
-                **(
-                    {"handoff__evidence__count": 1, "handoff__evidence__valid": True}
-                    if ev == "commit"
-                    else {}
-                ),
+                **(evidence if ev == "commit" else {}),
             ),
         )
         for i, (ev, f, t) in enumerate(steps)

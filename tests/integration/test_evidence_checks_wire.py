@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -100,7 +101,11 @@ def served(tmp_path_factory):
             h = worker.receive(planner.create(env).to_wire())
             h.accept()
             h.start()
-            ev = {"evidence_count": len(refs), "evidence_valid": valid, "evidence_refs": refs}
+            ev: dict[str, Any] = {
+                "evidence_count": len(refs),
+                "evidence_valid": valid,
+                "evidence_refs": refs,
+            }
             h.prepare(result_fields=first, **ev)
             if end == "commit":
                 h.commit(result_fields=then, receipt_status="ok", **ev)

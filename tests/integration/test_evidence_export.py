@@ -76,6 +76,7 @@ def signed(tmp_path_factory):
             c = serve.client()
             try:
                 pkg = evidence_package(c, database=serve.database, handoff_id="hx-3")
+                assert pkg is not None
             finally:
                 c.close()
             return bool(
@@ -259,6 +260,7 @@ def test_rows_stored_before_the_first_key_are_named(tmp_path):
             # the restart took longer than half a second: every earlier batch is late
             late = late_signing(c, serve.database, late_after_s=0.5)
             pkg = evidence_package(c, database=serve.database, handoff_id="hx-1")
+            assert pkg is not None
             assert late_signing(c, serve.database) == []  # within a minute: not "late" by default
         finally:
             c.close()

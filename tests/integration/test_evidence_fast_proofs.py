@@ -12,6 +12,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -62,7 +63,11 @@ def _logs(serve: ServeHandle) -> tuple[dict[str, dict], dict[str, dict], dict[st
     try:
         head = newest_head(c, serve.database)
         leaves = read_leaves(c, serve.database)
-        pkgs = {h: evidence_package(c, database=serve.database, handoff_id=h) for h in IDS}
+        pkgs: dict[str, dict[str, Any]] = {}
+        for h in IDS:
+            pkg = evidence_package(c, database=serve.database, handoff_id=h)
+            assert pkg is not None, h
+            pkgs[h] = pkg
     finally:
         c.close()
     full = {h: log_section(leaves, head, p["transitions"]) for h, p in pkgs.items()}

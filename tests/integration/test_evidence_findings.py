@@ -1,6 +1,6 @@
 """Every anomaly kind that flags a handoff is in its evidence package and in the Explorer.
 
-One test per kind of analytics.anomalies.ANOMALY_KINDS (the whole catalogue, whatever it
+One test per kind of analytics.ANOMALY_KINDS (the whole catalogue, whatever it
 holds when the suite runs): a handoff its fixture makes flagged (tests/integration/
 _kind_fixtures.py, all seeded into one database, each in its own tenant) is flagged by the
 report, carries the kind in its package's `anomalies` and `findings` (a cross-handoff kind
@@ -21,7 +21,7 @@ from streamlit.testing.v1 import AppTest
 from analytics import anomalies, evidence_package, verify_package
 from analytics._evidence_findings import ROW_KINDS
 from analytics._why_store import RESOLVERS
-from analytics.anomalies import ANOMALY_KINDS
+from analytics.anomaly_kinds import ANOMALY_KINDS
 from analytics.reference_inferred import INFERRED_REASON
 from collector import semconv as sc
 from dashboard import APP_PATH

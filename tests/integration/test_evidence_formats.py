@@ -65,6 +65,7 @@ def test_an_unknown_format_is_refused_with_the_ones_known():
 
 def test_a_v3_package_names_the_bounce_partner_and_verifies(chdb_client, old_db):
     pkg = evidence_package(chdb_client, database=old_db, handoff_id=HANDOFF, as_of=AS_OF)
+    assert pkg is not None
     assert pkg["format"] == "handoff-evidence/v3"
     assert pkg["anomalies"] == ["bounce", "committed_without_evidence"]
     assert pkg["findings"] == [
@@ -84,6 +85,7 @@ def test_a_v3_package_names_the_bounce_partner_and_verifies(chdb_client, old_db)
 
 def test_a_store_finding_removed_after_export_is_named_against_the_store(chdb_client, old_db):
     pkg = evidence_package(chdb_client, database=old_db, handoff_id=HANDOFF, as_of=AS_OF)
+    assert pkg is not None
     forged = copy.deepcopy(pkg)
     forged["anomalies"] = ["committed_without_evidence"]
     forged["findings"] = [f for f in forged["findings"] if f["kind"] != "bounce"]
@@ -100,6 +102,7 @@ def test_a_store_finding_removed_after_export_is_named_against_the_store(chdb_cl
 
 def test_a_findings_entry_edited_offline_is_named(chdb_client, old_db):
     pkg = evidence_package(chdb_client, database=old_db, handoff_id=HANDOFF, as_of=AS_OF)
+    assert pkg is not None
     forged = copy.deepcopy(pkg)
     forged["findings"][0]["source"] = "store"  # a row kind passed off as the store's
     problems = verify_offline(_resealed(forged))

@@ -18,7 +18,6 @@ import uuid
 
 import pytest
 import requests
-import test_fast_path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -29,11 +28,19 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
-from test_fast_path import TENANT, _assert_same, _declines, _kv, _store_both, build
 
 from collector import Envelope, EnvelopeError, HandoffTracer, semconv
 from ingest import SQL_MIN_BYTES
 from ingest._decode import decode_protobuf
+from tests.integration import test_fast_path
+from tests.integration.test_fast_path import (
+    TENANT,
+    _assert_same,
+    _declines,
+    _kv,
+    _store_both,
+    build,
+)
 
 #: test_fast_path's fixtures: two fresh databases of the shared test store, a Stager on it
 two_dbs = test_fast_path.two_dbs
@@ -113,7 +120,7 @@ def test_int_arrays_take_the_sql_path_and_store_what_python_stores(chdb_client, 
     mixed: list[list[object]] = [[80, -443, 0], ["a", -1, "", INT64[1]], [], ['q"', 5]]
     rng = random.Random(17)
     reqs = [build(rng, n) for n in (2, 6)]
-    want = {}
+    want: dict[str, str] = {}
     for i, req in enumerate(reqs):
         want |= _with_arrays(req, EDGES[i:] + EDGES[:i], mixed)
     assert sum(v.startswith("[") for v in want.values()) >= len(EDGES)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 import requests
@@ -55,18 +56,22 @@ def _spans(paths: dict[str, tuple[str, str, list[tuple[str, str, str, dict]], di
     return out
 
 
-ACC = ("accept", "created", "accepted", {})
-START = ("start", "accepted", "running", {})
+#: (event, from_state, to_state, attributes) of one transition
+Step = tuple[str, str, str, dict[str, Any]]
+ACC: Step = ("accept", "created", "accepted", {})
+START: Step = ("start", "accepted", "running", {})
 #: tenant acme: pair a->b (h1 committed with evidence, h2 rejected, h5 in flight), pair a->c
 #: (h3 timed out into unknown, h4 escalated); tenant beta: x->y (h6 committed, no evidence)
-ACME = {
+ACME: dict[str, tuple[str, str, list[Step], dict[str, Any]]] = {
     "h1": ("a", "b", [ACC, START, ("commit", "running", "committed", EV)], {}),
     "h2": ("a", "b", [("reject", "created", "rejected", {})], {}),
     "h3": ("a", "c", [ACC, START, ("timeout", "running", "unknown", {})], {}),
     "h4": ("a", "c", [("escalate", "created", "escalated", {})], {}),
     "h5": ("a", "b", [], {"handoff__deadline_ms": 3_600_000}),
 }
-BETA = {"h6": ("x", "y", [ACC, START, ("commit", "running", "committed", NO_EV)], {})}
+BETA: dict[str, tuple[str, str, list[Step], dict[str, Any]]] = {
+    "h6": ("x", "y", [ACC, START, ("commit", "running", "committed", NO_EV)], {})
+}
 #: hand-computed: settled, accepted, executed, evidenced, committed, unknown, escalated
 EXPECTED = {
     ("acme", "a", "b"): (2, 1, 1, 1, 1, 0, 0),
@@ -98,7 +103,9 @@ def serve(tmp_path_factory):
     t0 = time.time_ns() - 600 * 1_000_000_000
     _post(h, "tok-acme", _spans(ACME, t0))
     _post(h, "tok-beta", _spans(BETA, t0))
-    bulk = {f"bulk-{i}": (f"from-{i}", f"to-{i % 7}", [], {}) for i in range(BULK_PAIRS)}
+    bulk: dict[str, tuple[str, str, list[Step], dict[str, Any]]] = {
+        f"bulk-{i}": (f"from-{i}", f"to-{i % 7}", [], {}) for i in range(BULK_PAIRS)
+    }
     _post(h, "tok-bulk", _spans(bulk, t0))
     h.wait_stored()
     yield h

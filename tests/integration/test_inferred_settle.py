@@ -7,13 +7,14 @@ to it) and after the next settle (A's task's handoffs are settled again with it)
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from analytics import Window, anomalies, settle
 from tests.analytics_seed import T, create, seed
 
 T0 = datetime(2026, 11, 23, 10, 0, tzinfo=UTC)
 W = Window(start=T0, end=T0 + timedelta(hours=1), as_of=T0 + timedelta(hours=2))
-OH = {"handoff.objective.hash": "sha256:refund-10"}
+OH: dict[str, Any] = {"handoff.objective.hash": "sha256:refund-10"}
 
 
 def at(sec: float) -> datetime:

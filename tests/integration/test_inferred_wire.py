@@ -92,6 +92,7 @@ def emit(billing: HandoffTracer, payments: HandoffTracer) -> None:
     # later, both committed), c2 (a command sent twice in process). Not: q3 (another
     # payload), k2 (keyed), e2 (an event, not a command), l2 (601 s after l1)
     queue = {"topology": "shared_queue"}
+    kw: dict[str, Any]
     for h, sec, obj, kw in (
         ("q1", 100, "credit account 7", queue),
         ("q2", 160, "credit account 7", queue),

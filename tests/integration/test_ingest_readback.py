@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from typing import Any
 
 import pytest
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
@@ -25,7 +26,7 @@ from ingest import ingest_requests
 from ingest.testing import transition
 from serve.testing import start_serve
 
-LIFECYCLE = [
+LIFECYCLE: list[tuple[str, str, str, dict[str, Any]]] = [
     (
         "create",
         "",
@@ -170,8 +171,8 @@ def test_ledger_hashes_match_the_stored_transitions(store):
         "SELECT tenant, toUnixTimestamp64Nano(time), trace_id, span_id, task_id, handoff_id, event, "
         "from_state, to_state, actor, attributes FROM {db}.handoff_transitions"
     )
-    cols = ("tenant", "time_ns", "trace_id", "span_id", "task_id", "handoff_id", "event")
-    cols += ("from_state", "to_state", "actor", "attributes")
+    cols: tuple[str, ...] = ("tenant", "time_ns", "trace_id", "span_id", "task_id", "handoff_id")
+    cols += ("event", "from_state", "to_state", "actor", "attributes")
     recomputed = {r[3]: row_hash(dict(zip(cols, r, strict=True))) for r in stored}
     ledger = {
         s: (h.decode() if isinstance(h, bytes) else h)

@@ -9,6 +9,7 @@ meanwhile are taken in one round (tests/integration/_store_writers.Gated).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -34,7 +35,7 @@ def make_ingestor(request, chdb_client, chdb_path: Path, tmp_path: Path, fresh_d
     stagers: list[Stager] = []
 
     def make(writer: Gated) -> Ingestor:
-        kw = {}
+        kw: dict[str, Any] = {}
         if request.param == "chdb":
             spec = StoreSpec(kind="chdb", path=str(chdb_path), database="default")
             stagers.append(Stager(lambda: connect(spec, database=""), tmp_path / "stage"))

@@ -1,4 +1,4 @@
-"""The weekly report explains every anomaly kind in a sentence (analytics.anomalies
+"""The weekly report explains every anomaly kind in a sentence (analytics.anomaly_kinds
 DESCRIPTIONS, in the Markdown as in the HTML) and lists the keyless side-effecting writes
 per pair: three writes of billing to the ledger queue in week 2026-W48, two without a key,
 one of those the same payload 30 s after the other (a keyless_duplicate_write)."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from analytics import weekly_report
-from analytics.anomalies import DESCRIPTIONS
+from analytics.anomaly_kinds import DESCRIPTIONS
 from analytics.reference_inferred import INFERRED_KINDS
 from tests.analytics_seed import T, create, seed
 

@@ -111,6 +111,7 @@ def test_ledger_verify_covers_every_instance(two, chdb_client):
 
 def test_a_package_names_the_instance_of_each_proof_and_verifies(two, chdb_client):
     pkg = evidence_package(chdb_client, database=two["db"], handoff_id="h-split")
+    assert pkg is not None
     log = pkg["integrity"]["log"]
     assert [e["instance"] for e in log["entries"]] == [A, A, B, B]
     assert sorted(log["heads"]) == [A, B] and log["head"]["instance"] == A
@@ -127,12 +128,14 @@ def test_a_package_names_the_instance_of_each_proof_and_verifies(two, chdb_clien
         n.split(";")[0] for n in res.notes if n.startswith("log of instance")
     ]  # offline: the same lines, without the store's head
     one = evidence_package(chdb_client, database=two["db"], handoff_id="h-b")
+    assert one is not None
     assert one["integrity"]["log"]["head"]["instance"] == B  # one log: its head names it
     assert verify_offline(one, keys=two["keys"], require_log=True) == []
 
 
 def test_a_proof_moved_to_the_other_instance_fails(two, chdb_client):
     pkg = evidence_package(chdb_client, database=two["db"], handoff_id="h-split")
+    assert pkg is not None
     moved = copy.deepcopy(pkg)
     moved["integrity"]["log"]["entries"][0]["instance"] = B
     problems = verify_offline(moved, keys=two["keys"], require_log=True)
@@ -162,6 +165,7 @@ def cli(two, chdb_client, chdb_path, tmp_path, monkeypatch):
     for hid in ("h-split", "h-b"):
         files[hid] = str(tmp_path / f"{hid}.json")
         pkg = evidence_package(chdb_client, database=two["db"], handoff_id=hid)
+        assert pkg is not None
         Path(files[hid]).write_text(json.dumps(pkg))
     store = ["--store", f"chdb://{chdb_path}", "--database", two["db"]]
     return {"pub": ["--public-key", str(two["pub"])], "store": store, "files": files}
@@ -230,6 +234,7 @@ def test_a_store_without_instance_columns_still_verifies(chdb_client, tmp_path):
         report = verify_ledger(chdb_client, db, keys)
         assert report.ok and report.log.verified_size == 4, report.problems
         pkg = evidence_package(chdb_client, database=db, handoff_id="h-old")
+        assert pkg is not None
         assert "heads" not in pkg["integrity"]["log"]
         assert "instance" not in pkg["integrity"]["log"]["entries"][0]
         assert verify_offline(pkg, keys=keys, require_log=True) == []
@@ -292,6 +297,7 @@ def test_one_request_sent_to_two_serves_is_a_batch_of_each_log(chdb_client, fres
     report = verify_ledger(chdb_client, fresh_db)
     assert report.ok, report.problems
     pkg = evidence_package(chdb_client, database=fresh_db, handoff_id="h-twice")
+    assert pkg is not None
     assert [t["arrivals"] for t in pkg["transitions"]] == [2, 2]
 
 
@@ -312,6 +318,7 @@ def test_a_ledger_row_hidden_outside_its_batchs_window_sends_verify_to_the_full_
     assert Signer(lambda: chdb_client, fresh_db, load_private_key(tmp_path / "k.key"),
                   instance=A).tick()  # fmt: skip
     pkg = evidence_package(chdb_client, database=fresh_db, handoff_id="h-hide")
+    assert pkg is not None
     (batch,) = {b for bs in ledger_batches(chdb_client, fresh_db, "default", "h-hide").values()
                 for b in bs}  # fmt: skip
     chdb_client.insert(f"{fresh_db}.transition_ledger",
@@ -320,6 +327,7 @@ def test_a_ledger_row_hidden_outside_its_batchs_window_sends_verify_to_the_full_
                        column_names=["tenant", "handoff_id", "span_id", "trace_id", "row_hash",
                                      "ingest_batch", "ingested_at"])  # fmt: skip
     head = newest_head(chdb_client, fresh_db)
+    assert head is not None
     pieces = read_pieces(chdb_client, fresh_db, head.tree_size,
                          ledger_batches(chdb_client, fresh_db, "default", "h-hide"), A)  # fmt: skip
     assert isinstance(pieces, str) and "not among its stored leaves" in pieces

@@ -13,6 +13,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,7 +30,7 @@ OK = "h-ok"
 
 def _spans(t0: int) -> list[dict]:
     """A failed handoff (evidence invalid, error code) and a committed one, one trace each."""
-    failed = [
+    failed: list[tuple[str, str, str, dict[str, Any]]] = [
         ("create", "", "created", {"handoff__objective__summary": "fix bug 12",
                                    "handoff__deadline_ms": 60_000}),
         ("accept", "created", "accepted", {}),
@@ -39,7 +40,7 @@ def _spans(t0: int) -> list[dict]:
                                        "handoff__evidence__valid": False}),
         ("accept", "created", "accepted", {}),  # delivered again: an anomaly to hide
     ]  # fmt: skip
-    ok = [
+    ok: list[tuple[str, str, str, dict[str, Any]]] = [
         ("create", "", "created", {}),
         ("accept", "created", "accepted", {}),
         ("start", "accepted", "running", {}),

@@ -12,6 +12,7 @@ import math
 import re
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -56,8 +57,10 @@ def _by_receiver(rows: list[T]) -> list[T]:
     ]
 
 
-ACC = ("accept", "created", "accepted", {})
-START = ("start", "accepted", "running", {})
+#: (event, from_state, to_state, attributes) of one transition
+Step = tuple[str, str, str, dict[str, Any]]
+ACC: Step = ("accept", "created", "accepted", {})
+START: Step = ("start", "accepted", "running", {})
 
 
 def histories() -> tuple[list[T], list[T]]:

@@ -24,6 +24,7 @@ import itertools
 import math
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -270,8 +271,8 @@ def linked(draw, tenant: str, as_of: datetime, k: int) -> list[T]:
     def at(x: float) -> datetime:
         return t0 + timedelta(seconds=x)
 
-    slot = {"task_id": f"task-l{k}", "to_agent": "worker", "idempotency_key": "kl"}
-    grant = {"handoff.grant.capabilities": [], "handoff.grant.tenant": tenant,
+    slot: dict[str, Any] = {"task_id": f"task-l{k}", "to_agent": "worker", "idempotency_key": "kl"}
+    grant: dict[str, Any] = {"handoff.grant.capabilities": [], "handoff.grant.tenant": tenant,
              "handoff.grant.expires_at": _iso(at(draw(st.sampled_from([1.5, 2.5, 100]))))}  # fmt: skip
     out = [create(a, at(0), tenant=tenant, **slot, **grant)]
     out += [T(a, "accept", "created", "accepted", at(1), actor="worker", tenant=tenant),
@@ -290,7 +291,7 @@ def linked(draw, tenant: str, as_of: datetime, k: int) -> list[T]:
     d = draw(st.sampled_from([2, 4, 10, 30, 50]))
     link = draw(st.sampled_from(["retry_of", "slot", "key"]))
     if link == "retry_of":
-        bkw = {"task_id": f"task-m{k}", "to_agent": "worker", "handoff.retry_of": a}
+        bkw: dict[str, Any] = {"task_id": f"task-m{k}", "to_agent": "worker", "handoff.retry_of": a}
     elif link == "slot":
         bkw = dict(slot)
     else:
@@ -303,8 +304,8 @@ def linked(draw, tenant: str, as_of: datetime, k: int) -> list[T]:
         out.append(T(b, "commit", "running", "committed", at(d + 3), actor=bto, tenant=tenant,
                      attrs=EVIDENCE[0]))  # fmt: skip
     cat = draw(st.sampled_from([4, 15, 30, 60, 2000]))
-    out.append(create(c, at(cat), task_id=f"task-c{k}", tenant=tenant,
-                      **{"handoff.causation_id": a}))  # fmt: skip
+    consumes: dict[str, Any] = {"handoff.causation_id": a}
+    out.append(create(c, at(cat), task_id=f"task-c{k}", tenant=tenant, **consumes))
     return out
 
 
@@ -537,6 +538,7 @@ def test_resent_spans_change_no_number(chdb_client, fresh_db, sc):
         pa = evidence_package(
             chdb_client, database=fresh_db, handoff_id=hid, tenant=tenant, as_of=as_of
         )
+        assert pa is not None
         pb = evidence_package(
             chdb_client, database=fresh_db, handoff_id=hid, tenant=twin, as_of=as_of
         )

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from streamlit.testing.v1 import AppTest
@@ -36,8 +37,10 @@ from tests.analytics_seed import T, create, seed
 T0 = datetime(2026, 11, 23, 10, 0, tzinfo=UTC)
 WINDOW = Window(start=T0, end=T0 + timedelta(hours=1), as_of=T0 + timedelta(days=2))
 EV = {"handoff.evidence.count": 1, "handoff.evidence.valid": True}
-ACC = ("accept", "created", "accepted", {})
-START = ("start", "accepted", "running", {})
+#: (event, from_state, to_state, attributes) of one transition
+Step = tuple[str, str, str, dict[str, Any]]
+ACC: Step = ("accept", "created", "accepted", {})
+START: Step = ("start", "accepted", "running", {})
 
 
 def _code(c: str) -> dict[str, str]:
@@ -45,7 +48,7 @@ def _code(c: str) -> dict[str, str]:
 
 
 #: handoff id -> (contract_version or None, to_agent, transitions after create)
-HANDOFFS = {
+HANDOFFS: dict[str, tuple[str | None, str, list[Step]]] = {
     "o-rej": ("v1", "alpha", [("reject", "created", "rejected", _code("busy"))]),
     "o-exp": ("v1", "alpha", [("expire", "created", "expired", {})]),
     "o-fail": ("v1", "alpha", [ACC, START, ("fail", "running", "failed", _code("budget_exceeded"))]),
@@ -70,7 +73,7 @@ def transitions() -> list[T]:
     rows: list[T] = []
     for i, (h, (version, to_agent, steps)) in enumerate(HANDOFFS.items()):
         at = T0 + timedelta(minutes=i)
-        extra = {} if version is None else {"handoff.contract_version": version}
+        extra: dict[str, Any] = {} if version is None else {"handoff.contract_version": version}
         rows.append(create(h, at, task_id=f"task-{h}", to_agent=to_agent, **extra))
         for j, (event, f, t, attrs) in enumerate(steps, start=1):
             rows.append(T(h, event, f, t, at + timedelta(seconds=j), actor=to_agent, attrs=attrs))

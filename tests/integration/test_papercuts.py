@@ -154,7 +154,9 @@ def test_the_weekly_report_prints_latencies_in_the_unit_that_fits(served):
 
 def test_alerts_check_runs_as_the_readme_writes_it(served, tmp_path):
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    command = re.search(r"`(handoffs alerts check[^`]*)`", readme).group(1)
+    m = re.search(r"`(handoffs alerts check[^`]*)`", readme)
+    assert m, "README: no `handoffs alerts check` command"
+    command = m.group(1)
     env = {**os.environ, "HANDOFFS_STORE": served.query_url}
     env.pop("HANDOFFS_SLO_RULES", None)
     r = subprocess.run([sys.executable, "-m", *command.split()], capture_output=True,

@@ -73,7 +73,7 @@ class Emitter:
 
 
 def fixture_spans(e: Emitter) -> None:
-    slot = {sc.IDEMPOTENCY_KEY: "kr"}
+    slot: dict[str, Any] = {sc.IDEMPOTENCY_KEY: "kr"}
     # -- blind_retry: r2 (retry_of r1, while r1 unknown, never resolved) and u2 (same task,
     # target and key while u1 unknown; u1 resolved failed only later). Not: f2 (after
     # f1's resolve_failed), c2 (after c1's resolve_committed), x2 (before x1 went unknown),
@@ -81,7 +81,8 @@ def fixture_spans(e: Emitter) -> None:
     e.create("r1", 0, task="tr", **slot)
     e.run("r1", 1)
     e.timeout("r1", 3)
-    e.create("r2", 10, task="tr", **slot, **{sc.RETRY_OF: "r1", sc.ATTEMPT: 2})
+    retry: dict[str, Any] = {sc.RETRY_OF: "r1", sc.ATTEMPT: 2}
+    e.create("r2", 10, task="tr", **slot, **retry)
     e.run("r2", 11)
     e.span("r2", "fail", "running", "failed", 13, "worker", **{sc.ERROR_CODE: "busy"})
     e.create("y2", 10, task="tr", to_agent="coder", **slot)
@@ -90,7 +91,8 @@ def fixture_spans(e: Emitter) -> None:
     e.run("u1", 1)
     e.timeout("u1", 3)
     e.span("u1", "resolve_failed", "unknown", "failed", 20, "planner")
-    e.create("u2", 10, task="tu", **{sc.IDEMPOTENCY_KEY: "ku", sc.ATTEMPT: 2})
+    again: dict[str, Any] = {sc.IDEMPOTENCY_KEY: "ku", sc.ATTEMPT: 2}
+    e.create("u2", 10, task="tu", **again)
     e.span("u2", "cancel", "created", "canceled", 11, "planner")
     e.create("f1", 0, task="tf", **{sc.IDEMPOTENCY_KEY: "kf"})
     e.run("f1", 1)
@@ -167,7 +169,8 @@ def fixture_spans(e: Emitter) -> None:
         ("k5", {}, ["deploy"]),
         ("k6", grant(1000, ["search"], "globex"), ["search"]),
     ):
-        e.create(h, 0, task=f"t{h}", **{sc.CAPABILITIES: caps}, **g)
+        asks: dict[str, Any] = {sc.CAPABILITIES: caps}
+        e.create(h, 0, task=f"t{h}", **asks, **g)
         e.run(h, 1)
         e.commit(h, 3)
     e.create("k3", 0, task="tk3", **grant(0.5, []))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -33,7 +34,7 @@ def _span(
     *,
     hid: str = "h1",
     at: int | None = None,
-    **extra: object,
+    **extra: Any,
 ) -> dict:
     """Span i of handoff `hid`: span id i, `at` (default i) seconds after T0."""
     attrs = transition(hid, event, frm, to, task_id=f"t-{hid}", **extra)
@@ -59,7 +60,7 @@ def resent(chdb_client, fresh_db):
     """h1: create, accept, start, commit in one request; the commit again, unchanged, in a
     second request with the verify (a collector re-sending part of a batch whose answer was
     lost); and the first request again byte for byte (an exporter's retry)."""
-    ev = {"handoff__evidence__count": 1, "handoff__evidence__valid": True}
+    ev: dict[str, Any] = {"handoff__evidence__count": 1, "handoff__evidence__valid": True}
     commit = _span(4, "commit", "running", "committed", **ev)
     first = [_span(1, "create", "", "created"), _span(2, "accept", "created", "accepted"),
              _span(3, "start", "accepted", "running"), commit]  # fmt: skip
@@ -85,6 +86,7 @@ def test_a_span_resent_in_another_batch_counts_once(chdb_client, resent):
     assert _flagged(chdb_client, db) == {}  # no duplicate_delivery, nor anything else
 
     pkg = evidence_package(chdb_client, database=db, handoff_id="h1", as_of=WINDOW.as_of)
+    assert pkg is not None
     assert _arrivals(pkg) == [("create", f"{1:016x}", 1), ("accept", f"{2:016x}", 1),
                               ("start", f"{3:016x}", 1), ("commit", commit_span, 2),
                               ("verify", f"{5:016x}", 1)]  # fmt: skip
@@ -101,6 +103,7 @@ def test_a_span_resent_in_another_batch_counts_once(chdb_client, resent):
 def test_each_copy_of_a_resent_span_is_still_verified(chdb_client, resent):
     db, commit_span = resent
     pkg = evidence_package(chdb_client, database=db, handoff_id="h1")
+    assert pkg is not None
     batches = [
         b
         for (b,) in chdb_client.query(
@@ -123,6 +126,7 @@ def test_each_copy_of_a_resent_span_is_still_verified(chdb_client, resent):
         res.problems
     )
     later = evidence_package(chdb_client, database=db, handoff_id="h1")
+    assert later is not None
     commits = [t for t in later["transitions"] if t["span_id"] == commit_span]
     assert sorted((t["actor"], t["arrivals"]) for t in commits) == [("agent-b", 1), ("mallory", 1)]
     assert later["integrity"]["ledger"]["mismatched"] == [commit_span]
@@ -133,6 +137,7 @@ def test_each_copy_of_a_resent_span_is_still_verified(chdb_client, resent):
 def test_a_deleted_copy_is_named(chdb_client, resent):
     db, commit_span = resent
     pkg = evidence_package(chdb_client, database=db, handoff_id="h1")
+    assert pkg is not None
     (batch,) = chdb_client.query(
         f"SELECT max(ingest_batch) FROM {db}.handoff_transitions WHERE span_id = {{s:String}}",
         parameters={"s": commit_span},
@@ -158,6 +163,7 @@ def test_a_redelivery_as_a_new_span_is_still_a_duplicate(chdb_client, fresh_db):
                                    copy=1)])  # fmt: skip
     assert _flagged(chdb_client, fresh_db)["duplicate_delivery"] == ["h1"]
     pkg = evidence_package(chdb_client, database=fresh_db, handoff_id="h1", as_of=WINDOW.as_of)
+    assert pkg is not None
     accepts = [(e, n) for e, _s, n in _arrivals(pkg) if e == "accept"]
     assert accepts == [("accept", 1), ("accept", 1)]  # two spans, each stored once
     assert "duplicate_delivery" in pkg["anomalies"]
@@ -170,7 +176,7 @@ def test_one_span_id_with_other_content(chdb_client, fresh_db):
     into the funnel (the copy without evidence decides V) and listed in the package.
     Another time (h3): a re-emission, a duplicate delivery. Another transition (h2): two
     transitions, both counted (a fork out of `created`: invalid)."""
-    ev = {"handoff__evidence__count": 1}
+    ev: dict[str, Any] = {"handoff__evidence__count": 1}
     first = [_span(1, "create", "", "created"), _span(2, "accept", "created", "accepted"),
              _span(3, "start", "accepted", "running"),
              _span(4, "commit", "running", "committed", **ev, handoff__evidence__valid=True),
@@ -190,6 +196,7 @@ def test_one_span_id_with_other_content(chdb_client, fresh_db):
     assert (row["volume"], row["executed"], row["evidenced"], row["committed"]) == (3, 1, 0, 0)
     for hid, span in (("h1", f"{4:016x}"), ("h2", f"{12:016x}"), ("h3", f"{22:016x}")):
         pkg = evidence_package(chdb_client, database=fresh_db, handoff_id=hid, as_of=WINDOW.as_of)
+        assert pkg is not None
         same = [t for t in pkg["transitions"] if t["span_id"] == span]
         assert len(same) == 2 and len({t["row_hash"] for t in same}) == 2, hid
         assert [t["arrivals"] for t in same] == [1, 1], hid

@@ -66,8 +66,8 @@ def test_cluster_files_are_generated_from_the_single_node_schema():
 def test_cluster_tables_mirror_single_node_tables():
     import re
 
-    single = {re.search(r"\{db\}\.(\w+)", s).group(1) for _, s in schema_statements("{db}")}
+    single = {re.findall(r"\{db\}\.(\w+)", s)[0] for _, s in schema_statements("{db}")}
     cluster = {
-        re.search(r"\{db\}\.(\w+)", s).group(1) for _, s in schema_statements("{db}", cluster="c")
+        re.findall(r"\{db\}\.(\w+)", s)[0] for _, s in schema_statements("{db}", cluster="c")
     }
     assert cluster == single | {f"{t}_local" for t in single if not t.endswith("_mv")}

@@ -94,7 +94,7 @@ def test_embedded_engine_merges_one_at_a_time_and_catches_up(tmp_path: Path) -> 
             "SELECT name, value FROM system.server_settings WHERE name IN "
             "('background_pool_size', 'background_merges_mutations_concurrency_ratio') ORDER BY name"
         ).result_rows
-        assert dict(rows) == {
+        assert {name: value for name, value in rows} == {
             "background_merges_mutations_concurrency_ratio": "1",
             "background_pool_size": "1",
         }

@@ -12,6 +12,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
@@ -31,12 +32,13 @@ def _rows() -> list[T]:
     out = [r for f in fixtures().values() for r in f.rows]
     out += [r for _k, f in variants().values() for r in f.rows]
     # an ack asked within 60 s and never given: missing from 60 s on, by the query's clock
-    ack = {sc.MESSAGE_REQUIRES_ACK: True, sc.MESSAGE_TTL_S: 60}
+    ack: dict[str, Any] = {sc.MESSAGE_REQUIRES_ACK: True, sc.MESSAGE_TTL_S: 60}
     out.append(create("ack-open", T0, task_id="t-ack", tenant="acks", **ack))
     # keyless writes 120 s apart: a duplicate for a window of 600 s, not for one of 60 s
-    cmd = {"payload_hash": "pk-wide", sc.MESSAGE_KIND: "command"}
+    cmd: dict[str, Any] = {"payload_hash": "pk-wide", sc.MESSAGE_KIND: "command"}
     for i, sec in enumerate((0, 120)):
-        h, task = f"wide-{i}", {"task_id": f"t-wide-{i}", "tenant": "wide", "actor": "worker"}
+        h = f"wide-{i}"
+        task: dict[str, Any] = {"task_id": f"t-wide-{i}", "tenant": "wide", "actor": "worker"}
         out += [
             create(h, T0 + timedelta(seconds=sec), task_id=f"t-wide-{i}", tenant="wide", **cmd),
             T(h, "accept", "created", "accepted", T0 + timedelta(seconds=sec + 1), **task),
@@ -49,13 +51,15 @@ def _rows() -> list[T]:
 def _table(client, db: str, window=WINDOW) -> dict:
     df = anomalies(client, database=db, window=window, kinds=KINDS, examples=1000)
     f = funnel(client, database=db, window=window).iloc[0]
-    table = {r.kind: (r.count, sorted(r.examples)) for r in df.itertuples()}
+    table: dict[str, tuple[Any, Any]] = {
+        r.kind: (r.count, sorted(r.examples)) for r in df.itertuples()
+    }
     table["funnel"] = (int(f["evidenced"]), int(f["evidence_claimed"]))
     return table
 
 
 @pytest.fixture
-def dbs(chdb_client) -> Iterator[tuple[str, str]]:
+def dbs(chdb_client) -> Iterator[tuple[str, ...]]:
     names = tuple(f"t_{uuid.uuid4().hex[:12]}" for _ in range(2))
     for n in names:
         apply_schema(chdb_client, n)
@@ -131,9 +135,10 @@ def test_a_query_asking_more_than_the_settle_kept_recomputes(chdb_client, dbs, m
 def test_a_handoff_settled_again_for_a_relation_keeps_its_other_bits(chdb_client, fresh_db):
     # x overran its tool budget; a, of x's task, is refused only later: the next settle
     # recomputes x's refusal kind (a is its task's) but not its budget, which x keeps
-    slot = {"task_id": "t-c", "tenant": "keep"}
+    slot: dict[str, Any] = {"task_id": "t-c", "tenant": "keep"}
+    budget_1: dict[str, Any] = {sc.MAX_TOOL_CALLS: 1}
     x = [
-        create("x", T0 + timedelta(seconds=5), **slot, **{sc.MAX_TOOL_CALLS: 1}),
+        create("x", T0 + timedelta(seconds=5), **slot, **budget_1),
         T("x", "accept", "created", "accepted", T0 + timedelta(seconds=6), actor="worker", **slot),
         T("x", "start", "accepted", "running", T0 + timedelta(seconds=7), actor="worker", **slot),
         T("x", "commit", "running", "committed", T0 + timedelta(seconds=8), actor="worker",

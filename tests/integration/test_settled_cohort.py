@@ -50,7 +50,7 @@ def _rows(tenant: str) -> list[T]:
     ]
 
 
-def _numbers(client, db: str, tenant: str | None = None) -> dict[str, object]:
+def _numbers(client, db: str, tenant: str | None = None) -> dict[str, list[dict]]:
     """What a reader sees of the cohort: funnels (whole, sliced, two narrow windows) and the
     cohort-reading anomaly passes."""
 

@@ -7,6 +7,7 @@ key-mate committing first); the next settle rewrites the untouched handoff's fla
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -39,7 +40,8 @@ def _transfer(hid: str, at: float, src: str, dst: str, tenant: str, task: str = 
 
 
 def _rows(tenant: str) -> list[T]:
-    slot = {"task_id": "t-r", "to_agent": "worker", "tenant": tenant}
+    slot: dict[str, Any] = {"task_id": "t-r", "to_agent": "worker", "tenant": tenant}
+    retries_r1: dict[str, Any] = {"handoff.retry_of": "r1"}
     return [
         # task t-b: x1 a->b then x3 b->a (x3 a bounce); task t-y: y1 a->b then y3 a->c (none)
         _transfer("x1", 0, "a", "b", tenant),
@@ -49,7 +51,7 @@ def _rows(tenant: str) -> list[T]:
         # r1 unknown from 3 s; r2 names it as the attempt it retries, created at 10 s: blind
         create("r1", _s(0), **slot),
         T("r1", "timeout", "running", "unknown", _s(3), task_id="t-r", tenant=tenant),
-        create("r2", _s(10), **slot, **{"handoff.retry_of": "r1"}),
+        create("r2", _s(10), **slot, **retries_r1),
         # one key: d2 commits at 15 s, d1 not yet
         create("d1", _s(0), task_id="t-d", idempotency_key="k-d", tenant=tenant),
         create("d2", _s(1), task_id="t-d", idempotency_key="k-d", tenant=tenant),

@@ -9,6 +9,7 @@ ordinary attempts around them (their first attempts, refusals, grants) none.
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -33,7 +34,8 @@ def _rows(exporters: dict[str, InMemorySpanExporter]) -> list[T]:
     out = []
     for tenant, exporter in exporters.items():
         for s in exporter.get_finished_spans():
-            a = dict(s.attributes or {})
+            a: dict[str, Any] = dict(s.attributes or {})
+            assert s.start_time is not None
             out.append(T(a["handoff.handoff_id"], a["handoff.event"], a["handoff.from_state"],
                          a["handoff.to_state"], _dt(s.start_time), task_id=a["handoff.task_id"],
                          actor=a["handoff.actor"], tenant=tenant,

@@ -86,12 +86,13 @@ def simulated(tmp_path_factory):
         client = serve.client()
         # replays and fan-outs come minutes after their task starts: an hour past the end
         w = Window(start=_dt(start), end=_dt(end + 3600 * S), as_of=_dt(end + 3600 * S))
-        topo = dict(
-            client.query(
+        topo = {
+            h: t
+            for h, t in client.query(
                 f"SELECT handoff_id, any(topology) FROM {serve.database}.handoff_transitions "
                 "WHERE event = 'create' GROUP BY handoff_id"
             ).result_rows
-        )
+        }
         flagged = {}
         for kind in set(KIND_OF.values()):
             ids = anomaly_handoff_ids(

@@ -82,7 +82,11 @@ def test_serve_answers_503_not_200_and_the_retry_is_stored_once(
     spool = Spool(tmp_path / "spool", max_bytes=1 << 30)
     ing = Ingestor(chdb_client, fresh_db, spool, stager=stager, sql_min_bytes=1)
     gate = threading.Event()
-    stager.before_decode = lambda _client: gate.wait(60)  # replaces the Ingestor's purge hook
+
+    def hold(_client: object) -> None:
+        gate.wait(60)
+
+    stager.before_decode = hold  # replaces the Ingestor's purge hook
     ing.start()
     try:
         url = serve_on(ing, max_body=1 << 24)

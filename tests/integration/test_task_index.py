@@ -33,6 +33,7 @@ def test_view_fills_index_and_evidence_uses_it(chdb_client, fresh_db):
     ).result_rows
     assert pairs == [("tb", "hx1"), ("tb", "hx2"), ("other", "hy1")]
     pkg = evidence_package(chdb_client, database=fresh_db, handoff_id="hx2", as_of=s(3600))
+    assert pkg is not None
     assert "bounce" in pkg["anomalies"]
     df = anomalies(chdb_client, database=fresh_db, window=WINDOW, examples=3)
     assert df.set_index("kind").loc["bounce", "examples"] == ["hx2"]
@@ -43,8 +44,10 @@ def test_backfill_rebuilds_an_emptied_index_idempotently(chdb_client, fresh_db):
     chdb_client.command(f"TRUNCATE TABLE {fresh_db}.handoff_tasks")
     # without the index the package cannot see the task's other handoff
     pkg = evidence_package(chdb_client, database=fresh_db, handoff_id="hx2", as_of=s(3600))
+    assert pkg is not None
     assert "bounce" not in pkg["anomalies"]
     assert backfill_task_index(chdb_client, database=fresh_db) == 3
     assert backfill_task_index(chdb_client, database=fresh_db) == 3  # again: no new pairs
     pkg = evidence_package(chdb_client, database=fresh_db, handoff_id="hx2", as_of=s(3600))
+    assert pkg is not None
     assert "bounce" in pkg["anomalies"]

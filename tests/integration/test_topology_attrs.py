@@ -6,6 +6,7 @@ topology kinds come out the same as on a store that had the column all along."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from analytics import Window, anomalies
 from analytics._topology_sql import PASSES, TOPOLOGY_ATTRS_FILE, render_topology_attrs_ddl
@@ -26,6 +27,7 @@ def _s(x: float) -> datetime:
 
 
 def _rows() -> list[T]:
+    command: dict[str, Any] = {sc.MESSAGE_KIND: "command"}
     return [
         # consumer_lag: the consumer's accept 70 s behind the queue
         create("lag", _s(0), task_id="t-l", topology="shared_queue"),
@@ -39,9 +41,7 @@ def _rows() -> list[T]:
             attrs={sc.QUEUE_LAG_MS: 70_000},
         ),
         # command_replayed: a replayed command executed
-        create(
-            "replay", _s(0), task_id="t-r", topology="shared_queue", **{sc.MESSAGE_KIND: "command"}
-        ),
+        create("replay", _s(0), task_id="t-r", topology="shared_queue", **command),
         T("replay", "accept", "created", "accepted", _s(1), actor="worker"),
         T("replay", "start", "accepted", "running", _s(2), actor="worker", attrs={sc.REPLAY: True}),
         # no topology attribute at all

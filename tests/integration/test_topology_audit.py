@@ -14,9 +14,9 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
-from test_protocol_audit import EV, TOKEN, WINDOW, Emitter, iso
 
 from analytics import (
     Window,
@@ -31,6 +31,7 @@ from analytics._topology_sql import Thresholds, thresholds
 from analytics.reference_topology import TOPOLOGY_KINDS
 from collector import semconv as sc
 from serve.testing import ServeHandle, start_serve
+from tests.integration.test_protocol_audit import EV, TOKEN, WINDOW, Emitter, iso
 
 H = 3600.0
 BAD_EV = {sc.EVIDENCE_COUNT: 1, sc.EVIDENCE_VALID: False}
@@ -89,10 +90,16 @@ def fixture_spans(e: Emitter) -> None:
         ("s3", "transfer", 1, None),
         ("s4", "delegate", 3, 0),
     ):
-        hist = {sc.HISTORY_ITEMS: 6, sc.HISTORY_SENSITIVE_ITEMS: sens, sc.INPUT_FILTER: "pii"}
+        hist: dict[str, Any] = {
+            topo: "in_process",
+            sc.MODE: mode,
+            sc.HISTORY_ITEMS: 6,
+            sc.HISTORY_SENSITIVE_ITEMS: sens,
+            sc.INPUT_FILTER: "pii",
+        }
         if removed is not None:
             hist[sc.HISTORY_REMOVED_ITEMS] = removed
-        e.create(h, 0, task=f"t{h}", **{topo: "in_process", sc.MODE: mode}, **hist)
+        e.create(h, 0, task=f"t{h}", **hist)
     # -- stale_agent_card: a1 (card fetched 25 h before, rejected unknown_capability), a4
     # (asks for `translate`, the card lists `search`). Not: a2 (fetched 23 h before), a3
     # (25 h, but rejected busy), a5 (its capability is on the card); a6 (no card) sends a
@@ -103,8 +110,9 @@ def fixture_spans(e: Emitter) -> None:
         e.create(h, 0, task=f"t{h}", **fed, **{sc.AGENT_CARD_FETCHED_AT: iso(-age_h * H)})
         e.span(h, "reject", "created", "rejected", 1, "worker", **{sc.ERROR_CODE: code})
     for h, caps in (("a4", ["translate"]), ("a5", ["search"])):
-        e.create(h, 0, task=f"t{h}", **fed, **{sc.CAPABILITIES: caps,
-                 sc.AGENT_CARD_SKILLS: ["search", "write"], sc.AGENT_CARD_FETCHED_AT: iso(-60)})  # fmt: skip
+        card: dict[str, Any] = {sc.CAPABILITIES: caps, sc.AGENT_CARD_SKILLS: ["search", "write"],
+                                sc.AGENT_CARD_FETCHED_AT: iso(-60)}  # fmt: skip
+        e.create(h, 0, task=f"t{h}", **fed, **card)
         e.run(h, 1)
     e.create("a6", 0, task="ta6", **{topo: "federated_a2a"})
     e.span("a6", "reject", "created", "rejected", 1, "worker", **{sc.ERROR_CODE: "busy"})
@@ -126,7 +134,8 @@ def fixture_spans(e: Emitter) -> None:
         ("i4", 2, "accept", ["grant.scope", "color"]), ("i5", 2, "accept", ["handoff.amount_usd"]),
         ("i6", None, "accept", ["tenant_hint", "colour"]), ("i7", 3, "reject", ["permission.level"]),
     ):  # fmt: skip
-        e.create(h, 0, task=f"t{h}", **({sc.SCHEMA_VERSION: version} if version else {}))
+        declared: dict[str, Any] = {sc.SCHEMA_VERSION: version} if version else {}
+        e.create(h, 0, task=f"t{h}", **declared)
         extra = {sc.ENVELOPE_UNKNOWN_FIELDS: fields} if fields else {}
         to = "accepted" if event == "accept" else "rejected"
         e.span(h, event, "created", to, 1, "worker", **sup, **extra)

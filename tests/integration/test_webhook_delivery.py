@@ -59,8 +59,14 @@ class _Target(BaseHTTPRequestHandler):
         pass
 
 
-def _redirecting(code: int, location: str) -> type[BaseHTTPRequestHandler]:
-    class Redirect(BaseHTTPRequestHandler):
+class _Counted(BaseHTTPRequestHandler):
+    """A handler counting the POSTs its class answered."""
+
+    posts = 0
+
+
+def _redirecting(code: int, location: str) -> type[_Counted]:
+    class Redirect(_Counted):
         posts = 0
 
         def do_POST(self) -> None:

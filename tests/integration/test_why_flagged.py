@@ -10,7 +10,13 @@ from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
-from test_dashboard_browser import (  # the browser harness: one way to drive chromium
+
+from analytics import evidence_package, verify_package
+from analytics.evidence import task_bundle, verify_task_bundle
+from analytics.verify import verify_offline
+from dashboard import APP_PATH
+from tests.analytics_seed import T, create, seed
+from tests.integration.test_dashboard_browser import (  # the browser harness: one way to drive chromium
     _ARGS,
     _DONE_JS,
     CHROMIUM,
@@ -18,12 +24,6 @@ from test_dashboard_browser import (  # the browser harness: one way to drive ch
     _playwright,
     dashboard_url,  # noqa: F401 (a fixture)
 )
-
-from analytics import evidence_package, verify_package
-from analytics.evidence import task_bundle, verify_task_bundle
-from analytics.verify import verify_offline
-from dashboard import APP_PATH
-from tests.analytics_seed import T, create, seed
 
 T0 = datetime(2026, 12, 5, 10, 1, 0, tzinfo=UTC)
 TIMEOUT = 60  # seconds per script run: generous for a loaded CI machine, not a speed assert
@@ -101,6 +101,7 @@ def _reasons(pkg) -> dict[str, dict]:
 def test_packages_say_why_and_still_verify(chdb_client, db):
     as_of = s(3600)
     noev = evidence_package(chdb_client, database=db, handoff_id="h-noev", as_of=as_of)
+    assert noev is not None
     commit = next(t for t in noev["transitions"] if t["event"] == "commit")
     why = _reasons(noev)["committed_without_evidence"]
     assert (why["transition_span_id"], why["field"], why["value"]) == (
@@ -111,6 +112,7 @@ def test_packages_say_why_and_still_verify(chdb_client, db):
     assert f"(span {commit['span_id']}) carries handoff.evidence.valid = false" in why["sentence"]
 
     back = evidence_package(chdb_client, database=db, handoff_id=H2, as_of=as_of)
+    assert back is not None
     why = _reasons(back)["bounce"]
     assert (why["other_handoff_id"], why["field"], why["value"]) == (
         H1,
@@ -120,6 +122,7 @@ def test_packages_say_why_and_still_verify(chdb_client, db):
     assert f"{H1} (planner → coder) was created 2.1 s before it" in why["sentence"]
 
     late = evidence_package(chdb_client, database=db, handoff_id="h-late", as_of=as_of)
+    assert late is not None
     why = _reasons(late)["stale_fence"]
     assert (why["other_handoff_id"], why["field"], why["value"]) == (
         "h-fresh",
@@ -132,12 +135,14 @@ def test_packages_say_why_and_still_verify(chdb_client, db):
         res = verify_package(chdb_client, pkg, database=db)
         assert res.ok, res.problems
     bundle = task_bundle(chdb_client, database=db, task_id=TASK, as_of=as_of)
+    assert bundle is not None
     res = verify_task_bundle(chdb_client, bundle, database=db)
     assert res.ok, res.problems
 
 
 def test_an_edited_reason_fails_verify(chdb_client, db):
     pkg = evidence_package(chdb_client, database=db, handoff_id="h-noev", as_of=s(3600))
+    assert pkg is not None
     pkg["anomaly_reasons"][0]["reason"]["value"] = "true"
     problems = verify_offline(pkg)
     assert any(p.startswith("anomaly_reasons[0].reason.value:") for p in problems), problems
@@ -147,6 +152,7 @@ def test_a_package_from_before_reasons_still_verifies(chdb_client, db):
     from analytics.verify import package_sha256
 
     pkg = evidence_package(chdb_client, database=db, handoff_id="h-noev", as_of=s(3600))
+    assert pkg is not None
     del pkg["anomaly_reasons"]
     pkg["integrity"]["package_sha256"] = package_sha256(pkg)
     assert verify_offline(pkg) == []

@@ -42,7 +42,7 @@ FUZZ = settings(
 )
 INT64 = 2**63 - 1
 WIRE_KEYS = [a.name for a in semconv.WIRE_ATTRIBUTES]
-STATS = {"protobuf": {}, "json": {}}
+STATS: dict[str, dict[int, int]] = {"protobuf": {}, "json": {}}
 
 # ------------------------------------------------------------------ strategies
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Iterator
 
 import pytest
 import requests
@@ -72,7 +73,7 @@ def _spans(tenant: str, marker: str, offset: int) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def serve(tmp_path_factory) -> ServeHandle:
+def serve(tmp_path_factory) -> Iterator[ServeHandle]:
     h = start_serve(
         tmp_path_factory.mktemp("tenant-scope"),
         "ia=acme,ig=globex",

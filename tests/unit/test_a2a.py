@@ -157,7 +157,9 @@ def test_driving_a_tracer_from_a2a_status_updates():
     assert [r[semconv.EVENT] for r in rec.transitions()] == ["create", "accept", "start", "commit"]
 
     h2 = client.create(_envelope("h2"))
-    h2.transition(a2a_event("rejected", h2.state), error_code="a2a_rejected")
+    rejected = a2a_event("rejected", h2.state)
+    assert rejected is not None
+    h2.transition(rejected, error_code="a2a_rejected")
     (ev,) = a2a_events("completed", h2.state)
     with pytest.raises(
         IllegalTransition, match="event 'commit' is not allowed from state 'rejected'"

@@ -13,7 +13,7 @@ from a2a.client.interceptors import BeforeArgs
 from a2a.types import AgentCard, AgentInterface, AgentSkill, SendMessageRequest
 
 from collector import InMemoryRecorder, semconv
-from collector.adapters import HandoffClientInterceptor
+from collector.adapters.a2a import HandoffClientInterceptor
 from tests.unit.test_adapter_a2a_offline import _message
 
 NS0 = 1_796_119_200_000_000_000  # 2026-12-01T10:00:00Z

@@ -96,7 +96,7 @@ def _client_message(rec, **kw) -> tuple[HandoffClientInterceptor, Message]:
 def _handler(rec):
     obs = A2AServerObserver(agent="coder", tracer_provider=rec.provider)
     store = obs.task_store(InMemoryTaskStore())
-    inner = DefaultRequestHandler(None, store, CARD, validate_input_modes=True)
+    inner = DefaultRequestHandler(None, store, CARD, validate_input_modes=True)  # type: ignore[arg-type]  # no executor: never reached
     return obs, obs.request_handler(inner)
 
 

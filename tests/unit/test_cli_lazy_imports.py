@@ -34,17 +34,3 @@ def test_analytics_names_still_resolve_on_use() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     )
     assert out.stdout.strip() == "True"
-
-
-def test_function_named_like_its_submodule_stays_the_function() -> None:
-    # `anomalies` is both a submodule and its public function; importing the submodule
-    # directly first must not leave the package attribute pointing at the module.
-    code = (
-        "from analytics.anomalies import ANOMALY_KINDS; import analytics.report; "
-        "import analytics; from analytics import anomalies; "
-        "print(callable(anomalies), callable(analytics.anomalies))"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
-    )
-    assert out.stdout.strip() == "True True"

@@ -115,8 +115,12 @@ def test_users_xml_mounted_and_passwords_from_env():
     )
     users = ET.parse(ROOT / "deploy/clickhouse/users.d/handoffs-users.xml").getroot()
     env = _env("clickhouse")
-    for user in users.find("users"):
-        var = user.find("password").get("from_env")
+    listed = users.find("users")
+    assert listed is not None, "users.d: no <users>"
+    for user in listed:
+        password = user.find("password")
+        assert password is not None, f"{user.tag}: no <password>"
+        var = password.get("from_env")
         assert var in env, f"{user.tag}: password variable {var} not passed to the container"
 
 
@@ -200,7 +204,9 @@ def test_deploy_xml_files_parse():
 
 def test_dockerfile_pins_base_and_runs_the_cli():
     text = (ROOT / "Dockerfile").read_text()
-    base = re.search(r"^FROM\s+(\S+)", text, re.M).group(1)
+    m = re.search(r"^FROM\s+(\S+)", text, re.M)
+    assert m, "Dockerfile: no FROM line"
+    base = m.group(1)
     assert ":" in base and not base.endswith(":latest")
     assert 'ENTRYPOINT ["handoffs"]' in text
     assert COMPOSE["x-handoffs-image"]["build"]["dockerfile"] == "Dockerfile"

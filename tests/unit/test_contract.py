@@ -127,7 +127,8 @@ def test_committed_reached_exactly_along_table_paths(events):
 
 
 def test_every_short_table_path_to_committed_is_accepted():
-    paths, frontier = [], [((), State.CREATED)]
+    paths: list[tuple[Event, ...]] = []
+    frontier: list[tuple[tuple[Event, ...], State]] = [((), State.CREATED)]
     while frontier:
         path, s = frontier.pop()
         if s == State.COMMITTED and path:

@@ -121,7 +121,9 @@ def test_every_mounted_file_of_the_profile_exists():
 def test_prometheus_scrapes_serve_and_loads_the_mounted_rules():
     mounts = _mounts("prometheus")
     command = " ".join(SERVICES["prometheus"]["command"])
-    config = re.search(r"--config\.file=(\S+)", command).group(1)
+    m = re.search(r"--config\.file=(\S+)", command)
+    assert m, f"prometheus command without --config.file: {command}"
+    config = m.group(1)
     assert mounts[config] == "./deploy/prometheus/prometheus.yml"
     for path in PROMETHEUS["rule_files"]:
         assert path in mounts, f"rule file {path} is not mounted"

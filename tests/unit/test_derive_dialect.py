@@ -36,7 +36,7 @@ def li(sid, parent, name, start, end, kind="CHAIN", **kw):
 def step(sid, agent, start, end, status="Ok"):
     """One agent step; the agent only in the repr of its input event."""
     ev = f"AgentSetup(input=[...], current_agent_name='{agent}')"
-    events = ()
+    events: tuple[SpanEvent, ...] = ()
     if status == "Error":
         events = (
             SpanEvent("exception", end * MS, {"exception.type": "openai.InternalServerError"}),

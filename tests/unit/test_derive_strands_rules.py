@@ -41,7 +41,8 @@ def handoff(sid, parent, start, target, how="event"):
     """`how`: where the target is named: "event" (Strands' default), "args" (latest
     conventions) or "none" (content not stored)."""
     args = f'{{"agent_name": "{target}", "message": "over to {target}"}}'
-    attrs, events = {}, ()
+    attrs: dict[str, str] = {}
+    events: tuple[SpanEvent, ...] = ()
     if how == "args":
         attrs = {"gen_ai__tool__call__arguments": args}
     elif how == "event":

@@ -140,8 +140,11 @@ def _instance_names(cls: ast.ClassDef) -> set[str]:
         if isinstance(node, (ast.Assign, ast.AnnAssign)):
             for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
                 for t in ast.walk(target):
-                    owner = t.value if isinstance(t, ast.Attribute) else None
-                    if isinstance(owner, ast.Name) and owner.id == "self":
+                    if (
+                        isinstance(t, ast.Attribute)
+                        and isinstance(t.value, ast.Name)
+                        and t.value.id == "self"
+                    ):
                         out.add(t.attr)
     return out
 

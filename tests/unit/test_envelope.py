@@ -33,7 +33,7 @@ def test_valid_envelope_normalizes_lists_to_tuples():
     assert e.protocol == "aa-handoff/v1"
     assert e.topology == "in_process"
     with pytest.raises(dataclasses.FrozenInstanceError):
-        e.mode = "consult"
+        e.mode = "consult"  # type: ignore[misc]
 
 
 @pytest.mark.parametrize(
@@ -153,7 +153,7 @@ def test_from_wire_refuses_unknown_major_before_reading_fields():
 
 def test_from_wire_refuses_non_mapping_and_non_list():
     with pytest.raises(EnvelopeError, match="envelope field 'envelope': must be an object"):
-        Envelope.from_wire(["not", "a", "dict"])
+        Envelope.from_wire(["not", "a", "dict"])  # type: ignore[arg-type]
     with pytest.raises(
         EnvelopeError, match="envelope field 'capabilities': must be a list, got str"
     ):

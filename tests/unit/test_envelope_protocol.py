@@ -3,12 +3,16 @@ Plain values in, a validated envelope (or an EnvelopeError naming the field) out
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from collector import Envelope, EnvelopeError, EvidenceRef
 from collector.envelope import Grant, utc_time_problem
 
-BASE = dict(task_id="t1", handoff_id="h2", from_agent="planner", to_agent="coder", mode="delegate")
+BASE: dict[str, Any] = dict(
+    task_id="t1", handoff_id="h2", from_agent="planner", to_agent="coder", mode="delegate"
+)
 GRANT = {
     "caller": "planner",
     "subject": "user:42",
@@ -21,7 +25,7 @@ GRANT = {
 
 
 def test_grant_attempt_and_retry_of_round_trip_the_wire():
-    env = Envelope(**BASE, grant=GRANT, attempt=2, retry_of="h1")
+    env = Envelope(**BASE, grant=GRANT, attempt=2, retry_of="h1")  # type: ignore[arg-type]  # the wire dict, coerced to a Grant
     assert env.grant == Grant(
         caller="planner",
         subject="user:42",

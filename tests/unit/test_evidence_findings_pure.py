@@ -14,7 +14,7 @@ from analytics import _evidence_findings as ef
 from analytics._evidence_formats import V1, V2, V3, check_format
 from analytics._evidence_html import anomaly_items
 from analytics._package import build_package, package_sha256
-from analytics.anomalies import ANOMALY_KINDS
+from analytics.anomaly_kinds import ANOMALY_KINDS
 from analytics.verify import offline_notes, verify_offline
 from dashboard._findings import finding_lines
 from foundation.integrity import derive_columns

@@ -4,6 +4,7 @@ funnel rows, and the collector's refresh rule (a loader passed in, clocks passed
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -91,7 +92,7 @@ def test_bad_arguments_are_refused():
         PairCounts("t", "a", "b", 1, (1, 2))
 
 
-def _aged(tenant: str, frm: str, to: str, per_window: list[tuple[int, ...]]) -> AgedCounts:
+def _aged(tenant: str, frm: str, to: str, per_window: Sequence[tuple[int, ...]]) -> AgedCounts:
     return AgedCounts(keys=(tenant, frm, to), counts=tuple(per_window))
 
 

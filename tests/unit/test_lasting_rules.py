@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 from fractions import Fraction
+from typing import Any
 
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -118,9 +119,9 @@ def _plans(rates: FailureRates, n: int = 400):
 
 def test_a_stalled_consumer_never_takes_the_message_and_the_card_skill_is_refused():
     rates = FailureRates.parse("consumer_stalled=0.3,card_skill_refused=0.3")
-    seen = Counter()
+    seen: Counter[str] = Counter()
     for p in _plans(rates):
-        events = {}
+        events: dict[str, list[tuple[str, Any]]] = {}
         for s in p.steps:
             events.setdefault(s.handoff_id, []).append((s.event, s.attrs.get("error_code")))
         for h in p.handoffs:
@@ -148,8 +149,8 @@ def test_the_simulated_card_lists_the_refused_skill_and_is_fresh():
     for p in plans:
         em.emit_task(p)
     em.close()
-    creates = [s.attributes for s in exporter.get_finished_spans()
-               if s.attributes[sc.EVENT] == "create"]  # fmt: skip
+    spans: list[dict[str, Any]] = [dict(s.attributes or {}) for s in exporter.get_finished_spans()]
+    creates = [a for a in spans if a[sc.EVENT] == "create"]
     assert creates
     for a in creates:
         assert set(a[sc.CAPABILITIES]) <= set(a[sc.AGENT_CARD_SKILLS])

@@ -3,6 +3,8 @@ reports combined, package log sections merged, heads signed with their instance.
 
 from __future__ import annotations
 
+from typing import Any
+
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from analytics._evidence_log import merge_sections
@@ -71,7 +73,13 @@ def test_merged_sections_take_each_entry_from_the_log_that_proves_it():
 def test_a_head_covers_its_instance_and_the_log_without_one_signs_as_before():
     key = Ed25519PrivateKey.generate()
     keys = PublicKeys.of([key.public_key()])
-    kw = {"tree_size": 2, "root": bytes(32), "signed_at": 1, "batches": 1, "chain_hash": "c"}
+    kw: dict[str, Any] = {
+        "tree_size": 2,
+        "root": bytes(32),
+        "signed_at": 1,
+        "batches": 1,
+        "chain_hash": "c",
+    }
     named = sign_head(key, instance="edge-1", **kw)
     assert keys.check(named) is None and b'"instance":"edge-1"' in named.message()
     moved = SignedHead(**{**named.as_dict(), "instance": "edge-2"})

@@ -7,8 +7,9 @@ import json
 from analytics.reference_audit import audit_anomalies, iso_ns
 
 S = 1_000_000_000
-T0 = iso_ns("2026-11-23T10:00:00Z")
-assert T0 is not None
+_T0 = iso_ns("2026-11-23T10:00:00Z")
+assert _T0 is not None
+T0 = _T0
 
 
 def row(h: str, event: str, frm: str, to: str, sec: float, **kw) -> dict:

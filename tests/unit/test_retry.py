@@ -72,7 +72,7 @@ def test_other_envelope_fields_may_change_but_not_task_target_or_numbering(rec):
     assert h2.envelope.deadline_ms == 60_000 and h2.envelope.retry_of == "h1"
     for field in ("task_id", "to_agent", "attempt", "retry_of"):
         with pytest.raises(ValueError, match=f"retry: {field} cannot change"):
-            tracer.retry(h1, "h9", **{field: "x"})
+            tracer.retry(h1, "h9", **{field: "x"})  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="previous: expected a Handoff"):
         tracer.retry(first(), "h9")  # type: ignore[arg-type]
 

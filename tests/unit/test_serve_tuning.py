@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,7 +26,7 @@ from serve._tuning import (
     plan,
 )
 
-EMBEDDED = {"embedded": True, "environ": {}, "loaded": ()}
+EMBEDDED: dict[str, Any] = {"embedded": True, "environ": {}, "loaded": ()}
 
 
 def test_defaults_are_the_settings_defaults() -> None:

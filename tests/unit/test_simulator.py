@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import time
 from collections import Counter, defaultdict
+from typing import Any
 
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -100,7 +101,7 @@ def test_every_planned_sequence_is_legal_except_the_injected_illegal_ones():
     illegal = 0
     for plan in _plans(1500):
         state: dict[str, str] = {}
-        last = defaultdict(int)
+        last: defaultdict[str, int] = defaultdict(int)
         for step in plan.steps:
             assert step.at_ns >= last[step.handoff_id], "steps of a handoff go forward in time"
             last[step.handoff_id] = step.at_ns
@@ -353,7 +354,12 @@ def test_random_module_state_is_untouched():
 
 def test_backfill_shards_partition_the_single_run():
     now = time.time_ns()
-    kw = {"start_ns": now - 86400 * S, "end_ns": now, "handoffs": 150, "progress": False}
+    kw: dict[str, Any] = {
+        "start_ns": now - 86400 * S,
+        "end_ns": now,
+        "handoffs": 150,
+        "progress": False,
+    }
     em, _, _ = _emitter()
     whole = run_backfill(em, ScenarioConfig(), **kw)
     parts = []

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -172,12 +173,10 @@ def test_retries_go_through_the_shim_a_blind_one_flagged():
     for p in plans:
         em.emit_task(p)
     em.close()
-    spans = [s for e in exporters.values() for s in e.get_finished_spans()]
-    creates = {
-        s.attributes["handoff.handoff_id"]: s.attributes
-        for s in spans
-        if s.attributes["handoff.event"] == "create"
-    }
+    attrs: list[dict[str, Any]] = [
+        dict(s.attributes or {}) for e in exporters.values() for s in e.get_finished_spans()
+    ]
+    creates = {a["handoff.handoff_id"]: a for a in attrs if a["handoff.event"] == "create"}
     blind = [h for p in plans for h in p.handoffs if "blind_retry" in h.faults]
     assert blind
     for h in blind:
@@ -185,7 +184,7 @@ def test_retries_go_through_the_shim_a_blind_one_flagged():
         assert a["handoff.retry_of"] == h.envelope["retry_of"] and a["handoff.attempt"] == 2
         assert a["handoff.retry_unresolved"] is True
         assert a["handoff.grant.tenant"] == h.tenant
-    commits = [s.attributes for s in spans if s.attributes["handoff.event"] == "commit"]
+    commits = [a for a in attrs if a["handoff.event"] == "commit"]
     assert all("handoff.receipt.id" in c and "handoff.receipt.expires_at" in c for c in commits)
-    verifies = [s.attributes for s in spans if s.attributes["handoff.event"] == "verify"]
+    verifies = [a for a in attrs if a["handoff.event"] == "verify"]
     assert verifies and all(v["handoff.receipt.read_back"] is True for v in verifies)

@@ -65,7 +65,7 @@ def plans():
 
 
 def test_labels_are_what_the_reference_finds_in_each_plan(plans):
-    seen = Counter()
+    seen: Counter[str] = Counter()
     for plan in plans:
         rows = _rows(plan)
         for h in plan.handoffs:
@@ -78,7 +78,7 @@ def test_labels_are_what_the_reference_finds_in_each_plan(plans):
 
 def test_the_faults_are_injected_at_their_rates(plans):
     intents = sum(p.intents for p in plans)
-    drawn = Counter()
+    drawn: Counter[str] = Counter()
     for plan in plans:
         for h in plan.handoffs:
             for s in plan.steps:

@@ -36,7 +36,7 @@ def _plans(n: int, rates: FailureRates = ALL, seed: int = 5):
 
 def test_a_topology_fault_is_drawn_in_its_own_topology_only():
     own = {f: t for t, faults in TOPOLOGY_FAULTS.items() for f in faults}
-    seen = Counter()
+    seen: Counter[str] = Counter()
     for p in _plans(300, FailureRates.cli_defaults()):
         for h in p.handoffs:
             for f in h.faults & set(own):
@@ -46,7 +46,7 @@ def test_a_topology_fault_is_drawn_in_its_own_topology_only():
 
 
 def test_each_topology_carries_its_own_attributes():
-    by = {t: Counter() for t in TOPOLOGIES}
+    by: dict[str, Counter[str]] = {t: Counter() for t in TOPOLOGIES}
     for p in _plans(200):
         for s in p.steps:
             by[p.topology].update(f"{s.event}:{k}" for k in s.attrs)
@@ -120,7 +120,7 @@ def test_topology_attributes_reach_the_spans():
     for p in _plans(40):
         em.emit_task(p)
     stats = em.close()
-    keys = Counter(k for s in exporter.get_finished_spans() for k in s.attributes)
+    keys = Counter(k for s in exporter.get_finished_spans() for k in s.attributes or {})
     for k in (sc.QUEUE_LAG_MS, sc.RESULT_ITEMS_RETURNED, sc.HISTORY_SENSITIVE_ITEMS,
               sc.AGENT_CARD_FETCHED_AT, sc.MESSAGE_KIND, sc.SCHEMA_VERSION, sc.REPLAY,
               sc.CONSUMER_SUPPORTED_VERSIONS, sc.ENVELOPE_UNKNOWN_FIELDS):  # fmt: skip

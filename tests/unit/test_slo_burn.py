@@ -110,7 +110,7 @@ def test_a_missing_window_is_an_error():
 
 def _status(fire_page: bool, fire_ticket: bool = False):
     h, d = timedelta(hours=1), timedelta(days=1)
-    bad = {}
+    bad: dict[timedelta, tuple[int, int]] = {}
     if fire_page:
         bad |= {h: (1000, 20), 5 * MIN: (100, 2)}
     if fire_ticket:
@@ -168,8 +168,10 @@ def test_severities_are_separate_alerts_and_dropped_rules_are_forgotten():
 def test_the_webhook_body():
     _, (note,) = decide({}, [_status(True)], as_of=T0)
     body = notification_body(note)
-    assert body["text"].startswith("[FIRING] e2e-fleet:page: p_e2e burn rate 20.0× over 1h")
-    assert "error budget remaining" in body["text"]
+    text = body["text"]
+    assert isinstance(text, str)
+    assert text.startswith("[FIRING] e2e-fleet:page: p_e2e burn rate 20.0× over 1h")
+    assert "error budget remaining" in text
     assert {k: body[k] for k in ("alert", "slo", "severity", "state", "as_of", "window")} == {
         "alert": "e2e-fleet:page",
         "slo": "e2e-fleet",
@@ -179,7 +181,9 @@ def test_the_webhook_body():
         "window": "30d",
     }
     assert body["windows"] == ["1h/5m", "6h/30m"]
-    first = body["burn_rates"][0]
+    rates = body["burn_rates"]
+    assert isinstance(rates, list)
+    first = rates[0]
     assert first["factor"] == 14.4 and first["firing"] is True
     assert first["long_burn"] == pytest.approx(20.0)
     assert body["budget_remaining"] == pytest.approx(1.0)

@@ -126,7 +126,7 @@ def test_filter_history_refusals():
     with pytest.raises(ValueError, match="history: expected a list of items, got str"):
         filter_history("one message")
     with pytest.raises(ValueError, match="input_filter: returned NoneType"):
-        filter_history(["a"], lambda items: None)
+        filter_history(["a"], lambda items: None)  # type: ignore[arg-type, return-value]
     with pytest.raises(ValueError, match="input_filter: expected an InputFilter or a callable"):
         filter_history(["a"], 3)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="name: expected a non-empty str"):
@@ -137,7 +137,7 @@ def test_filter_history_refusals():
 
 def test_agent_card_ref_validates_and_compatibility_reads_the_envelope():
     card = AgentCardRef("https://coder.example/.well-known/agent-card.json",
-                        "2026-11-30T10:00:00Z", ["code.write", "code.review"])  # fmt: skip
+                        "2026-11-30T10:00:00Z", ["code.write", "code.review"])  # type: ignore[arg-type]  # fmt: skip
     assert card.skills == ("code.write", "code.review")
     with pytest.raises(ValueError, match="fetched_at: not an ISO-8601 UTC time"):
         AgentCardRef("https://x", "2026-11-30 10:00")

@@ -242,7 +242,7 @@ def test_at_and_clock(sender):
     with pytest.raises(
         TypeError, match="at: expected an aware datetime, int ns since the epoch or None, got str"
     ):
-        h.prepare(at="now")
+        h.prepare(at="now")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="at: must be >= 0 ns"):
         h.prepare(at=-1)
     assert h.state == "running"
@@ -378,9 +378,9 @@ def test_bad_filter_and_tracer_config():
     with pytest.raises(ValueError, match="actor: must be a non-empty string"):
         HandoffTracer("")
     with pytest.raises(TypeError, match="input_filter: expected an InputFilter, got dict"):
-        HandoffTracer("a", input_filter={})
+        HandoffTracer("a", input_filter={})  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="envelope: expected an Envelope, got dict"):
-        HandoffTracer("a").create({"task_id": "t"})
+        HandoffTracer("a").create({"task_id": "t"})  # type: ignore[arg-type]
 
 
 def test_without_provider_reads_the_global_and_never_sets_it():

@@ -70,9 +70,9 @@ def test_an_explicit_tool_calls_wins_and_is_checked(pair):
     for bad in (-1, 1.5, "3", True):
         with pytest.raises(ValueError, match="tool_calls: expected int >= 0"):
             other.accept(tool_calls=bad)
-    for bad in (-1, 2.0, None, False):
+    for bad_n in (-1, 2.0, None, False):
         with pytest.raises(ValueError, match="n: expected an int >= 0"):
-            other.count_tool_call(bad)  # type: ignore[arg-type]
+            other.count_tool_call(bad_n)  # type: ignore[arg-type]
     assert other.count_tool_call(0) == 0  # counting zero still starts the count
     other.accept()
     other.start()

@@ -127,7 +127,8 @@ def test_a_healthy_handoff_has_no_reason() -> None:
 
 
 def test_invalid_transition_flagged_row() -> None:
-    rows = [*flow(), row("h1", "fail", "running", "failed", 4, **{"handoff.valid": False})]
+    invalid: dict[str, Any] = {"handoff.valid": False}
+    rows = [*flow(), row("h1", "fail", "running", "failed", 4, **invalid)]
     r = _one("invalid_transition", rows)
     assert (r.transition_span_id, r.field, r.value) == ("h1-fail-4", "handoff.valid", "false")
 
@@ -159,8 +160,9 @@ def test_unknown_unresolved_says_how_long() -> None:
 
 
 def test_accepted_never_started_names_the_deadline() -> None:
+    deadline: dict[str, Any] = {"handoff.deadline_ms": 60_000}
     rows = [
-        create("h1", **{"handoff.deadline_ms": 60_000}),
+        create("h1", **deadline),
         row("h1", "accept", "created", "accepted", 1),
     ]
     r = _one("accepted_never_started", rows)
@@ -192,7 +194,8 @@ def test_wrong_consumer_names_the_actor() -> None:
 
 def test_grant_expired_names_the_expiry() -> None:
     rows = flow()
-    rows[0] = create("h1", **{"handoff.grant.expires_at": "2026-12-05T10:01:03Z"})
+    expiry: dict[str, Any] = {"handoff.grant.expires_at": "2026-12-05T10:01:03Z"}
+    rows[0] = create("h1", **expiry)
     r = _one("grant_expired", rows)
     assert (r.transition_span_id, r.field, r.value) == (
         "h1-commit-3",
@@ -203,20 +206,19 @@ def test_grant_expired_names_the_expiry() -> None:
 
 def test_capability_outside_grant_lists_the_extra_capabilities() -> None:
     rows = flow()
-    rows[0] = create(
-        "h1",
-        **{
-            "handoff.capabilities": ["code.write", "deploy"],
-            "handoff.grant.capabilities": ["code.write"],
-        },
-    )
+    asks: dict[str, Any] = {
+        "handoff.capabilities": ["code.write", "deploy"],
+        "handoff.grant.capabilities": ["code.write"],
+    }
+    rows[0] = create("h1", **asks)
     r = _one("capability_outside_grant", rows)
     assert r.value == '["deploy"]' and r.transition_span_id == rows[0]["span_id"]
 
 
 def test_grant_tenant_mismatch_names_both_tenants() -> None:
     rows = flow()
-    rows[0] = create("h1", **{"handoff.grant.tenant": "other"})
+    grant: dict[str, Any] = {"handoff.grant.tenant": "other"}
+    rows[0] = create("h1", **grant)
     r = _one("grant_tenant_mismatch", rows)
     assert (r.field, r.value) == ("handoff.grant.tenant", "other") and "tenant acme" in r.sentence
 
@@ -245,12 +247,14 @@ def test_bounce_names_the_previous_transfer_and_the_gap() -> None:
 
 
 def test_stale_fence_names_the_row_that_raised_the_fence() -> None:
+    fence_3: dict[str, Any] = {"handoff.fence_token": 3}
+    fence_7: dict[str, Any] = {"handoff.fence_token": 7}
     task = [
         *flow("h-new"),
         create("h-old", 0.5),
-        row("h-old", "commit", "running", "committed", 4, **{"handoff.fence_token": 3}),
+        row("h-old", "commit", "running", "committed", 4, **fence_3),
     ]
-    task[3] = row("h-new", "commit", "running", "committed", 3, **{"handoff.fence_token": 7})
+    task[3] = row("h-new", "commit", "running", "committed", 3, **fence_7)
     assert ref.task_anomalies(task, "h-old") == ["stale_fence"]
     r = why_task.stale_fence(task, "h-old")
     assert r is not None
@@ -260,7 +264,8 @@ def test_stale_fence_names_the_row_that_raised_the_fence() -> None:
 
 
 def test_idempotency_conflict_names_the_other_create() -> None:
-    own = create("h1", **{"handoff.idempotency_key": "k", "handoff.payload_hash": "p1"})
+    key: dict[str, Any] = {"handoff.idempotency_key": "k", "handoff.payload_hash": "p1"}
+    own = create("h1", **key)
     other = {"handoff_id": "h2", "payload_hash": "p2", "time_ns": T0 + 5 * S}
     r = why_task.idempotency_conflict(own, other)
     assert (r.other_handoff_id, r.field, r.value) == ("h2", "handoff.idempotency_key", "k")
