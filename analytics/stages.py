@@ -63,6 +63,7 @@ FUNNEL: Final[tuple[Stage, ...]] = (
         "evidence_claimed",
         "is_settled AND is_v_claimed",
         "settled, executed, its first result's evidence marked valid by the emitter",
+        exported=True,
     ),
     Stage(
         "evidenced",

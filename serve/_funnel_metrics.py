@@ -8,7 +8,7 @@ of the whole store at every refresh. Families (all `window`-labelled):
 
 - `handoffs_funnel_handoffs{tenant,from_agent,to_agent,stage,window="24h"}`: per agent pair,
   the `top` pairs by volume of each tenant plus one `other`/`other` series for the rest, so at
-  most (top + 1) x 7 stages (analytics.stages.EXPORTED) series per tenant;
+  most (top + 1) x 8 stages (analytics.stages.EXPORTED) series per tenant;
 - `handoffs_cohort_handoffs{tenant,stage,window}`: per tenant, window 5m, 30m, 1h, 6h, 24h;
 - `handoffs_anomalies{tenant,kind,window="24h"}`: handoffs flagged, per anomaly kind;
 - `handoffs_funnel_pairs{tenant}`: distinct pairs in the 24 h cohort before bucketing;

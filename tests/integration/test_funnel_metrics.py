@@ -72,12 +72,13 @@ ACME: dict[str, tuple[str, str, list[Step], dict[str, Any]]] = {
 BETA: dict[str, tuple[str, str, list[Step], dict[str, Any]]] = {
     "h6": ("x", "y", [ACC, START, ("commit", "running", "committed", NO_EV)], {})
 }
-#: hand-computed: settled, accepted, executed, evidenced, committed, unknown, escalated
+#: hand-computed: settled, accepted, executed, evidence_claimed, evidenced, committed,
+#: unknown, escalated
 EXPECTED = {
-    ("acme", "a", "b"): (2, 1, 1, 1, 1, 0, 0),
-    ("acme", OTHER, OTHER): (2, 1, 0, 0, 0, 1, 1),  # a->c, below the top 1 by volume (2 < 3)
-    ("beta", "x", "y"): (1, 1, 1, 0, 0, 0, 0),
-    ("beta", OTHER, OTHER): (0,) * 7,
+    ("acme", "a", "b"): (2, 1, 1, 1, 1, 1, 0, 0),
+    ("acme", OTHER, OTHER): (2, 1, 0, 0, 0, 0, 1, 1),  # a->c, below the top 1 by volume (2 < 3)
+    ("beta", "x", "y"): (1, 1, 1, 0, 0, 0, 0, 0),  # committed, evidence not claimed valid
+    ("beta", OTHER, OTHER): (0,) * 8,
 }
 
 

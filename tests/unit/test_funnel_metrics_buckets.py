@@ -98,13 +98,15 @@ def _aged(tenant: str, frm: str, to: str, per_window: Sequence[tuple[int, ...]])
 
 def test_snapshot_sums_tenants_per_window_and_buckets_the_longest_window():
     w = len(WINDOWS)
-    row = (2, 2, 2, 1, 1, 1, 0, 0)  # volume, then STAGES
-    older = (1, 1, 1, 1, 1, 1, 1, 0)
+    row = (2, 2, 2, 1, 1, 1, 1, 0, 0)  # volume, then STAGES
+    older = (1, 1, 1, 1, 1, 1, 1, 1, 0)
     aged = [
         _aged("t", "a", "b", [row] * w),
         # created before the shorter windows: only the 24 h cohort has it
-        _aged("t", "a", "c", [(0,) * 8] * (w - 1) + [older]),
-        _aged("u", "a", "b", [(0,) * 8] * w),  # no handoff in any window: no pair series
+        _aged("t", "a", "c", [(0,) * (1 + len(STAGES))] * (w - 1) + [older]),
+        _aged(
+            "u", "a", "b", [(0,) * (1 + len(STAGES))] * w
+        ),  # no handoff in any window: no pair series
     ]
     snap = build_snapshot(aged, {"t": {"bounce": 2, "clock_skew": 0}}, top=1)
     assert [(p.tenant, p.from_agent, p.to_agent, p.volume) for p in snap.pairs] == [
