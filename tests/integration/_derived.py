@@ -34,7 +34,7 @@ def wait_for_funnel(
             f"the derived funnel {want}",
         )
     except TimeoutError:
-        assert last == want
+        assert last == want, f"derived funnel {last}, want {want}"
 
 
 def wait_for_anomalies(
@@ -53,7 +53,7 @@ def wait_for_anomalies(
     try:
         wait_until(seen, timeout_s, f"the derived anomalies {want}")
     except TimeoutError:
-        assert last == want
+        assert last == want, f"derived anomalies {last}, want {want}"
 
 
 def anomaly_counts(serve: ServeHandle, window: analytics.Window) -> dict[str, int]:
