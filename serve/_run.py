@@ -350,6 +350,13 @@ def run_serve(
         signal.signal(signal.SIGINT, _on_signal)
     if engine is not None and token_file is not None:  # before the start-up line: ready then
         announced = _announce(servers[1].server_address[1], token_file)
+    if query_url and not query_tokens:  # before the start-up line, which says "ready"
+        print(
+            f"serve: warning: the query port {query_url} has no read tokens (--query-port-open / "
+            f"{settings.QUERY_PORT_OPEN.env}): every local user reads every tenant",
+            file=sys.stderr,
+            flush=True,
+        )
     host, port = cfg.otlp_host, otlp.server_address[1]
     print(
         f"serve: {spec.describe()}, database {spec.database}; OTLP http://{host}:{port}/v1/traces"
@@ -360,13 +367,6 @@ def run_serve(
         file=sys.stderr,
         flush=True,
     )
-    if query_url and not query_tokens:
-        print(
-            f"serve: warning: the query port {query_url} has no read tokens (--query-port-open / "
-            f"{settings.QUERY_PORT_OPEN.env}): every local user reads every tenant",
-            file=sys.stderr,
-            flush=True,
-        )
     signer = _start_signer(cfg, instance, health)
     deriver = None
     if cfg.derive:  # a pass over recently stored traces, through the normal ingest path
