@@ -16,6 +16,8 @@ from derive._model import DERIVED_BY, DERIVED_FROM, Derived, Observed, SpanEvent
 from derive._otlp import SCOPE, encode
 from derive._pass import (
     DERIVE_EVERY_S,
+    DERIVE_HOLD_S,
+    HOLD_S,
     PASS_SPANS,
     TURN_SPANS,
     DerivePass,
@@ -30,6 +32,8 @@ __all__ = [
     "DERIVED_BY",
     "DERIVED_FROM",
     "DERIVE_EVERY_S",
+    "DERIVE_HOLD_S",
+    "HOLD_S",
     "PASS_SPANS",
     "RULES",
     "SCOPE",

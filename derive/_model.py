@@ -55,6 +55,9 @@ class SpanRecord:
     tenant: str = "default"
     #: the span's links as (trace id, span id), in stored order
     links: tuple[tuple[str, str], ...] = ()
+    #: when the store took the span (otel_traces.InsertedAt), seconds since the epoch; 0 when
+    #: not known (a span held that long counts as stored long ago: derive._rules.Hold)
+    stored_s: int = 0
 
     def attr(self, key: str) -> str:
         return self.attributes.get(key, "")

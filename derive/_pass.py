@@ -6,8 +6,9 @@ works on whole stored traces, not on one request, and on one tenant's spans of a
 time: work is keyed by (tenant, trace id) (trace ids cross organisations by design), so
 another tenant's spans in the same trace id neither feed a derivation nor suppress it.
 Each pass finds the (tenant, trace id) pairs whose tenant stored a span a rule may read
-since its cursor (`otel_traces.InsertedAt`, whole seconds; the last second is read again,
-which is harmless: output is deterministic): a span of an instrumentation scope in
+since its cursor (`otel_traces.InsertedAt`, whole seconds, read from `LATE_S` seconds before
+it: a row's InsertedAt is taken when its insert starts, and a slow insert shows its rows
+later; a pair whose span count has not changed since it was derived is not derived again): a span of an instrumentation scope in
 derive._rules.SCOPES, a GenAI span named `invoke_agent ...` or `execute_tool ...` (as the
 conventions name them), or a root span not of the shim's or derivation's own scope and not
 named as a handoff transition (`handoff.<event>`, as the shim names them: another exporter's
@@ -16,15 +17,19 @@ nothing). That test reads plain columns, never the attribute map, so heavy hando
 costs only a column scan of the rows stored since the last pass. The same query counts each
 pair's stored spans. The pairs join per-tenant queues (derive._schedule); the pass reads them
 in fair turns, one tenant's spans of its traces per query, and derives per (tenant, trace)
-(`derive_traces`); what its span budget leaves waits for the next pass, in memory (a
-restarted serve reads the whole trace window again). A derived span already stored in the
+(`derive_held`); what its span budget leaves waits for the next pass, in memory (a
+restarted serve reads the whole trace window again). A handoff whose source span has an
+ancestor not stored yet is held (derive._rules.Hold): the enclosing runs, which name its cause,
+come in a later request; its trace is read again each pass until they are stored or `hold_s`
+seconds have passed since the source was stored. A derived span already stored in the
 tenant's trace, or submitted by this pass object for that tenant before, is not submitted
 again; so a replayed or resent source span derives nothing twice, and a second pass stores
 nothing new.
 
 Delay from a source span's arrival to its derived transition in handoff_transitions: up to
 `every_s` (the pass interval) + the pass + serve's write of the derived request, when no
-tenant's work waits for a later pass. Errors of the store or of ingest are logged, counted in
+tenant's work waits for a later pass and the spans enclosing the handoff are stored; up to
+`hold_s` more while they are not. Errors of the store or of ingest are logged, counted in
 `stats["errors"]` and retried at the next pass (the cursor and the queues do not move); the
 thread never dies.
 """
@@ -44,7 +49,7 @@ from collector.tracer import INSTRUMENTATION_NAME, SPAN_NAME
 from derive._blind import BlindSpotLog, verdicts
 from derive._model import Derived, SpanEvent, SpanRecord
 from derive._otlp import SCOPE, encode
-from derive._rules import RULES, SCOPES, Rule, derive_trace
+from derive._rules import RULES, SCOPES, Hold, Rule, derivation
 from derive._schedule import Backlog, TraceKey, Turn, Work, enqueue, plan_pass
 from foundation import settings
 
@@ -53,6 +58,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DERIVE_EVERY_S",
+    "DERIVE_HOLD_S",
+    "HOLD_S",
     "PASS_SPANS",
     "TURN_SPANS",
     "DerivePass",
@@ -74,6 +81,13 @@ _REMEMBER: Final = 200_000
 TURN_SPANS: Final = 20_000
 #: a pass starts no turn once it has read this many spans; the rest waits for the next pass
 PASS_SPANS: Final = 200_000
+DERIVE_HOLD_S: Final = settings.DERIVE_HOLD_S
+#: seconds a handoff whose enclosing spans are not stored yet waits for them (derive._rules.Hold)
+HOLD_S: Final = float(DERIVE_HOLD_S.default)
+#: seconds a stored row may become visible after its InsertedAt (now() is taken when its
+#: insert starts, the row is seen when the insert ends): the cursor reads this far back, and
+#: a trace whose span count has not changed since it was derived is not derived again
+LATE_S: Final = 30
 
 #: a row a rule may read, stored since the cursor (module doc)
 _TOUCHES: Final = """InsertedAt >= {since:DateTime} AND InsertedAt <= {until:DateTime}
@@ -100,7 +114,7 @@ SELECT Tenant, TraceId, SpanId, ParentSpanId, SpanName,
        toUnixTimestamp64Nano(Timestamp) AS start_ns, Duration, StatusCode, StatusMessage,
        ScopeName, ServiceName, SpanAttributes, `Events.Name`,
        arrayMap(a -> a['exception.type'], `Events.Attributes`) AS exception_types,
-       `Links.TraceId`, `Links.SpanId`
+       `Links.TraceId`, `Links.SpanId`, toUnixTimestamp(InsertedAt) AS stored_s
 FROM {db}.otel_traces
 WHERE Tenant = {{tenant:String}} AND TraceId IN {{ids:Array(String)}}
   AND Timestamp >= {{oldest:DateTime64(9)}}
@@ -110,7 +124,8 @@ WHERE Tenant = {{tenant:String}} AND TraceId IN {{ids:Array(String)}}
 @dataclass(frozen=True, slots=True)
 class PassResult:
     """One pass: (tenant, trace) pairs read, spans read, derived transitions submitted,
-    seconds taken, and (tenant, trace) pairs left waiting for the next pass."""
+    seconds taken, and (tenant, trace) pairs left waiting for the next pass (its span budget
+    left them, or a handoff in them is held)."""
 
     traces: int
     spans: int
@@ -121,7 +136,7 @@ class PassResult:
 
 def _record(row: Sequence[Any]) -> SpanRecord:
     (tenant, tid, sid, psid, name, start, dur, status, msg, scope, service, attrs, evs, exc,
-     link_tids, link_sids) = row  # fmt: skip
+     link_tids, link_sids, stored) = row  # fmt: skip
     events = tuple(
         SpanEvent(n, 0, {"exception.type": t} if t else {}) for n, t in zip(evs, exc, strict=False)
     )
@@ -140,6 +155,7 @@ def _record(row: Sequence[Any]) -> SpanRecord:
         events=events,
         tenant=tenant or "default",
         links=tuple(zip(link_tids, link_sids, strict=False)),
+        stored_s=int(stored),
     )
 
 
@@ -148,16 +164,32 @@ def new_transitions(spans: Iterable[SpanRecord], rules: Iterable[Rule] = RULES) 
     Raises ValueError on spans of more than one (tenant, trace id)."""
     spans = list(spans)
     stored = {s.span_id for s in spans if s.is_derived}
-    return [d for d in derive_trace(spans, rules) if d.span_id not in stored]
+    return [d for d in derivation(spans, rules).transitions if d.span_id not in stored]
 
 
 def derive_traces(spans: Iterable[SpanRecord], rules: Iterable[Rule] = RULES) -> list[Derived]:
     """`new_transitions` of each (tenant, trace id) among `spans`, in first-seen order (pure):
     another tenant's spans in the same trace id neither feed nor suppress a derivation."""
-    groups: dict[tuple[str, str], list[SpanRecord]] = {}
+    return derive_held(spans, rules, None)[0]
+
+
+def derive_held(
+    spans: Iterable[SpanRecord], rules: Iterable[Rule], hold: Hold | None
+) -> tuple[list[Derived], frozenset[TraceKey]]:
+    """`derive_traces` under `hold` (pure): the transitions not stored already, and the
+    (tenant, trace id) pairs in which `hold` held a handoff (to be read again)."""
+    groups: dict[TraceKey, list[SpanRecord]] = {}
     for s in spans:
-        groups.setdefault((s.tenant, s.trace_id), []).append(s)
-    return [d for group in groups.values() for d in new_transitions(group, rules)]
+        groups.setdefault(TraceKey(s.tenant, s.trace_id), []).append(s)
+    out: list[Derived] = []
+    held: set[TraceKey] = set()
+    for key, group in groups.items():
+        stored = {s.span_id for s in group if s.is_derived}
+        d = derivation(group, rules, hold)
+        out += [t for t in d.transitions if t.span_id not in stored]
+        if d.held:
+            held.add(key)
+    return out, frozenset(held)
 
 
 class DerivePass:
@@ -171,7 +203,9 @@ class DerivePass:
     trace's spans older than this (by span time) are not read. `clock` -> seconds since the
     epoch. `turn_spans`, `pass_spans`: the fairness budget (derive._schedule): spans of one
     tenant a turn reads at most (or one trace, when larger), and spans after which a pass
-    starts no more turns. Raises ValueError on a non-positive interval, window or budget.
+    starts no more turns. `hold_s`: seconds a handoff waits for its enclosing spans
+    (derive._rules.Hold; 0: never). Raises ValueError on a non-positive interval, window or
+    budget, or a negative hold.
     """
 
     def __init__(
@@ -186,9 +220,13 @@ class DerivePass:
         clock: Callable[[], float] = time.time,
         turn_spans: int = TURN_SPANS,
         pass_spans: int = PASS_SPANS,
+        hold_s: float = HOLD_S,
     ) -> None:
         if every_s <= 0 or trace_window_s <= 0:
             raise ValueError("every_s and trace_window_s must be more than 0 seconds")
+        if hold_s < 0:
+            raise ValueError("hold_s must be 0 seconds or more")
+        self._hold_s = hold_s
         plan_pass(Backlog(), turn_spans=turn_spans, pass_spans=pass_spans)  # checks them
         self._turn_spans = turn_spans
         self._pass_spans = pass_spans
@@ -202,6 +240,8 @@ class DerivePass:
         self._clock = clock
         self._cursor = int(clock() - trace_window_s)
         self._sent: OrderedDict[tuple[str, str], None] = OrderedDict()  # (tenant, span id)
+        # (tenant, trace) -> its span count when last derived with nothing held (LATE_S)
+        self._read: OrderedDict[TraceKey, int] = OrderedDict()
         self._blind = BlindSpotLog(database, clock=clock)  # traces no rule derives (_blind)
         self._client: Client | None = None
         self._stop = threading.Event()
@@ -222,7 +262,7 @@ class DerivePass:
         touched = c.query(
             _TOUCHED_SQL.format(db=self._db, touches=_TOUCHES),
             parameters={
-                "since": datetime.fromtimestamp(self._cursor, UTC),
+                "since": datetime.fromtimestamp(self._cursor - LATE_S, UTC),
                 "until": datetime.fromtimestamp(until, UTC) + timedelta(seconds=1),
                 "oldest": oldest,
                 "scopes": list(SCOPES),
@@ -231,22 +271,31 @@ class DerivePass:
             },
         ).result_rows
         work = sorted(
-            (Work(TraceKey(t, tid), int(n)) for t, tid, n in touched), key=lambda w: w.key
-        )
+            (w for w in (Work(TraceKey(t, tid), int(n)) for t, tid, n in touched)
+             if self._read.get(w.key) != w.spans),  # a trace with no new span: derived
+            key=lambda w: w.key,
+        )  # fmt: skip
         plan = plan_pass(
             enqueue(self._backlog, work), turn_spans=self._turn_spans, pass_spans=self._pass_spans
         )
+        hold = Hold(self._clock(), self._hold_s)
         spans = submitted = 0
+        again: list[Work] = []
         for turn in plan.turns:
-            read, sent = self._run_turn(c, turn, oldest)
+            read, sent, held = self._run_turn(c, turn, oldest, hold)
             spans += read
             submitted += sent
-        while len(self._sent) > _REMEMBER:
-            self._sent.popitem(last=False)
-        self._backlog = plan.rest  # what the budget left waits, ahead of what arrives later
+            again += held
+        for memo in (self._sent, self._read):
+            while len(memo) > _REMEMBER:
+                memo.popitem(last=False)
+        # what the budget left waits, ahead of what arrives later; a held handoff's trace after
+        self._backlog = enqueue(plan.rest, again)
         self._cursor = until  # that second is read again next time: arrivals may follow
         traces = sum(len(t.work) for t in plan.turns)
-        result = PassResult(traces, spans, submitted, time.perf_counter() - t0, plan.rest.traces)
+        result = PassResult(
+            traces, spans, submitted, time.perf_counter() - t0, self._backlog.traces
+        )
         self.stats["passes"] += 1
         self.stats["traces"] += result.traces
         self.stats["spans"] += result.spans
@@ -255,10 +304,14 @@ class DerivePass:
         self.last_s = result.seconds
         return result
 
-    def _run_turn(self, c: Client, turn: Turn, oldest: datetime) -> tuple[int, int]:
-        """Read, derive and submit one tenant's turn; (spans read, transitions submitted)."""
+    def _run_turn(
+        self, c: Client, turn: Turn, oldest: datetime, hold: Hold
+    ) -> tuple[int, int, list[Work]]:
+        """Read, derive and submit one tenant's turn; (spans read, transitions submitted, the
+        traces in which a handoff was held, to be read again)."""
         ids = [w.key.trace_id for w in turn.work]
         spans = submitted = 0
+        again: list[Work] = []
         for i in range(0, len(ids), _CHUNK):
             rows = c.query(
                 _SPANS_SQL.format(db=self._db),
@@ -266,7 +319,11 @@ class DerivePass:
             ).result_rows
             spans += len(rows)
             records = [_record(r) for r in rows]
-            derived = derive_traces(records, self._rules)
+            derived, held_keys = derive_held(records, self._rules, hold)
+            held = {k.trace_id for k in held_keys}  # one tenant's turn: the trace id says which
+            counts: dict[str, int] = {}
+            for r in records:
+                counts[r.trace_id] = counts.get(r.trace_id, 0) + 1
             fresh: dict[str, list[Derived]] = {}
             for d in derived:
                 if (d.tenant, d.span_id) not in self._sent:
@@ -276,8 +333,17 @@ class DerivePass:
                 for d in items:
                     self._sent[(d.tenant, d.span_id)] = None
                 submitted += len(items)
-            self._blind.write(c, verdicts(records, derived))  # multi-agent traces (_blind)
-        return spans, submitted
+            judged = [r for r in records if r.trace_id not in held]  # held: judged when derived
+            self._blind.write(c, verdicts(judged, derived))  # multi-agent traces (_blind)
+            for tid, n in counts.items():
+                key = TraceKey(turn.tenant, tid)
+                if tid in held:
+                    self._read.pop(key, None)
+                    again.append(Work(key, n))
+                else:
+                    self._read[key] = n
+                    self._read.move_to_end(key)
+        return spans, submitted, again
 
     def collect(self) -> Iterator[Any]:
         """prometheus-client collector: the pass counters (register on serve's /metrics)."""
@@ -297,7 +363,7 @@ class DerivePass:
         )
         yield GaugeMetricFamily(
             "handoffs_derive_waiting_traces",
-            "(tenant, trace) pairs the last pass left for the next (its span budget)",
+            "(tenant, trace) pairs the last pass left for the next (its span budget, or a held handoff)",
             value=self.waiting,
         )
 

@@ -72,6 +72,16 @@ class TraceIndex:
             return None
         return found
 
+    def reaches_root(self, span: SpanRecord) -> bool:
+        """Whether `span`'s chain of stored ancestors ends at a root span (one with no parent
+        id): no ancestor of it is missing. True past the walks' bound (a cycle)."""
+        top = span if self.parent(span) is None else self.nearest(span, self._is_top)
+        return top is None or not top.parent_span_id
+
+    def _is_top(self, span: SpanRecord) -> bool:
+        """`span`'s parent is not stored (or it has none): the end of its chain."""
+        return self.parent(span) is None
+
     def is_ancestor(self, span_id: str, span: SpanRecord) -> bool:
         """Whether the span `span_id` is one of `ancestors(span)`."""
         parent = self.parent(span)

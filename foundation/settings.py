@@ -185,6 +185,12 @@ METRICS_REFRESH_S: Final = Setting(
 DERIVE_EVERY_S: Final = Setting(
     "HANDOFFS_DERIVE_EVERY_S", "2", "seconds between two passes of handoff derivation"
 )
+DERIVE_HOLD_S: Final = Setting(
+    "HANDOFFS_DERIVE_HOLD_S",
+    "10",
+    "seconds a derived handoff whose enclosing spans are not stored yet waits for them, so "
+    "that its cause is read (0 = derived at once, without a cause that comes later)",
+)
 SETTLE_EVERY_S: Final = Setting(
     "HANDOFFS_SETTLE_EVERY_S",
     "10",
@@ -311,6 +317,7 @@ ENV: Final = (
     METRICS_TOP_PAIRS,
     METRICS_REFRESH_S,
     DERIVE_EVERY_S,
+    DERIVE_HOLD_S,
     SIGNING_KEY,
     SIGN_EVERY_S,
     INSTANCE_ID,

@@ -370,7 +370,7 @@ def run_serve(
     signer = _start_signer(cfg, instance, health)
     deriver = None
     if cfg.derive:  # a pass over recently stored traces, through the normal ingest path
-        from derive import DERIVE_EVERY_S, DerivePass
+        from derive import DERIVE_EVERY_S, DERIVE_HOLD_S, DerivePass
         from foundation.settings import resolve
 
         deriver = DerivePass(
@@ -378,6 +378,7 @@ def run_serve(
             spec.database,
             lambda body, tenant: ingestor.submit(body, "protobuf", tenant=tenant),
             every_s=float(resolve(DERIVE_EVERY_S, None)),
+            hold_s=float(resolve(DERIVE_HOLD_S, None)),
         )
         deriver.start()
         telemetry.registry.register(deriver)  # handoffs_derive_* on GET /metrics

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from derive import SpanEvent, SpanRecord, derive_trace, new_transitions
+from derive._rules import Hold, derivation
 from derive.genai import GENAI
 from derive.pydantic_ai import PYDANTIC_AI, PYDANTIC_AI_SCOPE, nested_runs
 
@@ -178,3 +179,39 @@ def test_genai_rule_orders_a_nested_target_run_as_a_delegation():
     mine = derive_trace(own)
     assert {d.attr("handoff.derived_by") for d in mine} == {PYDANTIC_AI}
     assert [d.time_ns // MS for d in mine] == [11, 12, 12, 79, 79]
+
+
+# ------------------------------------------------------------ spans in two export batches
+
+NOW = 1_800_000_000
+
+
+def ended_by(spans, ms, stored_s=NOW):
+    """The spans a batching exporter has sent by `ms`: those ended by then (a span is sent
+    when it ends), stored at `stored_s`."""
+    return [replace(s, stored_s=stored_s) for s in spans if s.end_ns <= ms * MS]
+
+
+def test_a_delegation_whose_enclosing_run_is_not_stored_waits_for_it():
+    first = ended_by(bounce(), 60)  # refund's own delegation back, not yet refund's run
+    early = derivation(first, hold=Hold(NOW + 2, 30))
+    assert early.transitions == () and early.held == 1
+    # without the hold it would be derived now, with no cause, and stored so for good
+    bare = derive_trace(first)
+    assert bare and bare[0].attr("handoff.causation_id") is None
+
+    rest = [s for s in ended_by(bounce(), 100, NOW + 5) if s.end_ns > 60 * MS]
+    later = derivation([*first, *rest], hold=Hold(NOW + 6, 30))
+    assert later.held == 0
+    creates = [d for d in later.transitions if d.attr("handoff.event") == "create"]
+    assert [c.attr("handoff.causation_id") for c in creates] == [None, f"{T}/00000000000000b3"]
+    assert later.transitions == tuple(derive_trace(bounce()))
+
+
+def test_a_held_delegation_is_derived_with_what_is_stored_once_the_hold_ends():
+    first = ended_by(bounce(), 60)
+    assert derivation(first, hold=Hold(NOW + 29, 30)).held == 1
+    late = derivation(first, hold=Hold(NOW + 30, 30))
+    assert late.held == 0 and late.transitions == tuple(derive_trace(first))
+    # a span whose stored time is not known is not held
+    assert derivation(ended_by(bounce(), 60, 0), hold=Hold(NOW, 30)).held == 0
