@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,6 +27,9 @@ from analytics._cli import (
 from foundation.units import plural
 
 if TYPE_CHECKING:
+    from types import FrameType
+
+    from analytics._watch import Delivery
     from analytics.slo import Rule, SloStatus
 
 _CHECK_HELP = """\
@@ -61,7 +65,7 @@ def rules_path(given: str | None) -> Path:
     return path
 
 
-def _load(args) -> tuple[Rule, ...]:
+def _load(args: argparse.Namespace) -> tuple[Rule, ...]:
     """The rules of args.rules (resolved by rules_path, and set to the path read)."""
     from analytics.slo import RulesError, load_rules
 
@@ -160,11 +164,11 @@ def _print_statuses(statuses: tuple[SloStatus, ...]) -> None:
     )
 
 
-def _as_of(args) -> datetime:
+def _as_of(args: argparse.Namespace) -> datetime:
     return _time(args.as_of, "--as-of") or datetime.now(UTC)
 
 
-def _cmd_check(args) -> int:
+def _cmd_check(args: argparse.Namespace) -> int:
     from analytics.slo_store import evaluate_rules
     from analytics.verdict import verdict
 
@@ -186,7 +190,7 @@ def _cmd_check(args) -> int:
     return EXIT_CHECK_FAILED if firing else EXIT_OK
 
 
-def _cmd_watch(args) -> int:
+def _cmd_watch(args: argparse.Namespace) -> int:
     import signal
     import threading
 
@@ -205,14 +209,14 @@ def _cmd_watch(args) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     log = logging.getLogger("handoffs.watch")
 
-    def on_signal(signum, _frame) -> None:
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
         log.info("signal %s: stopping", signum)
         stop.set()
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, on_signal)
 
-    def send(body):
+    def send(body: Mapping[str, Any]) -> Delivery:
         d = sender(body)
         if d.ok:
             log.info("sent %s %s (HTTP %s)", body["alert"], body["state"], d.status)

@@ -12,6 +12,7 @@ DDL; tests/integration/test_anomaly_state.py fails when the file and this module
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Final
 
 from analytics import _contract_sql as cs
@@ -33,7 +34,7 @@ TABLE: Final = "handoff_anomaly_state"
 _T9: Final = "DateTime64(9, 'UTC')"
 
 
-def sql_tuple(items) -> str:
+def sql_tuple(items: Iterable[object]) -> str:
     return "(" + ", ".join(f"'{x}'" for x in items) + ")"
 
 

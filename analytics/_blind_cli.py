@@ -17,7 +17,7 @@ their first span's start time; default the 24 hours before now. --json: a list o
 {tenant, scope, traces, examples, agents, last_seen}."""
 
 
-def _cmd_blind_spots(args) -> int:
+def _cmd_blind_spots(args: argparse.Namespace) -> int:
     from analytics.coverage import blind_spots
 
     w = _window(args)

@@ -21,6 +21,7 @@ the two run side by side on the anomaly reader's two connections.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Final
 
 from analytics import _contract_sql as cs
@@ -55,11 +56,11 @@ _IS_CREATE: Final = "(valid AND event = 'create' AND from_state = '' AND to_stat
 _STATE_INDEX: Final = {str(s): i + 1 for i, s in enumerate(STATE_RANK)}
 
 
-def _tuple(items) -> str:
+def _tuple(items: Iterable[object]) -> str:
     return "(" + ", ".join(f"'{x}'" for x in items) + ")"
 
 
-def _idx(states) -> str:
+def _idx(states: Iterable[object]) -> str:
     return "(" + ", ".join(str(_STATE_INDEX[str(s)]) for s in states) + ")"
 
 

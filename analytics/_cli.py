@@ -13,13 +13,20 @@ import logging
 import math
 import re
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from analytics.display import terminal_safe
 from foundation import settings
 from foundation.units import shorten
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from clickhouse_connect.driver.client import Client
+
+    from analytics import Window
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
 
@@ -38,7 +45,7 @@ def _time(value: str | None, name: str) -> datetime | None:
     return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
 
 
-def _window(args):
+def _window(args: argparse.Namespace) -> Window:
     from analytics import Window
 
     as_of = _time(args.as_of, "--as-of")
@@ -50,7 +57,7 @@ def _window(args):
         raise _Usage(str(exc)) from None
 
 
-def _client(args):
+def _client(args: argparse.Namespace) -> tuple[Client, str]:
     from foundation.store import StoreError, StoreUnavailable, connect, parse_store
 
     # the driver logs connection failures itself; the CLI prints one line instead
@@ -107,7 +114,7 @@ def _clean(v: Any) -> Any:
     return v
 
 
-def _records(df) -> list[dict[str, Any]]:
+def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
     return [{k: _clean(v) for k, v in row.items()} for row in df.to_dict(orient="records")]
 
 
@@ -123,7 +130,7 @@ def _say(line: str) -> None:
     print(terminal_safe(line))
 
 
-def _tenant_note(client, db: str, w, tenant: str | None) -> None:
+def _tenant_note(client: Client, db: str, w: Window, tenant: str | None) -> None:
     """Say on stderr when --tenant names a tenant with no handoff in the window (a typo
     otherwise reads as a quiet week), with the tenants that have one."""
     if not tenant:
@@ -155,7 +162,7 @@ def _min_n(value: str) -> int:
     return n
 
 
-def _print_lost(df, w, args) -> int:
+def _print_lost(df: pd.DataFrame, w: Window, args: argparse.Namespace) -> int:
     """`metrics --by pair --sort lost`: analytics.pairs_lost, ranked pairs first."""
     from analytics.pairs_lost import LOST_STAGES, MIN_N, lost_by_pair
 
@@ -181,7 +188,7 @@ def _print_lost(df, w, args) -> int:
     return EXIT_OK
 
 
-def _cmd_metrics(args) -> int:
+def _cmd_metrics(args: argparse.Namespace) -> int:
     from analytics import funnel
     from analytics.metrics import COUNT_COLUMNS, OUTCOME_COLUMNS, OUTCOMES, RATE_COLUMNS
 
@@ -276,7 +283,7 @@ def _nest_outcomes(rec: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _cmd_anomalies(args) -> int:
+def _cmd_anomalies(args: argparse.Namespace) -> int:
     from analytics import anomalies, rejection_spikes, sustained_rejections
 
     w = _window(args)
@@ -325,7 +332,7 @@ def _cmd_anomalies(args) -> int:
     return EXIT_OK
 
 
-def _cmd_report(args) -> int:
+def _cmd_report(args: argparse.Namespace) -> int:
     from analytics import Window, weekly_report
     from analytics._report_slo import slo_section
     from analytics.report import report_window
@@ -386,8 +393,8 @@ def _windowed(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tenant", help="only this tenant")
 
 
-def _guard(func):
-    def run(args) -> int:
+def _guard(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
         from clickhouse_connect.driver.exceptions import ClickHouseError
 
         from foundation.store import StoreUnavailable

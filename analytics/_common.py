@@ -146,7 +146,7 @@ def ts(t: datetime) -> str:
     return f"fromUnixTimestamp64Nano(toInt64({ns(t)}), 'UTC')"
 
 
-def check_dims(by) -> tuple[str, ...]:
+def check_dims(by: str | Iterable[str] | None) -> tuple[str, ...]:
     by = (by,) if isinstance(by, str) else tuple(by or ())
     for d in by:
         if d not in DIMENSIONS:

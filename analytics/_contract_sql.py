@@ -13,6 +13,7 @@ Regenerate the DDL with `python -m analytics._contract_sql > sql/003_handoff_sum
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Final
 
 from collector.contract import (
@@ -43,7 +44,7 @@ def order_key(from_state: str, to_state: str) -> int:
     return fr * 16 + STATE_RANK[State(to_state)]
 
 
-def _mask(pred) -> int:
+def _mask(pred: Callable[[str, str, str], bool]) -> int:
     return sum(1 << i for i, t in enumerate(POSITIONS) if pred(*t))
 
 
@@ -52,22 +53,22 @@ def reached_mask(state: str) -> int:
     return _mask(lambda f, _e, t: state in (f, t))
 
 
-def reached_any_mask(states) -> int:
+def reached_any_mask(states: Iterable[object]) -> int:
     s = {str(x) for x in states}
     return _mask(lambda f, _e, t: f in s or t in s)
 
 
-def into_mask(states) -> int:
+def into_mask(states: Iterable[object]) -> int:
     s = {str(x) for x in states}
     return _mask(lambda _f, _e, t: t in s)
 
 
-def from_mask(states) -> int:
+def from_mask(states: Iterable[object]) -> int:
     s = {str(x) for x in states}
     return _mask(lambda f, _e, _t: f in s)
 
 
-def event_mask(events) -> int:
+def event_mask(events: Iterable[object]) -> int:
     s = {str(x) for x in events}
     return _mask(lambda _f, e, _t: e in s)
 
@@ -112,7 +113,11 @@ def after_terminal_condition(col: str = "tmask") -> str:
     for i, (_f, _e, t) in enumerate(POSITIONS):
         if t not in TERMINAL or t == State.COMMITTED:
             continue
-        incompatible = _mask(lambda f2, _e2, _t2, t=t: bool(f2) and t not in reachable_from(f2))
+
+        def after(f2: str, _e2: str, _t2: str, t: str = t) -> bool:
+            return bool(f2) and t not in reachable_from(f2)
+
+        incompatible = _mask(after)
         incompatible &= ~(1 << i)
         if incompatible:
             parts.append(f"(bitTest({col}, {i}) AND bitAnd({col}, {incompatible}) != 0)")
@@ -131,7 +136,7 @@ def _ft(i: int) -> tuple[str, str]:
     return f, t
 
 
-def _sql_str_array(items) -> str:
+def _sql_str_array(items: Iterable[str]) -> str:
     return "[" + ", ".join("'" + x + "'" for x in items) + "]"
 
 
@@ -248,8 +253,8 @@ GROUP BY tenant, handoff_id;
 """
 
 
-def _tuple(items) -> str:
-    return "(" + ", ".join("'" + str(x) + "'" for x in sorted(items)) + ")"
+def _tuple(items: Iterable[object]) -> str:
+    return "(" + ", ".join("'" + x + "'" for x in sorted(str(i) for i in items)) + ")"
 
 
 def order_key_expr(from_col: str = "from_state", to_col: str = "to_state") -> str:

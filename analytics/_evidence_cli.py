@@ -31,7 +31,7 @@ from analytics._evidence_files import offline as _offline
 from foundation.units import plural
 
 
-def _cmd_evidence(args) -> int:
+def _cmd_evidence(args: argparse.Namespace) -> int:
     from analytics import _evidence_files as files
 
     if args.target and args.target[0] == "verify":
@@ -96,7 +96,7 @@ def _cmd_evidence(args) -> int:
     return EXIT_OK
 
 
-def _task_bundle(args, *, quiet_missing: bool = False) -> int:
+def _task_bundle(args: argparse.Namespace, *, quiet_missing: bool = False) -> int:
     from analytics.evidence import task_bundle
 
     client, db = _client(args)
@@ -182,7 +182,7 @@ def _print_package(pkg: dict[str, Any]) -> None:
               "verifies only against the store")  # fmt: skip
 
 
-def _verify(args, path: Path) -> int:
+def _verify(args: argparse.Namespace, path: Path) -> int:
     from analytics.verify import (
         VerifyResult,
         instance_notes,

@@ -9,13 +9,14 @@ URL another directory can open.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shlex
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from clickhouse_connect.driver.exceptions import ClickHouseError
 
@@ -23,11 +24,16 @@ from analytics._cli import EXIT_CHECK_FAILED, EXIT_OK, _client, _say, _time, _Us
 from analytics._evidence_html import Verdict, packages_of, render_html, summary_lines
 from foundation import settings
 
+if TYPE_CHECKING:
+    from clickhouse_connect.driver.client import Client
+
+    from foundation.keys import PublicKeys
+
 #: what a store without the signer's tables (sql/007, sql/008) raises
 _STORE_ERRORS: Final = (ClickHouseError, RuntimeError)
 
 
-def _store_url(args) -> tuple[str, str]:
+def _store_url(args: argparse.Namespace) -> tuple[str, str]:
     """The store the command read, as a URL that works from any directory, and its database."""
     from foundation.store import StoreError, parse_store
 
@@ -40,7 +46,7 @@ def _store_url(args) -> tuple[str, str]:
     return str(spec.url), spec.database  # credentials left out: a loopback serve's are found
 
 
-def _store_dir(args) -> Path | None:
+def _store_dir(args: argparse.Namespace) -> Path | None:
     """The directory of the store: embedded, or behind a loopback serve of this user."""
     from foundation.read_token import discovery_path
     from foundation.store import StoreError, parse_store
@@ -84,7 +90,7 @@ def find_public_key(key_ids: set[str], places: Iterable[Path]) -> Path | None:
     return None
 
 
-def _key_places(args) -> list[Path]:
+def _key_places(args: argparse.Namespace) -> list[Path]:
     places = []
     signing = settings.resolve(settings.SIGNING_KEY, None)
     if signing:
@@ -95,7 +101,7 @@ def _key_places(args) -> list[Path]:
     return [*places, Path("handoffs-data"), Path(".")]
 
 
-def verify_hint(args, doc: Mapping[str, Any], out: str) -> list[str]:
+def verify_hint(args: argparse.Namespace, doc: Mapping[str, Any], out: str) -> list[str]:
     """The lines telling how to check the file `out` (package, bundle or export DIR)."""
     target = shlex.quote(str(Path(out).resolve()))
     url, db = _store_url(args)
@@ -138,14 +144,14 @@ def no_store_message(doc: Any) -> str:
     )
 
 
-def check_something_given(args, doc: Any) -> None:
+def check_something_given(args: argparse.Namespace, doc: Any) -> None:
     """Refuse verify without a store (flag or env) and without a public key."""
     from_env = settings.resolve(settings.STORE, None) != settings.STORE.default
     if not (args.store or args.public_key or from_env):
         raise _Usage(no_store_message(doc))
 
 
-def keys(args):
+def keys(args: argparse.Namespace) -> PublicKeys | None:
     from foundation.keys import KeyFileError, PublicKeys, load_public_key
 
     if not args.public_key:
@@ -156,7 +162,7 @@ def keys(args):
         raise _Usage(str(exc)) from None
 
 
-def offline(args) -> bool:
+def offline(args: argparse.Namespace) -> bool:
     """Offline when asked, or when public keys are given and no store is (flag or env)."""
     from foundation import settings
 
@@ -180,7 +186,7 @@ def _load(path: Path) -> dict[str, Any]:
     return doc
 
 
-def _verdict(args, doc: dict[str, Any]) -> Verdict:
+def _verdict(args: argparse.Namespace, doc: dict[str, Any]) -> Verdict:
     """Verify `doc` when a key or a store is given; else say why nothing was checked."""
     from analytics.evidence import verify_task_bundle
     from analytics.verify import offline_notes, verify_offline, verify_package
@@ -204,7 +210,7 @@ def _verdict(args, doc: dict[str, Any]) -> Verdict:
         return Verdict(False, how, [f"malformed: {exc}"])
 
 
-def cmd_show(args, path: Path) -> int:
+def cmd_show(args: argparse.Namespace, path: Path) -> int:
     """`evidence show FILE [--format text|html] [--out F]`: a summary for people."""
     doc = _load(path)
     verdict = _verdict(args, doc)
@@ -223,7 +229,7 @@ def cmd_show(args, path: Path) -> int:
     return EXIT_OK if verdict.ok is not False else EXIT_CHECK_FAILED
 
 
-def cmd_export(args) -> int:
+def cmd_export(args: argparse.Namespace) -> int:
     """`evidence export --task T | --agent A | --from T --to T [--tenant] --out DIR`."""
     from tqdm import tqdm
 
@@ -278,7 +284,7 @@ def cmd_export(args) -> int:
     return EXIT_OK
 
 
-def _late_facts(client, db: str) -> list[dict[str, Any]]:
+def _late_facts(client: Client, db: str) -> list[dict[str, Any]]:
     from analytics._evidence_gap import late_signing
 
     try:
@@ -287,7 +293,7 @@ def _late_facts(client, db: str) -> list[dict[str, Any]]:
         return []
 
 
-def late_notes(client, db: str | None, docs: Iterable[Mapping[str, Any]]) -> list[str]:
+def late_notes(client: Client, db: str | None, docs: Iterable[Mapping[str, Any]]) -> list[str]:
     """The late-signing sentences that cover any transition of `docs`."""
     from analytics._common import check_db
     from analytics._evidence_gap import late_signing, notes_for
@@ -303,7 +309,7 @@ def late_notes(client, db: str | None, docs: Iterable[Mapping[str, Any]]) -> lis
     return notes
 
 
-def cmd_verify_dir(args, directory: Path) -> int:
+def cmd_verify_dir(args: argparse.Namespace, directory: Path) -> int:
     """`evidence verify DIR`: the manifest and every package of a bulk export."""
     from tqdm import tqdm
 

@@ -127,7 +127,12 @@ class StoreLogs:
         ]
         return merge_sections(covering or sections[:1], transitions)
 
-    def _section(self, instance: str, transitions, batches_of) -> dict[str, Any]:
+    def _section(
+        self,
+        instance: str,
+        transitions: Sequence[Mapping[str, Any]],
+        batches_of: Mapping[str, Sequence[str]],
+    ) -> dict[str, Any]:
         head = self.heads[instance]
         pieces = self.pieces(instance, batches_of)
         why = pieces if isinstance(pieces, str) else ""

@@ -98,7 +98,11 @@ def offline_notes(*packages: Mapping[str, Any]) -> list[str]:
 
 
 def said_by_store(
-    client: Client, db: str, package: Mapping[str, Any], stored, task_rows
+    client: Client,
+    db: str,
+    package: Mapping[str, Any],
+    stored: Sequence[Mapping[str, Any]],
+    task_rows: Sequence[Mapping[str, Any]],
 ) -> tuple[Said, list[str]]:
     """What the store says of the handoff now, asked as the package's format asked it: v1/v2
     the cross kinds; v3 the kinds of its findings_query over its window, the clock at its

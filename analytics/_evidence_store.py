@@ -41,7 +41,7 @@ _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def fetch_task_rows(
-    client: Client, db: str, tenant: str, task_id: str, own: Sequence[dict[str, Any]] = ()
+    client: Client, db: str, tenant: str, task_id: str, own: Sequence[Mapping[str, Any]] = ()
 ) -> list[dict[str, Any]]:
     """The task's rows for the cross-handoff anomalies: the task's handoff ids from the
     handoff_tasks index (sql/005), then their rows by primary key (tenant, handoff_id), with
@@ -75,7 +75,12 @@ def ledger_batches(client: Client, db: str, tenant: str, handoff_id: str) -> dic
 
 
 def cross_anomalies(
-    client: Client, db: str, tenant: str, rows, task_rows, handoff_id: str
+    client: Client,
+    db: str,
+    tenant: str,
+    rows: Sequence[Mapping[str, Any]],
+    task_rows: Sequence[Mapping[str, Any]],
+    handoff_id: str,
 ) -> list[str]:
     """idempotency_conflict, stale_fence, bounce: the kinds that need the task's other rows,
     as a handoff-evidence/v2 package computed them (its verification against a store)."""
@@ -97,7 +102,9 @@ def cross_anomalies(
     return sorted(kinds)
 
 
-def related(client: Client, db: str, traces: list[str], rows) -> list[dict[str, Any]]:
+def related(
+    client: Client, db: str, traces: list[str], rows: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
     """Other spans of the handoff's traces (not transitions of this handoff), at most 200,
     each with the handoff it is a transition of (`handoff_id`, "" for a span of none)."""
     if not traces:
@@ -142,7 +149,9 @@ def _dt(t_ns: int) -> datetime:
     return _EPOCH + timedelta(microseconds=int(t_ns) // 1000)
 
 
-def findings_query(rows, task_rows) -> dict[str, Any]:
+def findings_query(
+    rows: Sequence[Mapping[str, Any]], task_rows: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
     """The package's `findings_query` for a handoff (pure): the created-time window the
     passes are asked over (subject_window) and every kind asked (all but the row kinds)."""
     lo, hi = subject_window(rows, task_rows)

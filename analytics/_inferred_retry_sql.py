@@ -12,6 +12,7 @@ in memory, and only the few paired handoffs' create rows are read, by primary ke
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Final
 
 from analytics._anomaly_state_sql import IS_CREATE
@@ -46,7 +47,9 @@ def create_envelope_sql(db: str, keys: str) -> str:
     GROUP BY tenant, handoff_id"""
 
 
-def inferred_retries_sql(db: str, tenant: bool, subject, scope: str | None = None) -> str:
+def inferred_retries_sql(
+    db: str, tenant: bool, subject: Callable[[str], str], scope: str | None = None
+) -> str:
     """tenant, handoff_id (B), created, retried (A): the blind retries linked by inference.
 
     B is a subject (`subject(col)`: SQL over tenant, handoff_id and the created column `col`)

@@ -15,7 +15,7 @@ the same agent within HANDOFFS_KEYLESS_WINDOW_S, default 600 s). Worst share fir
 list of objects {from_agent, to_agent, side_effecting, keyless, keyless_share, duplicates}."""
 
 
-def _cmd_keyless(args) -> int:
+def _cmd_keyless(args: argparse.Namespace) -> int:
     from analytics.keyless import keyless_writes
 
     w = _window(args)

@@ -127,7 +127,9 @@ def _transition(r: Mapping[str, Any], h: str, arrivals: int) -> dict[str, Any]:
     }
 
 
-def _ledger_section(transitions, n_rows, ledger) -> dict[str, Any]:
+def _ledger_section(
+    transitions: Sequence[Mapping[str, Any]], n_rows: int, ledger: Mapping[str, Any]
+) -> dict[str, Any]:
     mismatched, missing, matched = [], [], 0
     for t in transitions:
         have = ledger.get(t["span_id"])

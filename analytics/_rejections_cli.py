@@ -21,7 +21,7 @@ def _pct(v: float) -> str:
     return "—" if math.isnan(v) else f"{100 * v:.1f} %"
 
 
-def _cmd_rejections(args) -> int:
+def _cmd_rejections(args: argparse.Namespace) -> int:
     from analytics.rejections import rejections
 
     w = _window(args)
@@ -65,7 +65,7 @@ listed. --json: a list of objects {event, error_code, count, share_of_event,
 share_of_handoffs, examples, raw_codes} (plus the --by dimension)."""
 
 
-def _cmd_refusals(args) -> int:
+def _cmd_refusals(args: argparse.Namespace) -> int:
     from analytics.refusals import check_events, refusals
 
     try:  # bad input is answered before the store is opened

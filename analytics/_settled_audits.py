@@ -30,7 +30,7 @@ the cohort's: V(h) leaves those handoffs out (analytics._common.cohort_sql).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Final
@@ -199,7 +199,7 @@ def _pass_bits(p: AuditPass) -> tuple[str, ...]:
     return tuple(k for k in p.kinds if k in AUDIT_BITS) + p.facts
 
 
-def _mask(passes) -> int:
+def _mask(passes: Iterable[AuditPass]) -> int:
     return sum(1 << AUDIT_BITS[c] for p in passes for c in _pass_bits(p))
 
 

@@ -15,6 +15,7 @@ when the SQL is built. Definitions: docs/metrics.md; the reference: analytics/re
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
 
@@ -152,7 +153,7 @@ def risky_condition(var: str, patterns: tuple[str, ...]) -> str:
     return "(" + " OR ".join(conds) + ")" if conds else "false"
 
 
-def _tuple(items) -> str:
+def _tuple(items: Iterable[object]) -> str:
     return "(" + ", ".join(f"'{x}'" for x in items) + ")"
 
 

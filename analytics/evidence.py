@@ -28,6 +28,7 @@ verify re-derives them against a store only. Its integrity section holds:
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final
 
@@ -95,7 +96,9 @@ def evidence_package(
     return _package(client, db, rows, ns(as_of or datetime.now(UTC)), StoreLogs(client, db))
 
 
-def _package(client: Client, db: str, rows, now_ns: int, logs: StoreLogs) -> dict[str, Any]:
+def _package(
+    client: Client, db: str, rows: Sequence[Mapping[str, Any]], now_ns: int, logs: StoreLogs
+) -> dict[str, Any]:
     ten, hid = rows[0]["tenant"], rows[0]["handoff_id"]
     if logs.heads:  # never before its heads were signed (serve's clock may run ahead)
         now_ns = max(now_ns, *(h.signed_at for h in logs.heads.values()))

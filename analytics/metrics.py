@@ -153,7 +153,7 @@ def funnel(
     *,
     database: str | None = None,
     window: Window,
-    by=(),
+    by: str | Iterable[str] = (),
     tenant: str | None = None,
     bucket: str | None = None,
 ) -> pd.DataFrame:
@@ -195,7 +195,7 @@ def funnel_windows(
     database: str | None = None,
     as_of: datetime,
     lengths: Iterable[timedelta],
-    by=(),
+    by: str | Iterable[str] = (),
     tenant: str | None = None,
 ) -> dict[timedelta, pd.DataFrame]:
     """funnel(window=[as_of - length, as_of) with clock as_of, by, tenant) for each length,
@@ -230,7 +230,7 @@ GROUP BY {", ".join([*group_keys, "ring"])}
     }
 
 
-def _empty(keys: list[str], columns) -> pd.DataFrame:
+def _empty(keys: list[str], columns: Iterable[str]) -> pd.DataFrame:
     cols: dict[str, pd.Series] = {
         k: pd.Series(dtype="datetime64[ns, UTC]" if k == "bucket" else "object") for k in keys
     }
@@ -253,7 +253,7 @@ def latencies(
     *,
     database: str | None = None,
     window: Window,
-    by=(),
+    by: str | Iterable[str] = (),
     tenant: str | None = None,
 ) -> pd.DataFrame:
     """Latency percentiles (milliseconds) of the cohort, per group.

@@ -78,7 +78,7 @@ def machine_order(rows: Iterable[Row]) -> list[Row]:
 
     Rows whose states are not in the contract sort last (in time order)."""
 
-    def k(r: Row):
+    def k(r: Row) -> tuple[int, int, int, str]:
         try:
             mk = _key(r["from_state"], r["to_state"])
         except ValueError:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Final
@@ -89,7 +89,7 @@ def _attempt(rows: Sequence[Row]) -> _Attempt:
     c = [r for r in rows if counted(r)]
     cr = [r for r in rows if is_create(r)]
 
-    def first(cond) -> int | None:
+    def first(cond: Callable[[Row], bool]) -> int | None:
         return min((int(r["time_ns"]) for r in c if cond(r)), default=None)
 
     def create_attr(name: str) -> str | None:

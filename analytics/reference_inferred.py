@@ -33,7 +33,7 @@ from __future__ import annotations
 import itertools
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -159,7 +159,7 @@ def request(tenant: str, handoff_id: str, rows: Sequence[Row]) -> Request:
     """One handoff's Request from all its stored rows."""
     cr = [r for r in rows if _is_create(r)]
 
-    def env(get) -> str:
+    def env(get: Callable[[Row], object]) -> str:
         return max((str(get(r) or "") for r in cr), default="")
 
     rejects = [

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import html
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final
 
@@ -69,7 +69,9 @@ def _fmt_ms(x: Any) -> str:
     return fmt_duration_ms(None if x is None else float(x))
 
 
-def _collect(client: Client, db: str, rw: ReportWindow, rules: Sequence[Rule], source: str):
+def _collect(
+    client: Client, db: str, rw: ReportWindow, rules: Sequence[Rule], source: str
+) -> dict[str, Any]:
     as_of = rw.as_of
     w = Window(start=rw.start, end=rw.end, as_of=as_of)
     prev = Window(start=rw.prev_start, end=rw.start, as_of=as_of)
@@ -97,7 +99,7 @@ def _collect(client: Client, db: str, rw: ReportWindow, rules: Sequence[Rule], s
     return data
 
 
-def _worst_rows(d) -> list[list[Any]]:
+def _worst_rows(d: Mapping[str, Any]) -> list[list[Any]]:
     """pair, settled, lost, lost beyond the fleet's rate, failing stage, the stage rates, P(e2e)."""
     return [
         [r.pair, r.settled, r.lost, f"{r.excess_lost:+.0f}", r.failing_stage, fmt_rate(r.p_accept), fmt_rate(r.p_execute),
@@ -110,7 +112,7 @@ _WORST_HEADER: Final = ["pair", "settled", "lost", "beyond fleet", "failing stag
                         "P(evidence)", "P(commit)", "P(e2e)"]  # fmt: skip
 
 
-def _worst_note(d) -> str:
+def _worst_note(d: Mapping[str, Any]) -> str:
     return (
         "Ranked by handoffs lost beyond the fleet's rate (lost: settled, not committed), with "
         "the stage losing the most; "
@@ -141,7 +143,7 @@ _HEADLINE = (
 )
 
 
-def _headline_rows(d) -> list[tuple[str, str, str, str]]:
+def _headline_rows(d: Mapping[str, Any]) -> list[tuple[str, str, str, str]]:
     """metric, this period, the period before, change."""
     rows = []
     for key, label in _HEADLINE:
@@ -153,7 +155,7 @@ def _headline_rows(d) -> list[tuple[str, str, str, str]]:
     return rows
 
 
-def _outcome_rows(d) -> list[tuple[str, str, str, str]]:
+def _outcome_rows(d: Mapping[str, Any]) -> list[tuple[str, str, str, str]]:
     """How the handoffs ended (analytics.rollup.OUTCOMES): outcome, this period, the period
     before, change (handoffs)."""
     rows = []
@@ -180,7 +182,7 @@ _KEYLESS_NOTE: Final = (
 _KEYLESS_HEADER: Final = ["pair", "side-effecting", "keyless", "keyless share", "duplicates"]
 
 
-def _keyless_rows(d) -> list[list[Any]]:
+def _keyless_rows(d: Mapping[str, Any]) -> list[list[Any]]:
     df = d["keyless"]
     return [
         [f"{r.from_agent}->{r.to_agent}", r.side_effecting, r.keyless, fmt_rate(r.keyless_share),
@@ -189,7 +191,7 @@ def _keyless_rows(d) -> list[list[Any]]:
     ]  # fmt: skip
 
 
-def _md(d) -> str:
+def _md(d: Mapping[str, Any]) -> str:
     rw = d["rw"]
     lines = [
         f"# Handoff reliability, {rw.title}",
@@ -263,7 +265,7 @@ def _table(header: list[str], rows: list[list[Any]]) -> str:
     return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def _charts(d) -> list[str]:
+def _charts(d: Mapping[str, Any]) -> list[str]:
     """The funnel, the daily trend, the handoffs lost by the worst pairs (SVG)."""
     stages = (("settled", "Settled"), ("accepted", "Accepted"), ("executed", "Executed"),
               ("evidence_claimed", "Evidence claimed"), ("evidenced", "Evidenced"),
@@ -284,7 +286,7 @@ table{border-collapse:collapse;margin:0.5em 0 1.5em}td,th{border:1px solid #ccc;
 th{background:#f3f3f3}.met{color:#17803d}.breached{color:#b42318;font-weight:bold}"""
 
 
-def _html(d) -> str:
+def _html(d: Mapping[str, Any]) -> str:
     rw = d["rw"]
     parts = [
         f"<!doctype html><html><head><meta charset='utf-8'><title>Handoff reliability, {rw.title}</title>",

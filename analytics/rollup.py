@@ -15,7 +15,8 @@ tests compare the result with analytics.funnel itself.
 from __future__ import annotations
 
 import math
-from typing import Final
+from collections.abc import Mapping
+from typing import Any, Final
 
 import pandas as pd
 
@@ -73,7 +74,7 @@ def rate(num: float, den: float) -> float:
     return float(num) / float(den) if den else math.nan
 
 
-def outcomes(row) -> dict[str, int]:
+def outcomes(row: Mapping[str, Any] | pd.Series) -> dict[str, int]:
     """The outcome counts of one funnel row (a mapping or a pandas row) under their short
     names (OUTCOMES), as `handoffs metrics --json` prints them in its "outcomes" object."""
     return {o: int(row[f"outcome_{o}"]) for o in OUTCOMES}

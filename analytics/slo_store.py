@@ -16,6 +16,7 @@ from analytics._common import Window
 from analytics.slo import Counts, Rule, SloStatus, evaluate, objective_counts
 
 if TYPE_CHECKING:
+    import pandas as pd
     from clickhouse_connect.driver.client import Client
 
 __all__ = ["cohort_counts", "evaluate_rules", "window_counts"]
@@ -24,7 +25,7 @@ __all__ = ["cohort_counts", "evaluate_rules", "window_counts"]
 ANOMALY_LIMIT = 100_000
 
 
-def _row(df, where: dict[str, str]) -> dict[str, float]:
+def _row(df: pd.DataFrame, where: dict[str, str]) -> dict[str, float]:
     from analytics.metrics import COUNT_COLUMNS
 
     for col, value in where.items():

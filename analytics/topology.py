@@ -93,7 +93,9 @@ def _check_window(window: Any) -> Window:
     return window
 
 
-def _frame(rows: list[dict[str, Any]], columns: tuple[str, ...], ints: tuple[str, ...]):
+def _frame(
+    rows: list[dict[str, Any]], columns: tuple[str, ...], ints: tuple[str, ...]
+) -> pd.DataFrame:
     df = pd.DataFrame(rows, columns=list(columns))
     for c in columns:
         if c in ints:

@@ -327,7 +327,7 @@ def _by_span(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, A
     return out
 
 
-def _against_stored(package: Mapping[str, Any], stored) -> list[str]:
+def _against_stored(package: Mapping[str, Any], stored: Sequence[Mapping[str, Any]]) -> list[str]:
     """Rows deleted, added, or altered (hashed columns named) since the package was made."""
     problems = []
     by_span = _by_span(stored)
