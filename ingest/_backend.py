@@ -5,13 +5,18 @@ Two implementations, chosen per group by how its requests were decoded: RowsBack
 Python decoder's rows: ingest._inserts.write_group) and StagedBackend (requests chDB decoded
 into staging tables: ingest._inserts.write_staged_*). Backends chooses between them and is
 what Ingestor uses unless given `backend=` (tests give a real alternative that wraps it,
-e.g. one that fails some writes first: tests/integration/_backends.py).
+e.g. one that fails some writes first: tests/integration/_backends.py). InMemoryBackend
+records the calls instead of storing, for tests of the side that calls it.
 """
 
 from __future__ import annotations
 
+import copy
+import threading
+from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, Self
+from typing import TYPE_CHECKING, Any, Protocol, Self
 
 from ingest._inserts import (
     BatchResult,
@@ -29,7 +34,15 @@ if TYPE_CHECKING:
     from ingest._decode import DecodedBatch
     from ingest.chdb import Staged
 
-__all__ = ["Backends", "Group", "Pending", "RowsBackend", "StagedBackend", "WriteBackend"]
+__all__ = [
+    "Backends",
+    "Group",
+    "InMemoryBackend",
+    "Pending",
+    "RowsBackend",
+    "StagedBackend",
+    "WriteBackend",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,8 +95,8 @@ class WriteBackend(Protocol):
       passes `prev_chain` and moves the head to the last BatchResult's chain_hash once
       `chain` or `write` returned. The backend keeps nothing between calls.
     * Threads: `chain` and `write` run on the writer thread; `data` of two or three groups
-      may run at once (ingest-writer-a, -c), each on its own client, so a backend shares
-      nothing mutable between the backends `on` gives.
+      may run at once (ingest-writer-a, -c), each on a backend `on` gave for its own client:
+      whatever those backends share must be safe to touch from two threads.
     * The caller orders the steps: `chain` only after the group's `data` and the previous
       group's chain rows (a chain row without its data, or ahead of its predecessor, would
       fail verification after a crash). `write` is `data`, then `chain`.
@@ -198,3 +211,46 @@ class Backends(_Bound):
 
     def write(self, group: Group, prev_chain: str) -> list[BatchResult]:
         return self._for(group).write(group, prev_chain)
+
+
+class InMemoryBackend(_Bound):
+    """A WriteBackend that stores nothing: `calls` lists each step it took, as (step, client,
+    batch ids) with step "data" or "chain", and `chain` answers what a store would (the
+    BatchResults of GroupRows; Python-decoded requests only: ValueError for a staged one).
+    `fail`: exceptions raised one per step, in order, before the step is recorded. The
+    backends `on` gives share `calls` and `fail` (under one lock) with this one."""
+
+    def __init__(
+        self,
+        client: Any = None,
+        database: str = "",
+        *,
+        source: str = "test",
+        fail: Iterable[BaseException] = (),
+    ) -> None:
+        super().__init__(client, database, source=source)
+        self.calls: list[tuple[str, Any, tuple[str, ...]]] = []
+        self.fail: deque[BaseException] = deque(fail)
+        self._lock = threading.Lock()
+
+    def on(self, client: Client) -> Self:
+        other = copy.copy(self)  # the same calls, failures and lock
+        other.client = client
+        return other
+
+    def _step(self, step: str, group: Group) -> None:
+        if any(x.stage is not None for x in group.members):
+            raise ValueError("InMemoryBackend: staged requests are not supported")
+        with self._lock:
+            error = self.fail.popleft() if self.fail else None
+            if error is None:
+                self.calls.append((step, self.client, tuple(x.batch_id for x in group.members)))
+        if error is not None:
+            raise error
+
+    def data(self, group: Group) -> None:
+        self._step("data", group)
+
+    def chain(self, group: Group, prev_chain: str) -> list[BatchResult]:
+        self._step("chain", group)
+        return GroupRows(_members(group), prev_chain, self.source).results
