@@ -36,22 +36,20 @@ class Arrivals:
             self._cond.notify_all()
 
     @contextlib.contextmanager
-    def inside(self) -> Iterator[None]:
-        """Around one submit()."""
-        self._bump(inside=1)
+    def _counted(self, inside: int, announced: int) -> Iterator[None]:
+        self._bump(inside, announced)
         try:
             yield
         finally:
-            self._bump(inside=-1)
+            self._bump(-inside, -announced)
 
-    @contextlib.contextmanager
-    def announced(self) -> Iterator[None]:
+    def inside(self) -> contextlib.AbstractContextManager[None]:
+        """Around one submit()."""
+        return self._counted(1, 0)
+
+    def announced(self) -> contextlib.AbstractContextManager[None]:
         """Around reading and submitting one announced request."""
-        self._bump(announced=1)
-        try:
-            yield
-        finally:
-            self._bump(announced=-1)
+        return self._counted(0, 1)
 
     def notify(self) -> None:
         """Wake the waiters (something else they wait for happened: a write ended)."""
