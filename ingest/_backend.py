@@ -93,7 +93,7 @@ class WriteBackend(Protocol):
       is the same backend on another connection, for two groups' data written at once.
     * The caller (ingest._execute.Executor, on the writer thread) owns the chain head: it
       passes `prev_chain` and moves the head to the last BatchResult's chain_hash once
-      `chain` or `write` returned. The backend keeps nothing between calls.
+      `chain` or `write` returned. A backend keeps no chain state between calls.
     * Threads: `chain` and `write` run on the writer thread; `data` of two or three groups
       may run at once (ingest-writer-a, -c), each on a backend `on` gave for its own client:
       whatever those backends share must be safe to touch from two threads.
