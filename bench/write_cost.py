@@ -2,7 +2,7 @@
 
 In a scratch embedded store (this process's chDB, a temp dir), requests of --spans handoff
 transition spans (bench/ingest_throughput.py's shape) are decoded by the Python decoder and
-each written as serve's writer writes one request alone (ingest._writer.write_group): one
+each written as serve's writer writes one request alone (ingest._inserts.write_group): one
 insert into otel_traces, whose views fill handoff_transitions and from it handoff_summary,
 handoff_tasks and handoff_anomaly_state; one into transition_ledger; one into
 ingest_batches: seven new parts. Each configuration gets a fresh database, every table's
@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from foundation.integrity import GENESIS
 from foundation.store import StoreSpec, apply_schema, connect
 from ingest import decode_protobuf, make_token
-from ingest._writer import Member, _GroupRows
+from ingest._inserts import GroupRows, Member
 
 VIEWS: Final = ("handoff_summary_mv", "handoff_tasks_mv", "handoff_anomaly_state_mv")
 CONFIGS: Final = ("null", "otel only", "transitions only", *(f"+{v}" for v in VIEWS), "full")
@@ -97,7 +97,7 @@ def _measure(client, db: str, bodies: list[bytes]) -> dict[str, list[float]]:
     for k, body in enumerate(bodies):
         decoded = decode_protobuf(body, tenant="bench")
         batch = make_token("bench", str(k), uuid.uuid4().hex)
-        rows = _GroupRows([Member(batch, decoded, int(time.time() * 1000))], chain, "bench")
+        rows = GroupRows([Member(batch, decoded, int(time.time() * 1000))], chain, "bench")
         chain = rows.results[-1].chain_hash
         steps: list[tuple[str, Callable[[], None]]] = [
             ("otel_traces", lambda r=rows, b=batch: _otel_only(r, client, db, b)),
@@ -113,7 +113,7 @@ def _measure(client, db: str, bodies: list[bytes]) -> dict[str, list[float]]:
 
 
 def _otel_only(rows, client, db: str, token: str) -> None:
-    """The otel_traces insert of _GroupRows.insert_data alone."""
+    """The otel_traces insert of GroupRows.insert_data alone."""
     ledger, rows.ledger_rows = rows.ledger_rows, []
     rejects, rows.reject_rows = rows.reject_rows, []
     try:
@@ -123,7 +123,7 @@ def _otel_only(rows, client, db: str, token: str) -> None:
 
 
 def _ledger_only(rows, client, db: str, token: str) -> None:
-    """The transition_ledger insert of _GroupRows.insert_data alone."""
+    """The transition_ledger insert of GroupRows.insert_data alone."""
     members, rows.members = rows.members, []
     try:
         rows.insert_data(client, db, token)

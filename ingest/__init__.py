@@ -42,10 +42,10 @@ _WHERE = {
     "TENANT_MISMATCH": "ingest._validate",
     "CheckResult": "ingest._validate",
     "check_handoff_span": "ingest._validate",
-    "BatchResult": "ingest._writer",
-    "last_chain_hash": "ingest._writer",
-    "make_token": "ingest._writer",
-    "write_batch": "ingest._writer",
+    "BatchResult": "ingest._inserts",
+    "last_chain_hash": "ingest._inserts",
+    "make_token": "ingest._inserts",
+    "write_batch": "ingest._inserts",
     "ChainReport": "ingest._verify",
     "verify_chain": "ingest._verify",
 }
@@ -65,6 +65,7 @@ if TYPE_CHECKING:
     )
     from ingest._decode_json import decode_json
     from ingest._files import IngestSummary, ingest_requests, read_requests
+    from ingest._inserts import BatchResult, last_chain_hash, make_token, write_batch
     from ingest._otlp_grpc import GrpcConfig, start_grpc_server
     from ingest._otlp_http import OtlpConfig, make_otlp_server
     from ingest._parts import PartsWatch, TooManyParts
@@ -73,7 +74,6 @@ if TYPE_CHECKING:
     from ingest._telemetry import Telemetry
     from ingest._validate import TENANT_MISMATCH, CheckResult, check_handoff_span
     from ingest._verify import ChainReport, verify_chain
-    from ingest._writer import BatchResult, last_chain_hash, make_token, write_batch
     from ingest.chdb import Stager
 
 __all__ = [

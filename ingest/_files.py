@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ingest._decode import JSON, PROTOBUF, DecodeError, decode_request
-from ingest._writer import last_chain_hash, make_token, write_batch
+from ingest._inserts import last_chain_hash, make_token, write_batch
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client

@@ -3,22 +3,22 @@
 `Ingestor.submit` returns only after the request is on disk in the spool, so a 200 never
 precedes durability. Each request is one ingest batch whose id derives from tenant and body,
 so a retried request or a replayed record maps to the same batch and is stored once (known
-batch ids are skipped). One writer thread takes what is queued and writes it as the pure
-planner (ingest._planner) says: groups of the requests of one decoder, whatever their
-tenants (every row carries its tenant; one insert per table), two halves at once, requests
-arriving during a write alongside it. A group's member
-list is logged durably in the spool before the write, so a replay after a crash rebuilds the
-same group and its dedup token. A failing store is retried with backoff; while it fails,
-submit refuses new work (503) instead of accepting it blindly. Which failures park a group
-instead: ingest._refusals and ingest._planner.on_failure.
+batch ids are skipped). One writer thread (ingest._writer_thread) takes what is queued and
+writes it as the pure planner (ingest._plan) says: groups of the requests of one decoder,
+whatever their tenants (every row carries its tenant; one insert per table), two halves at
+once, requests arriving during a write alongside it. A group's member list is logged
+durably in the spool before the write, so a replay after a crash rebuilds the same group
+and its dedup token. A failing store is retried with backoff (ingest._execute); while it
+fails, submit refuses new work (503) instead of accepting it blindly. Which failures park a
+group instead: ingest._refusals and ingest._plan.on_failure.
+
+Here: the request path (decode, spool, queue), start (chain head, replay) and stop.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import logging
-import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -27,23 +27,16 @@ from typing import TYPE_CHECKING, Any
 
 from foundation.ledger_instances import source_with
 from foundation.store import StoreUnavailable  # the store failing: answer 503
+from ingest._arrivals import Arrivals
+from ingest._backend import Backends, Pending, WriteBackend
 from ingest._decode import PROTOBUF, DecodedBatch, decode_request
-from ingest._planner import (
-    Shape,
-    keep_lingering,
-    next_take,
-    plan_round,
-    shape,
-    split_in_two,
-    use_chdb_decoder,
-)
+from ingest._execute import KNOWN_BATCHES, Executor
+from ingest._inserts import last_chain_hash, make_token
+from ingest._plan import use_chdb_decoder
 from ingest._purge import Purger, anon_rss_bytes
-from ingest._shell import Arrivals, Overlap
 from ingest._spool import Spool
-from ingest._store_writer import Pending, StoreWriter, StoreWriters
 from ingest._telemetry import LatencyHistogram
-from ingest._writer import last_chain_hash, make_token
-from ingest._writes import KNOWN_BATCHES, Writes
+from ingest._writer_thread import WriterThread
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
@@ -52,9 +45,6 @@ if TYPE_CHECKING:
 
 __all__ = ["OVERLAP_MAX_RSS", "SQL_MIN_BYTES", "Ingestor", "StoreUnavailable"]
 
-log = logging.getLogger("handoffs.ingest")
-_MAX_QUEUED_SPANS = 40_000  # decoded / staged spans held for the writer; then submit waits
-_EXTRA_CLIENTS = 2  # see Ingestor._open_extra_clients
 #: requests acknowledged during a write are written at once with it (Overlap) only while
 #: serve's anonymous memory (bytes, purge.anon_rss_bytes) is below this: three writes at
 #: once hold ~20-45 MB more than two,
@@ -72,10 +62,13 @@ _MAX_REFUSALS = 20  # the store refused one group's data this many times: park i
 
 
 class Ingestor:
-    """Owns the spool and the writer thread. Keyword-only injection points: `clock` (epoch
-    seconds), `store_writer` (ingest._store_writer.StoreWriter; default StoreWriters),
-    `purger` (ingest._purge.Purger; default from purge_memory / purge_under_load), `rss`
-    (this process's anonymous resident memory in bytes, checked against overlap_max_rss)."""
+    """Owns the spool and the writer thread (ingest._writer_thread.WriterThread).
+    Keyword-only injection points: `clock` (epoch seconds), `backend` (ingest._backend.
+    WriteBackend, the store side of a write, built on `client` and `database`; default
+    Backends writing source_with(`source`, `instance`): a given one writes the source it
+    was built with), `purger` (ingest._purge.Purger; default from purge_memory /
+    purge_under_load), `rss` (this process's anonymous resident memory in bytes, checked
+    against overlap_max_rss)."""
 
     def __init__(
         self,
@@ -91,7 +84,7 @@ class Ingestor:
         purge_memory: bool = False,
         purge_under_load: bool = True,
         overlap_max_rss: int = 0,
-        store_writer: StoreWriter | None = None,
+        backend: WriteBackend | None = None,
         purger: Purger | None = None,
         rss: Callable[[], int] = anon_rss_bytes,
         instance: str = "",
@@ -112,17 +105,9 @@ class Ingestor:
         self.spool = spool
         self.source = source
         self._clock = clock
-        self._queue: queue.Queue[Pending | None] = queue.Queue()
-        # Decoded spans waiting for the writer cost memory: past _MAX_QUEUED_SPANS a request
-        # (already durable in the spool) waits for room, which slows senders down.
-        self._room = threading.Condition()
-        self._queued_spans = 0
-        self._thread: threading.Thread | None = None
-        self._stopping = threading.Event()
         #: stop() was called: a write that fails now is not retried (its records stay in the
         #: spool for the next start), so a stop never waits on a failing store
         self._draining = threading.Event()
-        self._kept_in_spool = False  # the writer stopped with requests left for replay
         self.stats: dict[str, int] = {
             "requests": 0,
             "spans": 0,
@@ -149,23 +134,23 @@ class Ingestor:
         }
         self._lock = threading.Lock()
         self._arrivals = Arrivals()
-        self._writes = Writes(
-            client, database, spool,
-            writer=store_writer or StoreWriters(), stager=stager,
-            source=source_with(source, instance),
+        backend = backend or Backends(client, database, source=source_with(source, instance))
+        self._executor = Executor(
+            client, database, spool, backend=backend, stager=stager,
             max_refusals=max_refusals, stop_retrying=self._draining,
             stats=self.stats, timings=self.timings, lock=self._lock,
         )  # fmt: skip
-        self._overlap = Overlap(
-            self._writes, self._queue, self._arrivals, self._extra_client, rss=rss
-        )
+        self._writer = WriterThread(
+            client, self._executor, self._arrivals, stager=stager, purger=self.purger,
+            overlap_max_rss=overlap_max_rss, rss=rss,
+        )  # fmt: skip
         if stager is not None:
             stager.before_decode = self._purge_if_big
 
     @property
     def write_latency(self) -> LatencyHistogram:
         """Duration of each store write, for /metrics (handoffs_store_write_duration_seconds)."""
-        return self._writes.write_latency
+        return self._executor.write_latency
 
     # ------------------------------------------------------------ lifecycle
 
@@ -177,9 +162,7 @@ class Ingestor:
         self._load_chain()
         if self.stager is not None:
             self.stager.setup()
-            threading.Thread(
-                target=self._open_extra_clients, name="ingest-connect", daemon=True
-            ).start()
+            self._writer.connect_ahead()
         groups = self.spool.groups()
         present = {rec.seq for rec in self.spool.uncommitted()}
         replayed = 0
@@ -192,17 +175,16 @@ class Ingestor:
             replayed += 1
             group = groups.get(rec.seq)
             if group is None:
-                self._write_round([item], replay=True)
+                self._writer.write_round([item], replay=True)
                 continue
             # Rebuild the logged group exactly (same members, same token) before writing it.
             members = waiting.setdefault(group, [])
             members.append(item)
             if len(members) == len([q for q in group if q in present]):
-                self._write_round(waiting.pop(group), replay=True, regroup=True)
+                self._writer.write_round(waiting.pop(group), replay=True, regroup=True)
         for members in waiting.values():  # cannot happen unless the log and spool disagree
-            self._write_round(members, replay=True, regroup=True)
-        self._thread = threading.Thread(target=self._run, name="ingest-writer", daemon=True)
-        self._thread.start()
+            self._writer.write_round(members, replay=True, regroup=True)
+        self._writer.start()
         return replayed
 
     def stop(self, *, timeout: float = 60.0) -> bool:
@@ -212,29 +194,19 @@ class Ingestor:
         spool and is replayed at the next start (False is returned), so a store that cannot
         take writes (disk below the free-space threshold, unreachable) never holds a stop.
         """
-        if self._thread is None:
+        if not self._writer.started:
             return True
         self._draining.set()
-        self._queue.put(None)
-        self._thread.join(timeout)
-        drained = not self._thread.is_alive() and not self._kept_in_spool
-        self._stopping.set()
-        if drained:
-            with self._writes.extra_lock:
-                for c in self._writes.extra:
-                    with contextlib.suppress(Exception):
-                        c.close()
-                self._writes.extra.clear()
-        return drained
+        return self._writer.stop(timeout)
 
     def _load_chain(self) -> None:
-        self._writes.chain = last_chain_hash(self.client, self.database, self.instance)
+        self._executor.chain = last_chain_hash(self.client, self.database, self.instance)
         rows = self.client.query(
             f"SELECT ingest_batch, chain_hash FROM {self.database}.ingest_batches "
             f"ORDER BY received_at DESC, ingest_batch DESC LIMIT {KNOWN_BATCHES}"
         ).result_rows
         for bid, ch in reversed(rows):
-            self._writes.known[bid] = ch
+            self._executor.known[bid] = ch
 
     # ------------------------------------------------------------ request path
 
@@ -266,7 +238,7 @@ class Ingestor:
     def receiving(self, fmt: str, nbytes: int) -> Iterator[None]:
         """Around reading and submitting one request (the HTTP handler, from its headers): a
         protobuf body large enough for the chDB decoder is announced, so the writer waits
-        briefly for this request before a write (ingest._planner.next_take)."""
+        briefly for this request before a write (ingest._plan.next_take)."""
         if self.stager is not None and fmt == PROTOBUF and nbytes >= self.sql_min_bytes:
             with self.stager.incoming(), self._arrivals.announced():
                 yield
@@ -299,10 +271,10 @@ class Ingestor:
             self.timings["decode_s"] += t1 - t0
         if decoded.spans == 0:
             return decoded
-        if self._writes.store_error is not None:
+        if self._executor.store_error is not None:
             if item.stage is not None and self.stager is not None:
                 self.stager.release([item.stage])
-            raise StoreUnavailable(f"store is failing: {self._writes.store_error}")
+            raise StoreUnavailable(f"store is failing: {self._executor.store_error}")
         header = {"tenant": tenant, "fmt": fmt, "batch": batch_id, "received_at_ms": received}
         try:
             seq = self.spool.append(header, body)  # durable when it returns; may raise SpoolFull
@@ -311,22 +283,18 @@ class Ingestor:
                 self.stager.release([item.stage])
             raise
         t2 = time.perf_counter()
-        with self._room:
-            while self._queued_spans and self._queued_spans + decoded.spans > _MAX_QUEUED_SPANS:
-                self._room.wait(1.0)
-            self._queued_spans += decoded.spans
-        self._queue.put(replace(item, seq=seq))
+        self._writer.put(replace(item, seq=seq))
         with self._lock:
             self.timings["spool_s"] += t2 - t1
             self.timings["queue_wait_s"] += time.perf_counter() - t2
         return decoded
 
     def health(self) -> dict[str, Any]:
-        error = self._writes.store_error
+        error = self._executor.store_error
         return {
             "status": "ok" if error is None else "store_unavailable",
             "store_error": error,
-            "queued": self._queue.qsize(),
+            "queued": self._writer.queue.qsize(),
             "spool_backlog_bytes": self.spool.backlog_bytes,
             "spool_oldest_unstored_age_s": round(self.spool.oldest_pending_age_s, 3),
             "decoder": "sql+python" if self.stager is not None else "python",
@@ -343,157 +311,12 @@ class Ingestor:
         """True once every accepted request is stored, False if some still are not after
         `timeout` seconds (for tests, drains and `GET /health?wait_s=`). Woken by the
         writer's last task_done, not by polling: a caller waiting costs serve no CPU."""
-        done = self._queue.all_tasks_done
-        with done:
-            return done.wait_for(lambda: self._queue.unfinished_tasks == 0, timeout)
-
-    # ------------------------------------------------------------ writer
-
-    def _collect(self) -> list[Pending | None]:
-        """One round's requests off the queue (ingest._planner.next_take, keep_lingering)."""
-        got: list[Pending | None] = [self._queue.get()]
-        t0 = time.monotonic()
-        while got[-1] is not None:
-            reqs = [x.request for x in got if x is not None]
-            wait = next_take(reqs, arriving=self._arrivals.on_the_way())
-            if wait is None:
-                break
-            try:
-                got.append(self._queue.get(timeout=wait) if wait else self._queue.get_nowait())
-            except queue.Empty:
-                lingered = time.monotonic() - t0
-                if not keep_lingering(
-                    reqs, arriving=self._arrivals.on_the_way(), lingered_s=lingered
-                ):
-                    break
-        return got
-
-    def _run(self) -> None:
-        while True:
-            got = self._collect()
-            items = [x for x in got if x is not None]
-            stop = len(items) != len(got)
-            try:
-                if items:
-                    self._write_round(items)
-                    quiet = not self._arrivals.on_the_way() and self._queue.empty()
-                    if self.purger.due_after_write(quiet=quiet):
-                        self.purger.purge(self.client)
-            except Exception as exc:  # only when stopping: the records stay spooled for replay
-                log.error("writer stopped, %d request(s) kept in the spool: %s", len(items), exc)
-                self._kept_in_spool = True
-                stop = True
-            finally:
-                # requests a write took from the queue meanwhile (Overlap) are done (stored,
-                # or kept in the spool when stopping) with this round's
-                taken = self._overlap.take_taken()
-                got += taken
-                items += taken
-                with self._room:
-                    self._queued_spans -= sum(x.decoded.spans for x in items)
-                    self._room.notify_all()
-                for _ in got:
-                    self._queue.task_done()
-            if stop:
-                return
-
-    def _write_round(
-        self, items: list[Pending], *, replay: bool = False, regroup: bool = False
-    ) -> None:
-        """Write one round of requests as ingest._planner.plan_round and shape say."""
-        w = self._writes
-        by_seq_id = {(x.seq, x.batch_id): x for x in items}
-        plan = plan_round([x.request for x in items], w.known, regroup=regroup)
-        for r in plan.duplicates:
-            w.count("duplicate_batches")
-            w.discard(by_seq_id[(r.seq, r.batch_id)])
-        for i, reqs in enumerate(plan.groups):
-            group = [by_seq_id[(r.seq, r.batch_id)] for r in reqs]
-            for x in [x for x in group if x.batch_id in w.known]:  # stored by an earlier group
-                w.count("duplicate_batches")
-                w.discard(x)
-                group.remove(x)
-            if not group:
-                continue
-            if len({x.stage is None for x in group}) > 1:  # a replayed group of both kinds
-                group = [self._unstage(x) for x in group]
-            how = shape(
-                [x.request for x in group],
-                last=i == len(plan.groups) - 1,
-                arriving=self._arrivals.on_the_way(),
-                paired=self.stager is not None,
-                replay=replay,
-            )
-            if how is Shape.HALVES_IF_QUIET:
-                if self._arrivals.quiet(Arrivals.QUIET_S):
-                    first, _ = split_in_two([x.request for x in group])
-                    self._write_pair(group[: len(first)], group[len(first) :])
-                    continue
-                how = Shape.OVERLAP if i == len(plan.groups) - 1 else Shape.WHOLE
-            token = w.token(group, log_group=not replay)
-            if replay:
-                token = w.replay_token(group, token)
-            if how is Shape.OVERLAP:
-                self._overlap.write(group, token, max_rss=self.overlap_max_rss)
-            else:
-                w.write(group, token)
-        for r in plan.later:
-            w.count("duplicate_batches")
-            w.discard(by_seq_id[(r.seq, r.batch_id)])
-
-    def _write_pair(self, a: list[Pending], b: list[Pending]) -> None:
-        """Two staged groups' data at once (b's on a second connection), then their chain
-        rows in order; without a second connection, one after the other."""
-        w = self._writes
-        planned = [(a, w.token(a)), (b, w.token(b))]
-        t0 = time.perf_counter()
-        try:
-            other = self._extra_client(0)
-        except Exception as exc:
-            log.warning("second store connection failed, writing in turn: %s", exc)
-            for group, token in planned:
-                w.write(group, token)
-            return
-        outcomes = w.data_at_once(planned, lambda i: self.client if i == 0 else other)
-        ok = w.chain_in_order(outcomes)
-        self.timings["store_s"] += time.perf_counter() - t0
-        w.count("pair_writes" if ok else "pair_fallbacks")
-
-    def _unstage(self, item: Pending) -> Pending:
-        """The same request decoded by ingest._decode (same rows; for mixed replay groups)."""
-        if item.stage is None or self.stager is None or item.body is None:
-            return item
-        self.stager.release([item.stage])
-        decoded = decode_request(item.body, item.fmt, tenant=item.decoded.tenant)
-        return replace(item, decoded=decoded, stage=None)
+        q = self._writer.queue
+        with q.all_tasks_done:
+            return q.all_tasks_done.wait_for(lambda: q.unfinished_tasks == 0, timeout)
 
     def _purge_if_big(self, client: Client) -> None:
         """Before a request is decoded (on the decoding thread, with its client): see
         ingest._purge (a decode and a write at once are serve's memory peak)."""
         if self.purger.due_before_decode():
             self.purger.purge(client)
-
-    def _extra_client(self, i: int) -> Client:
-        """The i-th extra connection (0 or 1), opened now if it is not yet."""
-        w = self._writes
-        with w.extra_lock:
-            while len(w.extra) <= i:
-                assert self.stager is not None
-                w.extra.append(self.stager.new_client())
-            return w.extra[i]
-
-    def _open_extra_clients(self) -> None:
-        """Open the extra connections ahead of need: an embedded connection takes ~40-50 ms to
-        open, which was spent at the end of a burst, between its last acknowledgement and its
-        spans being stored (a write would open it otherwise: see _extra_client)."""
-        assert self.stager is not None
-        w = self._writes
-        try:
-            for i in range(_EXTRA_CLIENTS):
-                with w.extra_lock:  # stop() closes them under this lock, after _stopping
-                    if self._stopping.is_set():
-                        return
-                    if len(w.extra) <= i:
-                        w.extra.append(self.stager.new_client())
-        except Exception as exc:  # the write that needs one tries again, or writes in turn
-            log.warning("could not open a second store connection: %s", exc)

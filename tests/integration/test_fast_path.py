@@ -2,7 +2,7 @@
 
 Each request goes both ways into two databases of one real chDB store: through
 Stager (chDB parses the protobuf, computes columns, checks and row hashes) +
-write_staged_group, and through ingest._decode + write_group. Every stored column of
+ingest._backend.StagedBackend, and through ingest._decode + write_group. Every stored column of
 otel_traces, handoff_transitions, transition_ledger and ingest_batches must be equal,
 awkward strings included; requests the SQL path must not take are declined (None).
 """
@@ -22,8 +22,9 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyVa
 
 from foundation.integrity import GENESIS
 from foundation.store import StoreSpec, apply_schema, connect
-from ingest._decode import decode_protobuf
-from ingest._writer import Member, write_group, write_staged_group
+from ingest._backend import Group, Pending, StagedBackend
+from ingest._decode import DecodedBatch, decode_protobuf
+from ingest._inserts import Member, write_group
 from ingest.chdb import Staged, Stager
 
 AWKWARD = [
@@ -194,14 +195,11 @@ def _store_both(
         chain[py_db] = py.chain_hash
         if staged is None:
             continue
-        (res,) = write_staged_group(
-            client,
-            sql_db,
-            [(staged, at)],
-            tenants=[tenant],
-            token=bid,
-            prev_chain=chain[sql_db],
-            source="t",
+        pending = Pending(
+            -1, bid, at, DecodedBatch(tenant=tenant, spans=staged.spans), stage=staged
+        )
+        (res,) = StagedBackend(client, sql_db, source="t").write(
+            Group((pending,), bid), chain[sql_db]
         )
         stager.release([staged])
         chain[sql_db] = res.chain_hash

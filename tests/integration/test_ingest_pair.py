@@ -1,9 +1,9 @@
-"""The write shell against real chDB: the last large chDB-decoded group before the writer
+"""The writer thread against real chDB: the last large chDB-decoded group before the writer
 goes idle is written as two groups at once, on two connections; requests arriving during a
 write go in alongside it; a failed half or follower is written again the usual way. Every
 span stored once and the hash chain intact. Which group goes where is the planner's
-(tests/unit/test_write_planner.py); here the shell executes it. Faults and holds are
-injected through `store_writer=` (tests/integration/_store_writers.py), never by patching.
+(tests/unit/test_write_planner.py); here the writer thread executes it. Faults and holds are
+injected through `backend=` (tests/integration/_backends.py), never by patching.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from ingest._spool import Spool
 from ingest._verify import verify_chain
 from ingest.chdb import Stager
 from ingest.testing import create_spans, request_protobuf
-from tests.integration._store_writers import Held
+from tests.integration._backends import Held
 
 _PER_REQUEST = 2_500  # 4 requests: 10,000 spans, above the planner's PAIR_MIN_SPANS
 
@@ -105,8 +105,8 @@ def test_last_group_is_written_as_two_halves_at_once(chdb_client, fresh_db, make
 
 def test_a_failed_half_is_written_again_the_usual_way(chdb_client, fresh_db, make_ingestor, bodies):
     # the second half's data go in, then the connection drops before the answer arrives
-    writer = Held(chdb_client, hold=False, lose_other_once=True)
-    ing = make_ingestor(store_writer=writer)
+    writer = Held(chdb_client, fresh_db, hold=False, lose_other_once=True)
+    ing = make_ingestor(backend=writer)
     _submit_together(ing, bodies[:4])
     assert writer.lost == 1
     assert (ing.stats["pair_writes"], ing.stats["pair_fallbacks"]) == (0, 1)
@@ -134,8 +134,8 @@ def test_requests_arriving_during_a_write_are_written_alongside_it(
     """The end of a burst: requests acknowledged while the writer is busy with a group are
     not left for the next write; their data go in at once on a second connection, the
     chain rows after the running group's, in order: each stored once, the chain intact."""
-    writer = Held(chdb_client)
-    ing = make_ingestor(store_writer=writer)
+    writer = Held(chdb_client, fresh_db)
+    ing = make_ingestor(backend=writer)
     _overlapped(ing, writer, bodies, followers=2)
     assert ing.stats["overlapped_writes"] == 1
     assert ing.stats["writes"] == 2  # the held group, then the two followers as one
@@ -149,8 +149,8 @@ def test_many_requests_arriving_during_a_write_go_in_as_two_halves_at_once(
     """Followers of PAIR_MIN_SPANS or more (here 4 x 2,500 spans) are written as two groups
     at once, one on each extra connection, so that both cores write at the end of a burst;
     chain rows in order, each span stored once."""
-    writer = Held(chdb_client)
-    ing = make_ingestor(store_writer=writer)
+    writer = Held(chdb_client, fresh_db)
+    ing = make_ingestor(backend=writer)
     _overlapped(ing, writer, bodies, followers=4)
     used = writer.during_hold
     assert len(used) == 2 and used[0] is not used[1]  # the two halves, one per connection
@@ -166,8 +166,8 @@ def test_many_requests_arriving_during_a_write_go_in_as_two_halves_at_once(
 def test_a_failed_overlapped_write_is_written_again_the_usual_way(
     chdb_client, fresh_db, make_ingestor, bodies, followers
 ):
-    writer = Held(chdb_client, lose_other_once=True)
-    ing = make_ingestor(store_writer=writer)
+    writer = Held(chdb_client, fresh_db, lose_other_once=True)
+    ing = make_ingestor(backend=writer)
     _overlapped(ing, writer, bodies, followers)
     assert writer.lost == 1
     assert ing.stats["overlapped_writes"] == 1
@@ -183,12 +183,12 @@ def test_past_the_memory_limit_requests_arriving_during_a_write_wait_for_it(
     span stored once, the chain intact."""
     checked = threading.Event()
 
-    def rss() -> int:  # serve's resident set, as the shell asks for it: always too high
+    def rss() -> int:  # serve's resident set, as the writer asks for it: always too high
         checked.set()
         return 1 << 40
 
-    writer = Held(chdb_client)
-    ing = make_ingestor(store_writer=writer, overlap_max_rss=1, rss=rss)
+    writer = Held(chdb_client, fresh_db)
+    ing = make_ingestor(backend=writer, overlap_max_rss=1, rss=rss)
     ing.submit(bodies[0], PROTOBUF, tenant="default")
     assert writer.entered.wait(30)
     for body in bodies[1:5]:

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from ingest import Spool, SpoolClosed, SpoolFull
-from ingest._writes import ROWS_BY_BATCH
+from ingest._execute import ROWS_BY_BATCH
 
 
 def test_records_survive_reopen_in_order_until_committed(tmp_path):
@@ -189,7 +189,7 @@ def test_a_group_half_written_before_a_crash_is_rebuilt_and_stored_once(
     chdb_client, fresh_db, tmp_path
 ):
     from ingest import Ingestor, decode_protobuf, make_token
-    from ingest._writer import Member, write_group
+    from ingest._inserts import Member, write_group
 
     spool = Spool(tmp_path / "spool", max_bytes=1 << 30)
     seqs, bodies = _spool_requests(spool, 3, "g")
@@ -225,14 +225,14 @@ def _interrupted_group(chdb_client, db, tmp_path, tag, token):
     """A spooled, logged group of 3 requests whose data (not its chain rows) went in under
     `token` (None: the group's own): the state a kill -9 during the write leaves."""
     from ingest import decode_protobuf, make_token
-    from ingest._writer import Member, write_group_data
+    from ingest._inserts import GroupRows, Member
 
     spool = Spool(tmp_path / "spool", max_bytes=1 << 30)
     seqs, bodies = _spool_requests(spool, 3, tag)
     spool.log_group(seqs)
     members = [Member(b, decode_protobuf(body, tenant="default"), NOW_MS) for b, body in bodies]
     token = token or make_token("group", *(b for b, _ in bodies))
-    write_group_data(chdb_client, db, members, token=token)
+    GroupRows(members).insert_data(chdb_client, db, token)
     spool.close()
 
 

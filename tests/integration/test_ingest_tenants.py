@@ -2,8 +2,8 @@
 chain verifies, and a request the store refuses parks no other tenant's request.
 
 In-process: a real Ingestor on the session's chDB (Python decoder, and chDB decoding every
-request), with a store writer that holds the first write so that the requests submitted
-meanwhile are taken in one round (tests/integration/_store_writers.Gated).
+request), with a backend that holds the first write so that the requests submitted
+meanwhile are taken in one round (tests/integration/_backends.Gated).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from ingest import Ingestor, Spool, verify_chain
 from ingest._decode import PROTOBUF
 from ingest.chdb import Stager
 from ingest.testing import create_spans, request_protobuf, transition
-from tests.integration._store_writers import Gated
+from tests.integration._backends import Gated
 
 _SPANS = 4
 
@@ -29,7 +29,7 @@ def _body(k: int) -> bytes:
 
 @pytest.fixture(params=["python", "chdb"])
 def make_ingestor(request, chdb_client, chdb_path: Path, tmp_path: Path, fresh_db: str):
-    """Factory: a started Ingestor on `fresh_db` with the given store writer; stopped
+    """Factory: a started Ingestor on `fresh_db` with the given backend; stopped
     afterwards. `chdb`: chDB decodes every request."""
     made: list[Ingestor] = []
     stagers: list[Stager] = []
@@ -44,7 +44,7 @@ def make_ingestor(request, chdb_client, chdb_path: Path, tmp_path: Path, fresh_d
             chdb_client,
             fresh_db,
             Spool(tmp_path / "spool", max_bytes=1 << 30),
-            store_writer=writer,
+            backend=writer,
             max_refusals=2,
             **kw,
         )
@@ -78,7 +78,7 @@ def _round(ing: Ingestor, writer: Gated, tenants: list[str]) -> None:
 def test_requests_of_several_tenants_are_one_write_each_row_keeping_its_tenant(
     chdb_client, fresh_db, make_ingestor
 ):
-    writer = Gated()
+    writer = Gated(chdb_client, fresh_db)
     ing = make_ingestor(writer)
     _round(ing, writer, ["b", "a", "c", "b"])
     assert writer.groups == [["a"], ["b", "a", "c", "b"]]  # one write for the four
@@ -101,7 +101,7 @@ def test_requests_of_several_tenants_are_one_write_each_row_keeping_its_tenant(
 def test_a_request_the_store_refuses_parks_no_other_tenants_request(
     chdb_client, fresh_db, make_ingestor, tmp_path
 ):
-    writer = Gated(refuse_tenant="b")
+    writer = Gated(chdb_client, fresh_db, refuse_tenant="b")
     ing = make_ingestor(writer)
     _round(ing, writer, ["a", "b", "c"])
     h = ing.health()

@@ -17,7 +17,7 @@ import requests
 from ingest import Ingestor, Spool, verify_chain
 from ingest.testing import request_protobuf, span_json, transition
 from serve._query_http import QueryEngine, make_query_server
-from tests.integration._store_writers import Observed, Refusing
+from tests.integration._backends import Observed, Refusing
 
 PB = {"Content-Type": "application/x-protobuf"}
 
@@ -82,8 +82,8 @@ def test_store_down_answers_503_and_replays_the_spool_later(
     )
     spool_dir = tmp_path / "spool"
     spool = Spool(spool_dir, max_bytes=1 << 30)
-    writer = Observed()
-    ing = Ingestor(remote, fresh_db, spool, store_writer=writer)
+    writer = Observed(remote, fresh_db)
+    ing = Ingestor(remote, fresh_db, spool, backend=writer)
     ing.start()
     qsrv.shutdown()
     qsrv.server_close()
@@ -122,9 +122,9 @@ def test_a_store_that_cannot_write_for_a_while_is_back_pressure_not_poison(
     """The ledger table away (UNKNOWN_TABLE) after the spans went in, many more times than
     max_refusals: 503 + Retry-After meanwhile, nothing parked, and once the table is back
     the batch is stored once with its ledger rows and chain row."""
-    writer = Observed()
+    writer = Observed(chdb_client, fresh_db)
     spool = Spool(tmp_path / "spool", max_bytes=1 << 30)
-    ing = Ingestor(chdb_client, fresh_db, spool, max_refusals=2, store_writer=writer)
+    ing = Ingestor(chdb_client, fresh_db, spool, max_refusals=2, backend=writer)
     ing.start()
     chdb_client.command(f"RENAME TABLE {fresh_db}.transition_ledger TO {fresh_db}.ledger_away")
     url = serve_on(ing)
@@ -152,9 +152,9 @@ def test_refusals_that_are_not_about_the_data_are_retried_never_parked(
 ):
     """A store that refuses writes with a read-only / permission / I/O / unknown error many
     more times than max_refusals, then takes them: nothing parked, everything stored once."""
-    writer = Refusing(code, times=6)
+    writer = Refusing(chdb_client, fresh_db, code, times=6)
     spool = Spool(tmp_path / "spool", max_bytes=1 << 30)
-    ing = Ingestor(chdb_client, fresh_db, spool, max_refusals=2, store_writer=writer)
+    ing = Ingestor(chdb_client, fresh_db, spool, max_refusals=2, backend=writer)
     ing.start()
     ing.submit(_body(30), "protobuf", tenant="default")
     assert writer.wait_failures(3)
@@ -171,9 +171,9 @@ def test_a_batch_the_store_always_refuses_is_parked_not_lost(
 ):
     """Data the store refuses every time (TYPE_MISMATCH), none of it visible: parked in
     spool/dead after max_refusals, counted, and the requests after it flow."""
-    writer = Refusing(53, times=2)
+    writer = Refusing(chdb_client, fresh_db, 53, times=2)
     spool = Spool(tmp_path / "spool", max_bytes=1 << 30)
-    ing = Ingestor(chdb_client, fresh_db, spool, max_refusals=2, store_writer=writer)
+    ing = Ingestor(chdb_client, fresh_db, spool, max_refusals=2, backend=writer)
     ing.start()
     url = serve_on(ing)
     body = _body(20)
@@ -194,9 +194,9 @@ def test_a_batch_the_store_always_refuses_is_parked_not_lost(
 def test_refused_data_of_which_some_is_visible_is_never_parked(chdb_client, fresh_db, tmp_path):
     """A data error after part of the group went in: parking it would leave rows in
     otel_traces with no ingest_batches row. It is retried instead, and stored once."""
-    writer = Refusing(53, times=4, after_data=True)
+    writer = Refusing(chdb_client, fresh_db, 53, times=4, after_data=True)
     spool = Spool(tmp_path / "spool", max_bytes=1 << 30)
-    ing = Ingestor(chdb_client, fresh_db, spool, max_refusals=2, store_writer=writer)
+    ing = Ingestor(chdb_client, fresh_db, spool, max_refusals=2, backend=writer)
     ing.start()
     ing.submit(_body(40), "protobuf", tenant="default")
     assert ing.wait_idle(60) and ing.stop()
@@ -245,8 +245,8 @@ def test_a_full_disk_makes_the_writer_wait_not_park(
     full = connect(spec, settings_={"min_free_disk_bytes_to_perform_insert": str(1 << 60)})
     spool_dir = tmp_path / "spool"
     spool = Spool(spool_dir, max_bytes=1 << 30)
-    writer = Observed()
-    ing = Ingestor(full, fresh_db, spool, max_refusals=2, store_writer=writer)
+    writer = Observed(full, fresh_db)
+    ing = Ingestor(full, fresh_db, spool, max_refusals=2, backend=writer)
     ing.start()
     url = serve_on(ing)
     assert requests.post(url, data=_body(20), headers=PB, timeout=30).status_code == 200

@@ -2,14 +2,14 @@
 
 Read in each `docs/*.md` and README.md, outside fenced blocks (commands and SQL):
 
-- a path whose first part is a directory of the repository (`ingest/_planner.py`,
+- a path whose first part is a directory of the repository (`ingest/_plan.py`,
   `sql/017_audit_attrs.sql`, `deploy/`, `sql/013`: the numbered file it starts), a pytest
   node id (`tests/x/test_y.py::test_z`) or a file and a name in it (`ingest/_service.py:
   Ingestor.submit`): the file exists from the repository root, the name is defined in it;
 - a dotted name under one of the project's packages (`collector.semconv.ERROR_CODES`,
   `foundation.store.sibling`, `analytics.funnel`, a trailing call `(...)` allowed): the
   module exists and defines each name after it (a package's lazily exported names count);
-- `Class.attribute` of a class the project defines (`Writes.replay_token`): the class (or a
+- `Class.attribute` of a class the project defines (`Executor.replay`): the class (or a
   class of that name) has it; a class the project does not define is another library's;
 - a test module by its file name alone (`test_fuzz.py`): it is somewhere under tests/.
 
@@ -291,8 +291,8 @@ def test_every_reference_in_the_docs_exists():
 @pytest.mark.parametrize(
     ("span", "found"),
     [
-        ("ingest/_planner.py", True),
-        ("ingest/_planner.py:plan_round", True),
+        ("ingest/_plan.py", True),
+        ("ingest/_plan.py:plan_round", True),
         ("ingest/_service.py:Ingestor.submit", True),
         ("ingest/_service.py:Ingestor.no_such_method", False),
         ("ingest/_no_such_module.py", False),
@@ -308,10 +308,10 @@ def test_every_reference_in_the_docs_exists():
         ("analytics.funnel", True),  # a lazily exported name
         ("analytics.no_such_function(client)", False),
         ("analytics.settle(client, database=, lag_s=30)", True),
-        ("ingest._planner.use_chdb_decoder", True),
-        ("Writes.replay_token", True),
+        ("ingest._plan.use_chdb_decoder", True),
+        ("Executor.replay", True),
         ("Spool._sync_lock", True),  # set in __init__
-        ("Writes.no_such_method", False),
+        ("Executor.no_such_method", False),
         ("Agent.as_tool()", True),  # not a class of the project: another library's
         ("test_doc_references.py", True),
         ("test_no_such_module.py", False),

@@ -1,11 +1,11 @@
-"""The writer's view of requests on their way (ingest._shell.Arrivals): quiet, cancel."""
+"""The writer's view of requests on their way (ingest._arrivals.Arrivals): quiet, cancel."""
 
 from __future__ import annotations
 
 import threading
 import time
 
-from ingest._shell import Arrivals
+from ingest._arrivals import Arrivals
 
 
 def test_quiet_when_nothing_arrives_and_not_while_a_request_is_on_its_way():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ingest._planner import (
+from ingest._plan import (
     GROUP_MAX_REQUESTS,
     GROUP_MAX_SPANS,
     PAIR_MIN_SPANS,

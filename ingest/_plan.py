@@ -1,6 +1,6 @@
 """The write policy of ingest, as pure functions: queued requests in, write plans out.
 
-No clock, thread or I/O here: the shell (ingest._service.Ingestor) observes the queue, the
+No clock, thread or I/O here: the writer thread (ingest._writer_thread) observes the queue, the
 requests on their way and the memory headroom, passes them in as plain values, and executes
 what comes back. Every number of spans is a count of spans; times are seconds.
 

@@ -25,16 +25,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BatchResult",
+    "GroupRows",
     "Member",
     "last_chain_hash",
     "make_token",
     "write_batch",
     "write_group",
-    "write_group_chain",
-    "write_group_data",
     "write_staged_chain",
     "write_staged_data",
-    "write_staged_group",
 ]
 
 _OTEL_INSERT_COLUMNS = (*OTEL_COLUMNS, "Tenant", "IngestBatch")
@@ -174,32 +172,10 @@ def write_group(
     Each member keeps its own ingest batch (IngestBatch / ingest_batch columns, one chained
     ingest_batches row each, in the given order); `token` (deterministic for the member set)
     deduplicates a repeated write of the group. Raises what the client raises.
-    write_group_data, then write_group_chain.
+    GroupRows.insert_data, then GroupRows.insert_chain.
     """
-    rows = _GroupRows(members, prev_chain, source)
+    rows = GroupRows(members, prev_chain, source)
     rows.insert_data(client, database, token)
-    rows.insert_chain(client, database, token)
-    return rows.results
-
-
-def write_group_data(
-    client: Client, database: str, members: Sequence[Member], *, token: str
-) -> None:
-    """The spans, ledger rows and rejects of a group (write_group without its chain rows)."""
-    _GroupRows(members, GENESIS, "").insert_data(client, database, token)
-
-
-def write_group_chain(
-    client: Client,
-    database: str,
-    members: Sequence[Member],
-    *,
-    token: str,
-    prev_chain: str,
-    source: str,
-) -> list[BatchResult]:
-    """The ingest_batches rows of a group whose data are stored, linked from `prev_chain`."""
-    rows = _GroupRows(members, prev_chain, source)
     rows.insert_chain(client, database, token)
     return rows.results
 
@@ -211,10 +187,13 @@ def _settings(token: str, table: str) -> dict[str, str]:
     }
 
 
-class _GroupRows:
-    """The rows one group inserts into each table, and its chain results."""
+class GroupRows:
+    """The rows one group of Python-decoded requests inserts into each table, and its chain
+    results. `prev_chain` and `source` matter only to the chain rows (insert_chain)."""
 
-    def __init__(self, members: Sequence[Member], prev_chain: str, source: str) -> None:
+    def __init__(
+        self, members: Sequence[Member], prev_chain: str = GENESIS, source: str = ""
+    ) -> None:
         if not members:
             raise ValueError("write_group: no members")
         self.members = members
@@ -248,6 +227,7 @@ class _GroupRows:
             link = ch
 
     def insert_data(self, client: Client, database: str, token: str) -> None:
+        """The spans, ledger rows and rejects; independent of other groups."""
         rows: list[tuple[Any, ...]] = []
         batch_col: list[str] = []
         tenant_col: list[str] = []
@@ -299,6 +279,8 @@ class _GroupRows:
             )
 
     def insert_chain(self, client: Client, database: str, token: str) -> None:
+        """The ingest_batches rows, one per member, linked from `prev_chain` in order: only
+        after the group's data and the previous group's chain rows."""
         _insert(
             client,
             database,
@@ -339,33 +321,6 @@ _BATCH_COLUMNS = (
     "chain_hash",
     "source",
 )
-
-
-def write_staged_group(
-    client: Client,
-    database: str,
-    members: Sequence[tuple[Staged, int]],
-    *,
-    tenants: Sequence[str],
-    token: str,
-    prev_chain: str,
-    source: str,
-) -> list[BatchResult]:
-    """write_group for requests chDB decoded into staging tables (ingest.chdb).
-
-    `members` are (staged request, received_at_ms) in order, `tenants` their tenants. The rows, the ledger row
-    hashes and the batch hashes (computed when staged) are the ones write_group stores for
-    the same requests; the copies run inside ClickHouse (INSERT ... SELECT), with the same
-    dedup tokens. Settings go in each query's own SETTINGS clause: clickhouse-connect's chdb
-    backend would wrap per-call settings in extra SET queries. Raises what the client raises.
-    Two steps: write_staged_data, then write_staged_chain (which must follow the previous
-    group's chain rows).
-    """
-    write_staged_data(client, database, members, token=token)
-    return write_staged_chain(
-        client, database, members, tenants=tenants, token=token, prev_chain=prev_chain,
-        source=source,
-    )  # fmt: skip
 
 
 def _staged_settings(token: str, table: str) -> str:
@@ -428,10 +383,10 @@ def write_staged_chain(
     source: str,
 ) -> list[BatchResult]:
     """The ingest_batches rows of a staged group (`tenants`: each member's), linked from
-    `prev_chain`. Write them only
-    after the group's data (write_staged_data) and the previous group's chain rows: a chain
-    row without its data, or ahead of its predecessor, would break verification after a
-    crash."""
+    `prev_chain`: the rows GroupRows.insert_chain writes for the same requests decoded by
+    Python (the batch hashes were computed when staged). Write them only after the group's
+    data (write_staged_data) and the previous group's chain rows: a chain row without its
+    data, or ahead of its predecessor, would break verification after a crash."""
     from ingest.chdb import sql_string as _quote
 
     values: list[str] = []

@@ -1,9 +1,11 @@
-"""Executing write plans (ingest._planner) against the store: one group with retries, two
-groups' data at once on two connections, chain rows in order, parking.
+"""Executing write plans (ingest._plan) through the backend (ingest._backend): one group
+until stored (retry, split, park), two groups' data at once on two connections, chain rows
+in order, and the bookkeeping once a group is stored (chain head, known batch ids, spool
+commits, staging-table releases).
 
-The Ingestor's writer thread is the only caller, so the chain head and the known batch ids
-are touched by one thread (the overlapped data writes run on helper threads but return
-their exceptions instead of touching state).
+The writer thread is the only caller, so the chain head and the known batch ids are
+touched by one thread (the data written at once run on helper threads but return their
+exceptions instead of touching state).
 """
 
 from __future__ import annotations
@@ -17,11 +19,11 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from ingest._planner import Failure, on_failure
+from ingest._backend import Group, Pending, WriteBackend
+from ingest._inserts import BatchResult, make_token
+from ingest._plan import Failure, on_failure
 from ingest._refusals import is_about_data
-from ingest._store_writer import Pending, StoreWriter
 from ingest._telemetry import LatencyHistogram
-from ingest._writer import BatchResult, make_token
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
@@ -29,7 +31,7 @@ if TYPE_CHECKING:
     from ingest._spool import Spool
     from ingest.chdb import Stager
 
-__all__ = ["KNOWN_BATCHES", "Writes"]
+__all__ = ["KNOWN_BATCHES", "Executor"]
 
 log = logging.getLogger("handoffs.ingest")
 KNOWN_BATCHES = 50_000  # batch ids remembered to keep a retried request off the chain
@@ -41,11 +43,13 @@ ROWS_BY_BATCH = (
     ("ingest_rejects", "ingest_batch"),
 )
 
-_Outcome = tuple[list[Pending], str, BaseException | None]
+_Outcome = tuple[Group, BaseException | None]  # a group and what its data write raised
 
 
-class Writes:
-    """The write side's state (chain head, known batch ids, counters) and its operations."""
+class Executor:
+    """The write side's state (chain head, known batch ids, store error, counters) and its
+    operations. Owns the chain head and the retries; the store side of each step is
+    `backend`'s (ingest._backend.WriteBackend), which keeps no state between calls."""
 
     def __init__(
         self,
@@ -53,9 +57,8 @@ class Writes:
         database: str,
         spool: Spool,
         *,
-        writer: StoreWriter,
+        backend: WriteBackend,
         stager: Stager | None,
-        source: str,
         max_refusals: int,
         stop_retrying: threading.Event,
         stats: dict[str, int],
@@ -63,7 +66,7 @@ class Writes:
         lock: threading.Lock,
     ) -> None:
         self.client, self.database, self.spool = client, database, spool
-        self.writer, self.stager, self.source = writer, stager, source
+        self.backend, self.stager = backend, stager
         self.max_refusals = max_refusals
         self._stop_retrying = stop_retrying
         self.stats, self.timings, self._lock = stats, timings, lock
@@ -71,8 +74,6 @@ class Writes:
         self.chain = ""
         self.store_error: str | None = None
         self.write_latency = LatencyHistogram()
-        self.extra: list[Client] = []
-        self.extra_lock = threading.Lock()
 
     def count(self, key: str, n: int = 1) -> None:
         with self._lock:
@@ -80,18 +81,18 @@ class Writes:
 
     # ------------------------------------------------------------ bookkeeping
 
-    def token(self, group: Sequence[Pending], *, log_group: bool = True) -> str:
-        """The dedup token of a group: the batch id of a single request; for several, a
-        token of their ids, logged in the spool first when `log_group` (a replay regroups
-        them exactly; a replayed group is already logged)."""
-        if len(group) == 1:
-            return group[0].batch_id
+    def group(self, members: Sequence[Pending], *, log_group: bool = True) -> Group:
+        """`members` as a group under its dedup token: the batch id of a single request; for
+        several, a token of their ids, logged in the spool first when `log_group` (a replay
+        regroups them exactly; a replayed group is already logged)."""
+        if len(members) == 1:
+            return Group(tuple(members), members[0].batch_id)
         if log_group:
-            self.spool.log_group([x.seq for x in group])
-        return make_token("group", *(x.batch_id for x in group))
+            self.spool.log_group([x.seq for x in members])
+        return Group(tuple(members), make_token("group", *(x.batch_id for x in members)))
 
-    def replay_token(self, group: Sequence[Pending], token: str) -> str:
-        """The token to write a replayed `group` with (none of it is on the chain: a request
+    def replay(self, group: Group) -> Group:
+        """The group to write a replayed `group` as (none of it is on the chain: a request
         on it is known, so skipped). A crash during a write can leave a table's part stored
         without its dedup record, or the record without the part: a MergeTree store commits
         the two apart, so a kill -9 between them makes the group's own token store rows
@@ -101,7 +102,7 @@ class Writes:
         together), the group's own token is kept."""
         from ingest.chdb import sql_string
 
-        ids = ", ".join(sql_string(x.batch_id) for x in group)
+        ids = ", ".join(sql_string(x.batch_id) for x in group.members)
         db = self.database
         try:
             counts = self.client.query(
@@ -115,14 +116,14 @@ class Writes:
                     self.client.command(f"DELETE FROM {db}.{table} WHERE {column} IN ({ids})")
         except Exception as exc:
             log.warning("replay: could not clear an interrupted write, its token decides: %s", exc)
-            return token
+            return group
         if any(counts):
             log.warning(
                 "replay: %d row(s) of an interrupted write of %d request(s) removed before "
                 "it is written again",
-                sum(counts), len(group),
+                sum(counts), len(group.members),
             )  # fmt: skip
-        return make_token(token, "replay", uuid.uuid4().hex)
+        return Group(group.members, make_token(group.token, "replay", uuid.uuid4().hex))
 
     def discard(self, item: Pending) -> None:
         """A request already stored: drop its staging table, mark it done in the spool."""
@@ -130,7 +131,7 @@ class Writes:
             self.stager.release([item.stage])
         self.spool.commit(item.seq)
 
-    def stored(self, group: Sequence[Pending], results: list[BatchResult]) -> None:
+    def stored(self, group: Group, results: list[BatchResult]) -> None:
         """Bookkeeping after a group's data and chain rows are in the store."""
         for res in results:
             self.known[res.ingest_batch] = res.chain_hash
@@ -143,23 +144,20 @@ class Writes:
             self.known.popitem(last=False)
         self.count("writes")
         if self.stager is not None:
-            self.stager.release([x.stage for x in group if x.stage])
-        self.spool.commit(*(x.seq for x in group))
+            self.stager.release([x.stage for x in group.members if x.stage])
+        self.spool.commit(*(x.seq for x in group.members))
 
     # ------------------------------------------------------------ one group
 
-    def write(self, group: list[Pending], token: str) -> None:
+    def write(self, group: Group) -> None:
         """Write `group` until stored; back off between failures (0.05 s doubling to 2 s).
         Raises the store's error only once retrying stopped (stop() was called): the
-        records stay in the spool. Splits or parks the group per ingest._planner.on_failure."""
+        records stay in the spool. Splits or parks the group per ingest._plan.on_failure."""
         delay, refused = 0.05, 0
         while True:
             try:
                 t0 = time.perf_counter()
-                results = self.writer.write(
-                    self.client, self.database, group, token=token,
-                    prev_chain=self.chain, source=self.source,
-                )  # fmt: skip
+                results = self.backend.write(group, self.chain)
                 took = time.perf_counter() - t0
                 self.timings["store_s"] += took
                 self.write_latency.observe(took)
@@ -171,7 +169,7 @@ class Writes:
                 self.count("store_errors")
                 log.warning(
                     "store write failed (%d request(s), token %s), retrying: %s",
-                    len(group), token, exc,
+                    len(group.members), group.token, exc,
                 )  # fmt: skip
                 about_data = is_about_data(exc)
                 refused += about_data
@@ -181,16 +179,16 @@ class Writes:
                     max_refusals=self.max_refusals,
                     nothing_visible=(
                         refused >= self.max_refusals
-                        and all(x.body is not None for x in group)
-                        and self._nothing_visible(group)
+                        and all(x.body is not None for x in group.members)
+                        and self._nothing_visible(group.members)
                     ),
                     stopping=self._stop_retrying.is_set(),
-                    members=len(group),
+                    members=len(group.members),
                 )
                 if decision is Failure.SPLIT:
                     self.count("split_groups")
-                    for item in group:  # each alone, with a token (and spool log) of its own
-                        self.write([item], self.token([item]))
+                    for item in group.members:  # each alone, with a token of its own
+                        self.write(self.group([item]))
                     self.store_error = None
                     return
                 if decision is Failure.PARK:
@@ -202,12 +200,12 @@ class Writes:
                 self._stop_retrying.wait(delay)
                 delay = min(delay * 2, 2.0)
 
-    def _nothing_visible(self, group: Sequence[Pending]) -> bool:
-        """No row of `group` is in the tables readers see (otel_traces and through it the
+    def _nothing_visible(self, members: Sequence[Pending]) -> bool:
+        """No row of `members` is in the tables readers see (otel_traces and through it the
         handoff tables, transition_ledger, ingest_rejects). False when it cannot be told."""
         from ingest.chdb import sql_string
 
-        ids = ", ".join(sql_string(x.batch_id) for x in group)
+        ids = ", ".join(sql_string(x.batch_id) for x in members)
         db = self.database
         try:
             rows = self.client.query(
@@ -220,11 +218,11 @@ class Writes:
             return False
         return int(rows[0][0]) == 0
 
-    def _park(self, group: Sequence[Pending], exc: Exception) -> None:
+    def _park(self, group: Group, exc: Exception) -> None:
         """Keep refused requests on disk (spool/dead: body + JSON meta), count them, commit."""
         dead = self.spool.dir / "dead"
         dead.mkdir(exist_ok=True)
-        for item in group:
+        for item in group.members:
             meta = {
                 "batch": item.batch_id,
                 "seq": item.seq,
@@ -242,30 +240,29 @@ class Writes:
             self.count("parked_batches")
             self.spool.commit(item.seq)
         if self.stager is not None:
-            self.stager.release([x.stage for x in group if x.stage])
+            self.stager.release([x.stage for x in group.members if x.stage])
 
     # ------------------------------------------------------------ data at once
 
-    def data(self, client: Client, group: list[Pending], token: str) -> BaseException | None:
+    def data(self, client: Client, group: Group) -> BaseException | None:
         """The data of a group on `client`; the exception instead of raising it."""
         try:
-            self.writer.write_data(client, self.database, group, token=token)
+            (self.backend if client is self.client else self.backend.on(client)).data(group)
         except BaseException as exc:
             return exc
         return None
 
     def data_at_once(
-        self, planned: list[tuple[list[Pending], str]], clients: Callable[[int], Client]
+        self, planned: list[Group], clients: Callable[[int], Client]
     ) -> list[_Outcome]:
         """The data of up to two groups written at once, on clients(0) and clients(1) (the
-        second on a thread of its own); each with its token and the exception its write
-        raised (None when stored), in order, for chain_in_order."""
+        second on a thread of its own); each with the exception its write raised (None when
+        stored), in order, for chain_in_order."""
         errors: list[BaseException | None] = [None] * len(planned)
 
         def one(i: int) -> None:
-            group, token = planned[i]
             try:
-                errors[i] = self.data(clients(i), group, token)
+                errors[i] = self.data(clients(i), planned[i])
             except Exception as exc:  # no connection: the group is written the usual way
                 errors[i] = exc
 
@@ -278,7 +275,7 @@ class Writes:
         one(0)
         for t in threads:
             t.join()
-        return [(g, tok, errors[i]) for i, (g, tok) in enumerate(planned)]
+        return list(zip(planned, errors, strict=True))
 
     def chain_in_order(self, parts: list[_Outcome]) -> bool:
         """After data written at once: each group's chain rows, in order. A group whose data
@@ -286,18 +283,16 @@ class Writes:
         usual way (write: retries; its token makes the data that did get in count once),
         before the next group's chain rows. True when nothing had to be written again."""
         clean = True
-        for group, token, error in parts:
+        for group, error in parts:
             try:
                 if error is not None:
                     raise error
-                res = self.writer.write_chain(
-                    self.client, self.database, group, token=token,
-                    prev_chain=self.chain, source=self.source,
-                )  # fmt: skip
+                res = self.backend.chain(group, self.chain)
             except Exception as exc:
-                log.warning("write of %d request(s) failed, writing again: %s", len(group), exc)
+                n = len(group.members)
+                log.warning("write of %d request(s) failed, writing again: %s", n, exc)
                 clean = False
-                self.write(group, token)
+                self.write(group)
                 continue
             self.stored(group, res)
         return clean
