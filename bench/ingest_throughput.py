@@ -209,7 +209,12 @@ def _e2e(
     total = args.requests * args.spans
     print(f"\n--- serve --decoder {decoder}, OTLP/{transport}{f' ({label})' if label else ''}")
     with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
-        serve = start_serve(Path(tmp), extra_args=("--decoder", decoder), env=env)
+        serve = start_serve(
+            Path(tmp),
+            extra_args=("--decoder", decoder),
+            env=env,
+            grpc_port=None if transport == "grpc" else 0,  # no gRPC server unless sent over it
+        )
         try:
             with MemorySampler(serve.process.pid) as sampler:
                 connect = _SENDERS[transport]

@@ -200,8 +200,9 @@ def start_serve(
         str(otlp_port),
         "--query-port",
         str(query_port),
-        "--grpc-port",
-        str(grpc_port),
+        # gRPC off through the environment: a serve of a tree without gRPC (bench/_paired)
+        # refuses the flag and ignores the variable
+        *(("--grpc-port", str(grpc_port)) if grpc_port else ()),
         *extra_args,
     ]
     if tokens:
@@ -209,6 +210,8 @@ def start_serve(
     if query_port_open:
         cmd += ["--query-port-open"]
     full_env = {**os.environ, **(env or {})}
+    if not grpc_port:
+        full_env["HANDOFFS_GRPC_PORT"] = "0"
     if tokens is None:
         full_env.pop("HANDOFFS_TOKENS", None)
     if query_tokens:
