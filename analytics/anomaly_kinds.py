@@ -187,7 +187,7 @@ def anomalies(
     included): kind, count (distinct handoffs: tenant and id), examples (up to `examples`
     handoff ids, sorted), description. ValueError for an unknown kind.
 
-    One query per pass needed (a pass computes several kinds: _anomaly_sql.PASSES), two at
+    One query per pass needed (a pass computes several kinds: _sql.anomalies.PASSES), two at
     a time when the client has a sibling (foundation.store.query_each), after one that
     stops at the first handoff created in the window: without one, only the orphan pass runs (the other kinds flag
     cohort handoffs only). Timings: docs/metrics.md, bench/analytics_queries.py.

@@ -6,8 +6,9 @@ is_k, is_unk, is_unresolved, is_esc, and tmask). No condition is spelled anywher
 analytics.metrics (funnel()'s count columns, handoffs_behind's stages),
 analytics.rollup.COUNT_COLUMNS, analytics.counts (the pandas-free counts serve runs),
 analytics.origin (the counts it splits, by name) and serve's `GET /metrics`
-(serve._funnel_metrics: the `exported` stages are its `stage` label values) derive theirs. The metric contract: docs/design.md; analytics/oracle/funnel.py
-computes the same counts in Python, independently (tests compare them).
+(serve._funnel_metrics: the `exported` stages are its `stage` label values) derive theirs.
+The metric contract: docs/design.md; analytics/oracle/funnel.py computes the same counts in
+Python, independently (tests compare them).
 
 Pure data, no pandas: serve's /metrics imports it without the dataframe libraries.
 """

@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from analytics._cli.metrics import (
+from analytics._cli.common import (
     EXIT_CHECK_FAILED,
     EXIT_OK,
     EXIT_USAGE,

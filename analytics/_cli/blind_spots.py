@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from analytics._cli.metrics import (
+from analytics._cli.common import (
     EXIT_OK,
     _client,
     _common,

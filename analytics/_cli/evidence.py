@@ -1,9 +1,9 @@
 """CLI of evidence packages: `handoffs evidence HANDOFF_ID | --task TASK_ID | export | show
 FILE | verify FILE|DIR`.
 
-Builds or checks the packages of analytics.evidence.package and analytics.evidence.verify; shared helpers
-(store, usage errors, tables) come from analytics._cli.metrics; saved files (show, export, verify
-of an export directory) are analytics._cli.evidence_files.
+Builds or checks the packages of analytics.evidence.package and analytics.evidence.verify;
+shared helpers (store, usage errors, tables) come from analytics._cli.common; saved files
+(show, export, verify of an export directory) are analytics._cli.evidence_files.
 """
 
 from __future__ import annotations
@@ -14,9 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from analytics._cli.evidence_files import keys as _keys
-from analytics._cli.evidence_files import offline as _offline
-from analytics._cli.metrics import (
+from analytics._cli.common import (
     EXIT_CHECK_FAILED,
     EXIT_OK,
     EXIT_USAGE,
@@ -28,6 +26,8 @@ from analytics._cli.metrics import (
     _Usage,
     _write,
 )
+from analytics._cli.evidence_files import keys as _keys
+from analytics._cli.evidence_files import offline as _offline
 from foundation.units import plural
 
 

@@ -19,7 +19,7 @@ from typing import Any, Final
 
 from clickhouse_connect.driver.exceptions import ClickHouseError
 
-from analytics._cli.metrics import EXIT_CHECK_FAILED, EXIT_OK, _client, _say, _time, _Usage, _write
+from analytics._cli.common import EXIT_CHECK_FAILED, EXIT_OK, _client, _say, _time, _Usage, _write
 from analytics.evidence.html import Verdict, packages_of, render_html, summary_lines
 from foundation import settings
 

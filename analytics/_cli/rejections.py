@@ -8,7 +8,7 @@ import json
 import math
 import sys
 
-from analytics._cli.metrics import (
+from analytics._cli.common import (
     EXIT_OK,
     _client,
     _common,

@@ -11,30 +11,30 @@ transitions twice (clock skew self-join) or window-sort every task (stale fence)
 ~37 s that way. The passes:
   cohort       five kinds that are bit tests over the cohort's summary rows
   state*       duplicate delivery, clock skew, receiver actor, grant, tenant claim: the
-               settled flags plus the handoffs touched since (_settled.py)
+               settled flags plus the handoffs touched since (settled.py)
   fence*       stale fence over the fenced rows of the cohort's fenced commits' tasks
   idempotency* a create row's key created elsewhere with another payload hash
   retry*       blind retry, duplicate execution (the attempts from handoff_summary)
   causation*   consumed before verified, expired receipt
-  bounce       over the summary's `transfer` create rows only (_anomaly_state_passes.py)
-  spike        per-bucket rejection rates against a trailing baseline (_spike_sql.py)
+  bounce       over the summary's `transfer` create rows only (state_passes.py)
+  spike        per-bucket rejection rates against a trailing baseline (spikes.py)
   orphan       candidates from a cheap filter, checked exactly by key
   topology     each topology's own kinds from one scan of the cohort's create, accept,
-               reject and executing rows (_topology_sql.py)
-  fan_out      agent-as-tool fan-out over the cohort's summary rows (_topology_sql.py)
+               reject and executing rows (topology.py)
+  fan_out      agent-as-tool fan-out over the cohort's summary rows (topology.py)
   evidence     results checked against the envelope's evidence policy and reply
-               contract, over the handoffs declaring one (_evidence_checks_sql.py)
-  sustained    runs of hours whose rejection rate stays high (_sustained_sql.py)
-  stall        shared-queue messages never taken while the queue went on (_stall_sql.py)
+               contract, over the handoffs declaring one (evidence_checks.py)
+  sustained    runs of hours whose rejection rate stays high (sustained.py)
+  stall        shared-queue messages never taken while the queue went on (stall.py)
   deadline     an outcome reached after the envelope's deadline: the cohort's candidates,
-               then their state rows by key (_budget_sql.py)
+               then their state rows by key (budget.py)
   budget       tool calls over the envelope's budget, acks missing or late: the rows that
-               carry them (audit_attrs), then those handoffs' rows by key (_budget_sql.py)
+               carry them (audit_attrs), then those handoffs' rows by key (budget.py)
   refusal, keyless, grant_checks, version_order
                what senders do but do not declare: a retry after a final refusal, a keyless
                write done twice, the grant's caller and presence, versions out of order
-               (_inferred_sql.py)
-* read handoff_anomaly_state (sql/009, _anomaly_state_passes.py: one row per handoff kept
+               (inferred.py)
+* read handoff_anomaly_state (sql/009, state_passes.py: one row per handoff kept
   at insert), never handoff_transitions.
 """
 

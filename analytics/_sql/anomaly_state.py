@@ -26,7 +26,7 @@ RECEIPT_EVENTS: Final = ("commit", "resolve_committed")
 #: the handoff's envelope rows: a counted create (as handoff_summary's `created`)
 IS_CREATE: Final = "(valid AND event = 'create' AND from_state = '' AND to_state = 'created')"
 #: SQL of what makes two stored rows of one handoff and transition one span stored again
-#: (reference.copy_key): the same span ids and time. A transport resend re-sends the same
+#: (oracle.funnel.copy_key): the same span ids and time. A transport resend re-sends the same
 #: bytes; an agent re-emitting a transition makes a new span (a new span id) at a new time.
 COPY_KEY: Final = "trace_id, span_id, time"
 TABLE: Final = "handoff_anomaly_state"

@@ -7,12 +7,12 @@ settle state's live remainder), 20-400 ms each on a store of a few thousand hand
 a second for all of them (bench/evidence_findings.py times packages; docs/auditors.md). So a kind whose verdict
 the package can reach from a few rows read by primary key has an evaluator here, computed by
 the pure oracle the pass is property-tested against (analytics.oracle.funnel,
-reference_audit, reference_topology, the spike SQL of one hour); every other kind of the
+oracle.audit, oracle.topology, the spike SQL of one hour); every other kind of the
 pass registry, a kind added tomorrow included, is asked of its pass, restricted to the
 handoff (analytics.evidence._findings.pass_findings_sql), two passes at a time.
 
 EVALUATORS (name -> kinds it covers, function): a kind is covered only where its oracle sees
-every row the pass would read for that handoff. reference_audit and reference_inferred pair
+every row the pass would read for that handoff. oracle.audit and oracle.inferred pair
 a handoff with its task's other handoffs, the holders of its idempotency key in any task and
 the handoffs its retry_of and causation_id name: Neighbourhood.related_rows reads exactly
 those (one query); a pairing by another relation must be read there too, or its kind left
@@ -173,7 +173,7 @@ def _task(n: Neighbourhood) -> set[str]:
     return set(ref.task_anomalies(n.task_rows, n.handoff_id))
 
 
-#: the cross kinds reference_audit pairs from the attempts the neighbourhood reads
+#: the cross kinds oracle.audit pairs from the attempts the neighbourhood reads
 _ATTEMPT_KINDS: Final = frozenset(
     {"blind_retry", "duplicate_execution", "consumed_before_verified", "expired_receipt_used"}
 )
@@ -181,7 +181,7 @@ _ATTEMPT_KINDS: Final = frozenset(
 
 def _related(n: Neighbourhood) -> set[str]:
     """idempotency_conflict (a key of its creates created by any handoff of the tenant with
-    two payload hashes), and the retry and causation kinds (reference_audit.audit_anomalies),
+    two payload hashes), and the retry and causation kinds (oracle.audit.audit_anomalies),
     over its related handoffs' rows (Neighbourhood.related_rows)."""
     keys = n.keys()
     every = n.related_rows()
@@ -196,7 +196,7 @@ def _related(n: Neighbourhood) -> set[str]:
     return found
 
 
-#: what reference_budget computes from one handoff's own rows (and the clock)
+#: what oracle.budget computes from one handoff's own rows (and the clock)
 _BUDGET_KINDS: Final = frozenset({"deadline_overrun", "tool_budget_exceeded", "ack_missing"})
 
 
@@ -217,7 +217,7 @@ _INFERRED_KINDS: Final = frozenset(
 
 
 def _inferred(n: Neighbourhood) -> set[str]:
-    """reference_inferred.inferred_anomalies over its related handoffs' rows, with the
+    """oracle.inferred.inferred_anomalies over its related handoffs' rows, with the
     policy the pass uses (HANDOFFS_KEYLESS_WINDOW_S, HANDOFFS_REQUIRE_GRANTS)."""
     from analytics._sql.inferred_policy import policy
     from analytics.oracle.inferred import inferred_anomalies
@@ -237,7 +237,7 @@ def _topology_kinds() -> frozenset[str]:
 
 
 def _topology(n: Neighbourhood) -> set[str]:
-    """Each topology's own kinds of its own rows (reference_topology), with the thresholds
+    """Each topology's own kinds of its own rows (oracle.topology), with the thresholds
     the topology pass uses (the HANDOFFS_* settings)."""
     from analytics._sql.topology import thresholds
     from analytics.oracle.topology import topology_anomalies

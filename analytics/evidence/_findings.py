@@ -112,7 +112,7 @@ SCOPES: Final[Mapping[str, str]] = {
     **dict.fromkeys(("rejection_spike", "sustained_rejections"), "fleet"),
 }
 #: the kinds a package computes from its own rows (analytics.oracle.funnel.handoff_anomalies and
-#: the protocol-audit kinds reference_audit finds in one handoff's rows): source "rows"
+#: the protocol-audit kinds oracle.audit finds in one handoff's rows): source "rows"
 ROW_KINDS: Final = frozenset(
     {
         "invalid_transition",

@@ -1,5 +1,6 @@
-"""What the store said of a handoff, as verify takes it (analytics.evidence.verify): from the package
-itself offline (taken as given, and `offline_notes` says so), or asked of the store again.
+"""What the store said of a handoff, as verify takes it (analytics.evidence.verify): from the
+package itself offline (taken as given, and `offline_notes` says so), or asked of the store
+again.
 
 A v1 or v2 package took its cross-handoff kinds (idempotency_conflict, stale_fence, bounce)
 from the task's other handoffs; a v3 package took every finding of source "store"

@@ -417,7 +417,7 @@ _OWN: Final[dict[str, Callable[[Sequence[Row]], Reason | None]]] = {
     "tenant_claim_mismatch": tenant_claim_mismatch,
     **{k: partial(_evidence_reason, k) for k in why_evidence.KINDS},
 }
-#: every kind an evidence package explains from its own rows (the rest: analytics.evidence._why_task)
+#: every kind an evidence package explains from its own rows (the rest: _why_task)
 ROW_KINDS: Final = frozenset({*_OWN, "unknown_unresolved", "accepted_never_started"})
 
 

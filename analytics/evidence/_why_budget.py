@@ -6,7 +6,7 @@ Each function takes the handoff's rows (as analytics.evidence._why's, with `dead
 rows) and the clock the kind was judged at (`as_of_ns`: ack_missing counts a handoff still
 waiting once the clock is past its ttl) and returns a Reason, or None when the rows do not
 show the kind. REASONS maps each kind to its function; analytics.evidence._why_store registers them
-for the package's findings of those kinds. The facts are reference_budget's readings.
+for the package's findings of those kinds. The facts are oracle.budget's readings.
 """
 
 from __future__ import annotations

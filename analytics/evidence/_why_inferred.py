@@ -1,15 +1,16 @@
 """Why an inferred kind flagged a handoff (analytics.oracle.inferred: what senders do, not
-what they declare), and which other handoffs it involves: the resolvers analytics.evidence._why_store
-registers for retry_after_final_refusal, keyless_duplicate_write, grant_caller_mismatch,
-missing_grant and out_of_order_version, and the inferred link of a blind retry.
+what they declare), and which other handoffs it involves: the resolvers
+analytics.evidence._why_store registers for retry_after_final_refusal,
+keyless_duplicate_write, grant_caller_mismatch, missing_grant and out_of_order_version, and
+the inferred link of a blind retry.
 
 Each function takes the handoff's Neighbourhood (analytics.evidence._evaluate) and returns
 (the other handoffs involved, Reason or None when the rows do not show the kind). The
 retry kinds and the task's versions read Neighbourhood.related_rows (its task's handoffs,
 the ones its retry_of names); keyless_duplicate_write reads the tenant's earlier keyless
 creates to the same agent with the same payload hash (one small query, then those
-handoffs' rows by primary key). The facts are reference_inferred's readings, with the
-policy the pass uses (reference_inferred.policy: HANDOFFS_KEYLESS_WINDOW_S,
+handoffs' rows by primary key). The facts are oracle.inferred's readings, with the
+policy the pass uses (_sql.inferred_policy.policy: HANDOFFS_KEYLESS_WINDOW_S,
 HANDOFFS_REQUIRE_GRANTS); a reason explains a verdict, it never makes one.
 """
 
@@ -53,7 +54,7 @@ def _own_request(n: Neighbourhood, rows: Sequence[Row] | None = None) -> Request
 def inferred_links(n: Neighbourhood, kind: str) -> dict[str, str]:
     """The handoffs `kind` (blind_retry or retry_after_final_refusal) links the handoff to,
     among its related handoffs: {other handoff_id: link} (retry_of, same_key or inferred:
-    reference_inferred.retry_links)."""
+    oracle.inferred.retry_links)."""
     found = retry_links(n.related_rows()).get((n.tenant, n.handoff_id), [])
     out: dict[str, str] = {}
     for k, other, link in found:

@@ -147,7 +147,7 @@ def _blind_retry(n: Neighbourhood) -> Resolved:
     linked by inference: the same task, agents and objective, no retry_of) that were unknown
     when this one was created."""
     retry_of = n.envelope("", sc.RETRY_OF)
-    # linked by inference only (reference_inferred.retry_links), read from its task's rows
+    # linked by inference only (oracle.inferred.retry_links), read from its task's rows
     inferred = (
         {h for h, link in _why_inferred.inferred_links(n, "blind_retry").items() if link == "inferred"}
         if not retry_of

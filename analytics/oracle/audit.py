@@ -171,7 +171,7 @@ def audit_anomalies(rows: Iterable[Row]) -> dict[tuple[str, str], list[str]]:
     for r in rows:
         by_h[(str(r.get("tenant", "default")), r["handoff_id"])].append(r)
     att = {k: _attempt(v) for k, v in by_h.items()}
-    # a retry the sender did not link: same task, agents and objective (reference_inferred)
+    # a retry the sender did not link: same task, agents and objective (oracle.inferred)
     req = {k: request(k[0], k[1], v) for k, v in by_h.items()}
     out: dict[tuple[str, str], list[str]] = {}
     for (tenant, h), b in att.items():

@@ -127,7 +127,7 @@ def test_a_flagged_handoff_lists_the_kind_in_its_package_and_the_explorer(
 @pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_a_retry_linked_by_inference_says_so(name, kinds_db, chdb_client):
     """A retry the sender did not link (no retry_of: the same task, agents and objective)
-    names the attempt it retries and says the link was inferred (reference_inferred)."""
+    names the attempt it retries and says the link was inferred (oracle.inferred)."""
     kind, fx = VARIANTS[name]
     db, flagged = kinds_db
     assert fx.handoff_id in flagged[kind]

@@ -1,5 +1,5 @@
 """Findings of an evidence package from plain values (analytics.evidence._findings,
-_evidence_formats, _package, _evidence_said; the Explorer's panel lines): which kinds come
+_formats, _assemble, _said; the Explorer's panel lines): which kinds come
 from the rows and which from the store, the window the store is asked over, the report
 order, the formats a package is cut to, and what offline verification says it took as given."""
 

@@ -1,6 +1,6 @@
-"""Why a handoff was flagged (analytics.evidence._why, analytics.evidence._why_task): each kind an evidence
-package can carry, from plain rows; the reference decides the kind, the reason names the
-transition (or the other handoff) and the field that made it fire."""
+"""Why a handoff was flagged (analytics.evidence._why, analytics.evidence._why_task): each
+kind an evidence package can carry, from plain rows; the reference decides the kind, the
+reason names the transition (or the other handoff) and the field that made it fire."""
 
 from __future__ import annotations
 
