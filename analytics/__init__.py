@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from foundation.lazy import lazy_exports
 
 # The package face: exported name -> the module that defines it, loaded on first use (PEP 562).
-# `handoffs serve` imports analytics._cli.metrics to build its parser and must not pay for
+# `handoffs serve` imports analytics._cli's commands to build its parser and must not pay for
 # pandas/numpy (about 100 MB RSS) that only the loaders need.
 _WHERE = {
     "DIMENSIONS": "analytics._sql.cohort",
