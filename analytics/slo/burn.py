@@ -422,7 +422,7 @@ def rules_file(given: str | None = None) -> Path:
     chosen = settings.resolve(SLO_RULES, given)
     path = Path(chosen).expanduser()
     if chosen == SLO_RULES.default and not path.is_file():
-        path = Path(__file__).resolve().parent.parent / chosen  # run outside the source tree
+        path = Path(__file__).resolve().parents[2] / chosen  # run outside the source tree
     return path
 
 
