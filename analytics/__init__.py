@@ -9,21 +9,21 @@ from typing import TYPE_CHECKING
 from foundation.lazy import lazy_exports
 
 # The package face: exported name -> the module that defines it, loaded on first use (PEP 562).
-# `handoffs serve` imports analytics._cli to build its parser and must not pay for
+# `handoffs serve` imports analytics._cli's commands to build its parser and must not pay for
 # pandas/numpy (about 100 MB RSS) that only the loaders need.
 _WHERE = {
-    "DIMENSIONS": "analytics._common",
-    "Window": "analytics._common",
-    "SettleResult": "analytics._settled",
-    "settle": "analytics._settled",
+    "DIMENSIONS": "analytics._sql.cohort",
+    "Window": "analytics._sql.cohort",
+    "SettleResult": "analytics._sql.settled",
+    "settle": "analytics._sql.settled",
     "ANOMALY_KINDS": "analytics.anomaly_kinds",
     "anomalies": "analytics.anomaly_kinds",
     "anomaly_handoff_ids": "analytics.anomaly_kinds",
     "backfill_task_index": "analytics.anomaly_kinds",
     "blind_spots": "analytics.coverage",
-    "VerifyResult": "analytics.evidence",
-    "evidence_package": "analytics.evidence",
-    "verify_package": "analytics.evidence",
+    "VerifyResult": "analytics.evidence.package",
+    "evidence_package": "analytics.evidence.package",
+    "verify_package": "analytics.evidence.package",
     "keyless_writes": "analytics.keyless",
     "STAGES": "analytics.metrics",
     "find_handoffs": "analytics.metrics",
@@ -52,8 +52,8 @@ __all__ = sorted(_WHERE)
 # __all__, would call them unused:
 # ruff: noqa: F401
 if TYPE_CHECKING:
-    from analytics._common import DIMENSIONS, Window
-    from analytics._settled import SettleResult, settle
+    from analytics._sql.cohort import DIMENSIONS, Window
+    from analytics._sql.settled import SettleResult, settle
     from analytics.anomaly_kinds import (
         ANOMALY_KINDS,
         anomalies,
@@ -61,7 +61,7 @@ if TYPE_CHECKING:
         backfill_task_index,
     )
     from analytics.coverage import blind_spots
-    from analytics.evidence import VerifyResult, evidence_package, verify_package
+    from analytics.evidence.package import VerifyResult, evidence_package, verify_package
     from analytics.keyless import keyless_writes
     from analytics.metrics import (
         STAGES,

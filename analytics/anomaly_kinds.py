@@ -1,6 +1,6 @@
 """Anomalies of the cohort (docs/design.md list), each a count of handoffs plus example ids.
 
-Kinds are computed in passes (analytics/_anomaly_sql.py): one query per pass, several kinds
+Kinds are computed in passes (analytics/_sql/anomalies.py): one query per pass, several kinds
 per pass; `count` is the number of distinct handoffs flagged (for rejection_spike: the rejected handoffs of the spiking
 (to_agent, capability) groups; for sustained_rejections: those of the runs' hours). Exact definitions and thresholds: docs/metrics.md.
 """
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import pandas as pd
 
-from analytics._anomaly_sql import (
+from analytics._sql.anomalies import (
     COHORT_PASSES,
     HEAVY_PASSES,
     KIND_PASS,
@@ -24,9 +24,9 @@ from analytics._anomaly_sql import (
     created_in_sql,
     pass_sql,
 )
-from analytics._common import Window, check_db, settled_window
-from analytics._tasks_sql import backfill_sql
-from analytics.reference import UNKNOWN_SLA_MS
+from analytics._sql.cohort import Window, check_db, settled_window
+from analytics._sql.tasks import backfill_sql
+from analytics.oracle.funnel import UNKNOWN_SLA_MS
 from foundation.store import query_each
 
 if TYPE_CHECKING:
@@ -187,7 +187,7 @@ def anomalies(
     included): kind, count (distinct handoffs: tenant and id), examples (up to `examples`
     handoff ids, sorted), description. ValueError for an unknown kind.
 
-    One query per pass needed (a pass computes several kinds: _anomaly_sql.PASSES), two at
+    One query per pass needed (a pass computes several kinds: _sql.anomalies.PASSES), two at
     a time when the client has a sibling (foundation.store.query_each), after one that
     stops at the first handoff created in the window: without one, only the orphan pass runs (the other kinds flag
     cohort handoffs only). Timings: docs/metrics.md, bench/analytics_queries.py.

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final
 
-from analytics import _contract_sql as cs
-from analytics._common import check_db
-from analytics._rows import POINT_LOOKUP
+from analytics._sql import contract as cs
+from analytics._sql.cohort import check_db
+from analytics._sql.rows import POINT_LOOKUP
 from collector import semconv as sc
 
 if TYPE_CHECKING:

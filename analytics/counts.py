@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from analytics._anomaly_sql import PASSES, pass_sql
-from analytics._common import (
+from analytics._sql.anomalies import PASSES, pass_sql
+from analytics._sql.cohort import (
     DIM_COLUMNS,
     Window,
     check_db,
@@ -24,7 +24,7 @@ from analytics._common import (
     settled_window,
     ts,
 )
-from analytics.reference import UNKNOWN_SLA_MS
+from analytics.oracle.funnel import UNKNOWN_SLA_MS
 from analytics.stages import CONDITIONS
 
 if TYPE_CHECKING:

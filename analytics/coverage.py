@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from analytics._common import Window, check_db
+from analytics._sql.cohort import Window, check_db
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client

@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any, Final
 
 import pandas as pd
 
-from analytics._anomaly_sql import pass_sql
-from analytics._anomaly_state_sql import IS_CREATE
-from analytics._common import Window, check_db, cohort_sql, settled_window, ts
-from analytics.reference import UNKNOWN_SLA_MS
-from analytics.reference_inferred import SIDE_EFFECT_KIND, SIDE_EFFECT_TOPOLOGY
+from analytics._sql.anomalies import pass_sql
+from analytics._sql.anomaly_state import IS_CREATE
+from analytics._sql.cohort import Window, check_db, cohort_sql, settled_window, ts
+from analytics._sql.inferred_policy import SIDE_EFFECT_KIND, SIDE_EFFECT_TOPOLOGY
+from analytics.oracle.funnel import UNKNOWN_SLA_MS
 from collector import semconv
 
 if TYPE_CHECKING:

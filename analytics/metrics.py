@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 import pandas as pd
 
-from analytics import _contract_sql as cs
-from analytics._common import (
+from analytics._sql import contract as cs
+from analytics._sql.cohort import (
     DIM_COLUMNS,
     DIMENSIONS,
     Window,
@@ -80,7 +80,7 @@ _COUNTS_SQL: Final = ",\n    ".join(
 
 #: handoffs_behind's names of two funnel counts; every other stage keeps its column's name
 _BEHIND_NAMES: Final = {"volume": "all", "unresolved_now": "unresolved"}
-#: handoffs_behind stages -> SQL condition over the cohort flags (see analytics._common): the
+#: handoffs_behind stages -> SQL condition over the cohort flags (see analytics._sql.cohort): the
 #: funnel's stages, the handoffs each step lost, disputed evidence, the outcomes
 STAGES: Final = {
     **{_BEHIND_NAMES.get(s.name, s.name): s.condition for s in FUNNEL},

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Final
 
-from analytics._common import Window, check_db, cohort_sql, settled_window, ts
+from analytics._sql.cohort import Window, check_db, cohort_sql, settled_window, ts
 from analytics.metrics import RATES, rate
 from analytics.stages import CONDITIONS
 from collector import semconv

@@ -21,8 +21,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from analytics import _contract_sql as cs
-from analytics._common import (
+from analytics._sql import contract as cs
+from analytics._sql.cohort import (
     DIM_COLUMNS,
     Window,
     check_db,

@@ -15,22 +15,22 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final
 
 from analytics import _report_charts as charts
-from analytics._common import Window, check_db
-from analytics._report_slo import html_section, md_lines, slo_section
 from analytics._report_window import ReportWindow, parse_week, report_window
+from analytics._sql.cohort import Window, check_db
 from analytics.anomaly_kinds import anomalies
 from analytics.display import html_safe
 from analytics.keyless import keyless_writes
 from analytics.metrics import RATE_COLUMNS, funnel, handoffs_behind, latencies
 from analytics.pairs_lost import LOST_STAGES, MIN_N, lost_by_pair
 from analytics.rollup import OUTCOMES, rollup
-from analytics.slo import load_rules, rules_file
+from analytics.slo.burn import load_rules, rules_file
+from analytics.slo.report_section import html_section, md_lines, slo_section
 from foundation.units import fmt_duration_ms
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
 
-    from analytics.slo import Rule
+    from analytics.slo.burn import Rule
 
 __all__ = [
     "default_week",
@@ -365,10 +365,10 @@ def weekly_report(
     marked incomplete).
 
     fmt "html": one self-contained page (SVG charts, no script: opens offline); "md": Markdown.
-    rules: the SLO rules file (analytics.slo.rules_file: this, else HANDOFFS_SLO_RULES, else
+    rules: the SLO rules file (analytics.slo.burn.rules_file: this, else HANDOFFS_SLO_RULES, else
     deploy/slos.yaml — the file the dashboard and `handoffs alerts check` read). Both weeks
     are evaluated at `as_of` (default now), so last week is at least as settled as this one.
-    ValueError for a bad week or format; analytics.slo.RulesError (a ValueError) for rules
+    ValueError for a bad week or format; analytics.slo.burn.RulesError (a ValueError) for rules
     that cannot be read or are refused.
     """
     db = check_db(database)

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Final
 
 import pandas as pd
 
-from analytics import _contract_sql as cs
-from analytics._common import check_db
+from analytics._sql import contract as cs
+from analytics._sql.cohort import check_db
 from analytics.metrics import _LIST_COLUMNS
 
 if TYPE_CHECKING:

@@ -1,5 +1,5 @@
 """When rejection spikes happened: the spiking (to_agent, capability, bucket) rows behind the
-rejection_spike anomaly, for any window (definition: analytics/_spike_sql.py, docs/metrics.md).
+rejection_spike anomaly, for any window (definition: analytics/_sql/spikes.py, docs/metrics.md).
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Final
 
 import pandas as pd
 
-from analytics._common import Window, check_db
-from analytics._spike_sql import (
+from analytics._sql.cohort import Window, check_db
+from analytics._sql.spikes import (
     SPIKE_BASELINE_BUCKETS,
     SPIKE_BASELINE_FACTOR,
     SPIKE_BUCKET_S,

@@ -1,13 +1,14 @@
 """The funnel's counts, written once: each stage's name, SQL condition and meaning.
 
-Every funnel count is a handoff count over the cohort rows of analytics._common.cohort_sql
+Every funnel count is a handoff count over the cohort rows of analytics._sql.cohort.cohort_sql
 (one row per handoff, with its contract flags: is_settled, is_a, is_e, is_v_claimed, is_v,
 is_k, is_unk, is_unresolved, is_esc, and tmask). No condition is spelled anywhere else:
 analytics.metrics (funnel()'s count columns, handoffs_behind's stages),
 analytics.rollup.COUNT_COLUMNS, analytics.counts (the pandas-free counts serve runs),
 analytics.origin (the counts it splits, by name) and serve's `GET /metrics`
-(serve._funnel_metrics: the `exported` stages are its `stage` label values) derive theirs. The metric contract: docs/design.md; analytics/reference.py
-computes the same counts in Python, independently (tests compare them).
+(serve._funnel_metrics: the `exported` stages are its `stage` label values) derive theirs.
+The metric contract: docs/design.md; analytics/oracle/funnel.py computes the same counts in
+Python, independently (tests compare them).
 
 Pure data, no pandas: serve's /metrics imports it without the dataframe libraries.
 """
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final
 
-from analytics import _contract_sql as cs
+from analytics._sql import contract as cs
 
 __all__ = ["CONDITIONS", "EXPORTED", "FUNNEL", "Stage"]
 

@@ -1,5 +1,5 @@
 """When rejections stayed high: the runs of hours behind the sustained_rejections anomaly,
-for any window they overlap (definition: analytics/_sustained_sql.py, docs/metrics.md).
+for any window they overlap (definition: analytics/_sql/sustained.py, docs/metrics.md).
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 import pandas as pd
 
-from analytics._common import Window, check_db, ns, settled_window
-from analytics._sustained_sql import (
+from analytics._sql.cohort import Window, check_db, ns, settled_window
+from analytics._sql.sustained import (
     HOUR_S,
     SustainedThresholds,
     hour_range,

@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any, Final
 
 import pandas as pd
 
-from analytics import _contract_sql as cs
-from analytics._anomaly_sql import KIND_PASS, pass_sql
-from analytics._common import Window, check_db, cohort_sql, settled_window
-from analytics._stall_sql import ANSWERED_MASK
-from analytics.reference import UNKNOWN_SLA_MS
+from analytics._sql import contract as cs
+from analytics._sql.anomalies import KIND_PASS, pass_sql
+from analytics._sql.cohort import Window, check_db, cohort_sql, settled_window
+from analytics._sql.stall import ANSWERED_MASK
+from analytics.oracle.funnel import UNKNOWN_SLA_MS
 from collector import semconv as sc
 from collector.semconv import TOPOLOGIES
 

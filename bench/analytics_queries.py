@@ -66,9 +66,9 @@ from analytics import (
     funnel,
     settle,
 )
-from analytics._anomaly_sql import PASSES, pass_sql
-from analytics._common import settled_window
-from analytics.reference_audit import AUDIT_KINDS
+from analytics._sql.anomalies import PASSES, pass_sql
+from analytics._sql.cohort import settled_window
+from analytics.oracle.audit import AUDIT_KINDS
 from foundation.integrity import row_hash
 from foundation.store import StoreSpec, apply_schema, connect
 
@@ -231,7 +231,7 @@ def granules(client, sql: str) -> str:
 
 
 def pass_costs(client, window: Window) -> dict[str, tuple[float, float, str]]:
-    """Each anomaly pass alone (analytics._anomaly_sql.PASSES), one warm run after one
+    """Each anomaly pass alone (analytics._sql.anomalies.PASSES), one warm run after one
     cold: wall ms, process CPU ms and the granules each of its reads selects."""
     out = {}
     window = settled_window(client, DB, window, None)  # as anomalies() reads it

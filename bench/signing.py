@@ -45,11 +45,11 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from analytics._evidence_log import check_consistency, log_section, log_section_from
-from analytics._evidence_logs import StoreLogs
-from analytics._evidence_store import ledger_batches
-from analytics.evidence import evidence_package
-from analytics.verify import verify_offline, verify_package
+from analytics.evidence._log_proofs import check_consistency, log_section, log_section_from
+from analytics.evidence._store_logs import StoreLogs
+from analytics.evidence._store_reads import ledger_batches
+from analytics.evidence.package import evidence_package
+from analytics.evidence.verify import verify_offline, verify_package
 from foundation.integrity import log_entry
 from foundation.keys import PublicKeys, generate_keypair, load_public_key
 from foundation.ledger_log import covers, newest_head, read_leaves, read_pieces

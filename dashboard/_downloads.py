@@ -1,5 +1,5 @@
 """Evidence downloads of the Explorer: the shown handoff's task as a zip of the bulk export
-(analytics.evidence_export: one package per handoff and manifest.json).
+(analytics.evidence.export: one package per handoff and manifest.json).
 
 The zip is built when the button is clicked (Streamlit runs the callable then, off the
 page script), so showing a handoff costs nothing; it is cached briefly per task. The
@@ -13,7 +13,7 @@ from typing import Any
 
 import streamlit as st
 
-from analytics.evidence_export import Selection, zip_export
+from analytics.evidence.export import Selection, zip_export
 from dashboard import _data
 
 __all__ = ["task_bundle_button"]

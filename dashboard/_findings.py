@@ -1,5 +1,5 @@
 """The Explorer's "Anomalies" panel: every anomaly kind that flags the handoff shown, from its
-evidence package's `findings` (analytics._evidence_findings): the handoff's own kinds, the
+evidence package's `findings` (analytics.evidence._findings): the handoff's own kinds, the
 cross-handoff kinds with links to the other handoffs involved, and the fleet kinds that
 covered it, by reference (to_agent, capability and hours, linked to the Anomalies page over
 those hours). A package without findings (an earlier format) lists its kinds alone.

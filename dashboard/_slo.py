@@ -1,7 +1,7 @@
 """The SLO rules file and its evaluation for the pages that show SLO state (Overview, Alerts).
 
 One file for both: `--rules FILE` after `--` on a streamlit command line, else
-analytics.slo.rules_file (HANDOFFS_SLO_RULES, which `handoffs dashboard --rules FILE` sets,
+analytics.slo.burn.rules_file (HANDOFFS_SLO_RULES, which `handoffs dashboard --rules FILE` sets,
 else deploy/slos.yaml) — the file `handoffs alerts check` and the weekly report read.
 Evaluations are cached for _data.TTL_S, keyed by the file's text, so an edit shows at once.
 """
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import streamlit as st
 
-from analytics import slo
-from analytics.slo_store import evaluate_rules
+from analytics.slo import burn as slo
+from analytics.slo.store import evaluate_rules
 from dashboard import _data
 
 __all__ = ["evaluate", "read_rules", "rules_path"]

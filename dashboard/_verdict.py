@@ -1,8 +1,8 @@
 """The Overview's verdict line: the SLOs' state, the top contributor, one link to act.
 
-Thin: the verdict is analytics.verdict.verdict over the SLO rules file's evaluations
+Thin: the verdict is analytics.slo.verdict.verdict over the SLO rules file's evaluations
 (dashboard._slo, the file the Alerts page, `handoffs alerts check` and the weekly report
-read), the contributor analytics.verdict.top_contributor over analytics.pairs_lost's table
+read), the contributor analytics.slo.verdict.top_contributor over analytics.pairs_lost's table
 of the picked window. Evaluated at the window's end (at its `as_of` when earlier, never
 after now), so a link to a past window shows the verdict of then. Kept to one bordered
 block of two short lines so the KPI tiles stay above the fold at 1280×720.
@@ -16,9 +16,9 @@ from urllib.parse import urlencode
 
 import streamlit as st
 
-from analytics import slo
 from analytics.pairs_lost import lost_by_pair
-from analytics.verdict import Contributor, Verdict, top_contributor, verdict
+from analytics.slo import burn as slo
+from analytics.slo.verdict import Contributor, Verdict, top_contributor, verdict
 from dashboard import _data, _slo, _ui
 from dashboard._store import StoreUnavailable
 

@@ -1,7 +1,7 @@
 """The Explorer's "Why flagged" panel and the tables that must agree with it (transitions,
 evidence references), and ids shown so that two handoffs never look alike: whole, in tables
 with columns as wide as the longest id, and with a copy button where one handoff is shown. Reads the evidence package's `anomaly_reasons`
-(analytics._why); a package exported before those existed shows its kinds alone."""
+(analytics.evidence._why); a package exported before those existed shows its kinds alone."""
 
 from __future__ import annotations
 

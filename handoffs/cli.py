@@ -31,12 +31,14 @@ def _registers() -> tuple[Register, ...]:
     rather than at the top so `import handoffs.cli` alone stays cheap; each module keeps its
     own heavy imports inside its command functions (tests/unit/test_cli_lazy_imports.py).
     """
-    from analytics import _alerts_cli as alerts  # alerts check, watch
-    from analytics import _blind_cli as blind  # blind-spots
-    from analytics import _cli as analytics  # metrics, anomalies, report
-    from analytics import _evidence_cli as evidence  # evidence
-    from analytics import _keyless_cli as keyless  # keyless
-    from analytics import _rejections_cli as rejections  # rejections, refusals
+    from analytics._cli import (
+        alerts,  # alerts check, watch
+        evidence,  # evidence
+        keyless,  # keyless
+        rejections,  # rejections, refusals
+    )
+    from analytics._cli import blind_spots as blind  # blind-spots
+    from analytics._cli import metrics as analytics  # metrics, anomalies, report
     from dashboard import _cli as dashboard  # dashboard
     from foundation import _keys_cli as keys  # keys generate
     from foundation import _tenants_cli as tenants  # tenants row-policies

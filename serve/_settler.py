@@ -1,5 +1,5 @@
 """serve's settle thread: keeps the anomaly flags of stored handoffs settled (sql/013,
-analytics._settled), so an anomaly query recomputes only what came in since.
+analytics._sql.settled), so an anomaly query recomputes only what came in since.
 
 Every `every_s` seconds it runs one settle: the handoffs touched since the watermark, up to
 `lag_s` before the store's clock. Errors of the store are logged and retried at the next

@@ -1,4 +1,4 @@
--- Settled relation flags (analytics._settled_relations): bounce, blind retry and duplicate
+-- Settled relation flags (analytics._sql.settled_relations): bounce, blind retry and duplicate
 -- execution depend on a handoff and the handoffs it relates to (its task's transfers, the
 -- attempts sharing its idempotency key, the one its retry_of names), not on the window, so
 -- the settle job keeps them per handoff with the state flags.

@@ -4,7 +4,7 @@ error budget and its burn rates per window pair (method and schema: docs/alerts.
 The rules file (dashboard._slo): `--rules FILE` after `--` on a streamlit command line, else
 HANDOFFS_SLO_RULES (`handoffs dashboard --rules FILE` sets it), else deploy/slos.yaml: the one
 the Overview's verdict, `handoffs alerts check` and the weekly report read. The verdict on top
-(healthy / ticket / paging) is analytics.verdict's, as on the Overview.
+(healthy / ticket / paging) is analytics.slo.verdict's, as on the Overview.
 `?as_of=2026-11-23T12:00:00Z` evaluates at that time instead of now (a link to what the SLOs
 looked like then).
 """
@@ -14,8 +14,8 @@ from datetime import UTC, datetime
 import pandas as pd
 import streamlit as st
 
-from analytics import slo
-from analytics.verdict import verdict
+from analytics.slo import burn as slo
+from analytics.slo.verdict import verdict
 from dashboard import _slo, _ui
 
 

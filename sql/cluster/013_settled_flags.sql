@@ -3,7 +3,7 @@
 -- filled by foundation.store.schema_statements(cluster=...); {shard}, {replica},
 -- {database} are ClickHouse macros from the server configuration.
 
--- Settled anomaly flags (analytics._settled): the state pass's kinds of a handoff are
+-- Settled anomaly flags (analytics._sql.settled): the state pass's kinds of a handoff are
 -- functions of its own rows only, so they are computed once after its rows came in and
 -- kept, instead of by every anomaly query over every handoff of the window.
 --   touched               when the state row was inserted (the default, filled at insert:
@@ -12,7 +12,7 @@
 --                         background mutation; meanwhile a read gives the read's time, so
 --                         those handoffs count as just touched: recomputed, never stale)
 --   handoff_state_flags   per settled handoff with a kind set: its created time and one bit
---                         per kind (analytics._settled.STATE_KIND_BITS), ordered by created
+--                         per kind (analytics._sql.settled.STATE_KIND_BITS), ordered by created
 --                         time so a window reads only its own; the row of the latest settle
 --                         wins (ReplacingMergeTree by `version`: 2 x the settle's time in ms,
 --                         +1 for a handoff's flags, +0 for the 0 that first replaces its row
@@ -22,7 +22,7 @@
 --                         watermark has its flags settled. A query takes the flags of those
 --                         and recomputes the handoffs touched since (the live remainder).
 ALTER TABLE {db}.handoff_anomaly_state_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS `touched` SimpleAggregateFunction(max, DateTime64(3, 'UTC')) DEFAULT now64(3);
--- Settled anomaly flags (analytics._settled): the state pass's kinds of a handoff are
+-- Settled anomaly flags (analytics._sql.settled): the state pass's kinds of a handoff are
 -- functions of its own rows only, so they are computed once after its rows came in and
 -- kept, instead of by every anomaly query over every handoff of the window.
 --   touched               when the state row was inserted (the default, filled at insert:
@@ -31,7 +31,7 @@ ALTER TABLE {db}.handoff_anomaly_state_local ON CLUSTER '{cluster}' ADD COLUMN I
 --                         background mutation; meanwhile a read gives the read's time, so
 --                         those handoffs count as just touched: recomputed, never stale)
 --   handoff_state_flags   per settled handoff with a kind set: its created time and one bit
---                         per kind (analytics._settled.STATE_KIND_BITS), ordered by created
+--                         per kind (analytics._sql.settled.STATE_KIND_BITS), ordered by created
 --                         time so a window reads only its own; the row of the latest settle
 --                         wins (ReplacingMergeTree by `version`: 2 x the settle's time in ms,
 --                         +1 for a handoff's flags, +0 for the 0 that first replaces its row

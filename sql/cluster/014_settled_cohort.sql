@@ -3,7 +3,7 @@
 -- filled by foundation.store.schema_statements(cluster=...); {shard}, {replica},
 -- {database} are ClickHouse macros from the server configuration.
 
--- Settled cohort (analytics._settled, analytics._common.cohort_sql): a copy of each settled
+-- Settled cohort (analytics._sql.settled, analytics._sql.cohort.cohort_sql): a copy of each settled
 -- handoff's merged handoff_summary row, ordered by created time, so a window's funnel,
 -- slices and cohort passes read the window's rows instead of every handoff's row (the
 -- summary is ordered by handoff id, which carries no time).

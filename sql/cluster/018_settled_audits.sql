@@ -3,7 +3,7 @@
 -- filled by foundation.store.schema_statements(cluster=...); {shard}, {replica},
 -- {database} are ClickHouse macros from the server configuration.
 
--- Settled audit flags (analytics._settled_audits): the contract checks decided by a
+-- Settled audit flags (analytics._sql.settled_audits): the contract checks decided by a
 -- handoff's own rows (evidence policy and reply contract, deadline, tool budget and ack,
 -- grant caller and presence) or by its few relations (a retry after a final refusal: the
 -- refused attempt of its task or its retry_of; a keyless write: the writes sharing its

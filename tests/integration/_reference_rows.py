@@ -1,5 +1,5 @@
 """Seeded transitions (tests.analytics_seed.T) as the rows the pure-Python references take
-(analytics.reference*): the handoff_transitions columns, the attribute map as stored."""
+(analytics.oracle.funnel*): the handoff_transitions columns, the attribute map as stored."""
 
 from __future__ import annotations
 

@@ -25,9 +25,9 @@ import pytest
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from analytics._watch import WebhookSender, run_watch
-from analytics.slo import budget_text, load_rules
-from analytics.slo_store import evaluate_rules
+from analytics._cli.watch import WebhookSender, run_watch
+from analytics.slo.burn import budget_text, load_rules
+from analytics.slo.store import evaluate_rules
 from foundation.store import apply_schema
 from handoffs.cli import main
 from handoffs.simulator import Emitter, FailureRates, ScenarioConfig, SkillOutage, run_backfill

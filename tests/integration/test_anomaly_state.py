@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from analytics import Window, anomalies
-from analytics._anomaly_state_sql import render_state_ddl
+from analytics._sql.anomaly_state import render_state_ddl
 from foundation.store import SQL_DIR, apply_schema, schema_statements
 from tests.analytics_seed import T, create, seed
 
@@ -141,7 +141,7 @@ def _table(client, db: str, kinds=tuple(EXPECTED)) -> dict[str, tuple[int, list[
 
 def test_the_ddl_file_is_generated_from_its_module():
     assert (SQL_DIR / FILE).read_text() == render_state_ddl(), (
-        f"sql/{FILE} is stale: run `python -m analytics._anomaly_state_sql > sql/{FILE}`"
+        f"sql/{FILE} is stale: run `python -m analytics._sql.anomaly_state > sql/{FILE}`"
     )
     names = [n for n, _s in schema_statements("x")]
     assert names.count(FILE) == 3  # the table, its view, the backfill

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from analytics._audit_attrs_sql import AUDIT_ATTRS_FILE, render_audit_attrs_ddl
+from analytics._sql.audit_attrs import AUDIT_ATTRS_FILE, render_audit_attrs_ddl
 from collector import semconv as sc
 from foundation.store import SQL_DIR
 from tests.analytics_seed import T, create, seed
@@ -21,7 +21,7 @@ def _s(x: float) -> datetime:
 def test_the_ddl_file_is_generated_from_its_module():
     assert (SQL_DIR / AUDIT_ATTRS_FILE).read_text() == render_audit_attrs_ddl(), (
         f"sql/{AUDIT_ATTRS_FILE} is stale: run "
-        f"`python -m analytics._audit_attrs_sql > sql/{AUDIT_ATTRS_FILE}`"
+        f"`python -m analytics._sql.audit_attrs > sql/{AUDIT_ATTRS_FILE}`"
     )
 
 

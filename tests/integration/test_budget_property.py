@@ -1,6 +1,6 @@
 """Property: for random handoff histories, the SQL of deadline_overrun, tool_budget_exceeded
-and ack_missing (analytics/_budget_sql.py) flags exactly the handoffs the pure-Python
-reference (analytics.reference_budget) flags.
+and ack_missing (analytics/_sql/budget.py) flags exactly the handoffs the pure-Python
+reference (analytics.oracle.budget) flags.
 
 Histories are random walks through the state table whose transitions land around the
 boundaries the kinds judge (a deadline of 1 s or 60 s, a ttl of 1 s or 30 s: one
@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from analytics import Window, anomalies, settle
-from analytics.reference_budget import BUDGET_KINDS, budget_anomalies
+from analytics.oracle.budget import BUDGET_KINDS, budget_anomalies
 from collector import semconv as sc
 from collector.contract import EVENTS, STATES, TRANSITIONS, Event, State
 from tests.analytics_seed import T, create, seed, span_rows

@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 import analytics
-from analytics import _contract_sql as cs
+from analytics._sql import contract as cs
 from collector import Envelope, HandoffTracer, IllegalTransition
 from collector.tracer import Handoff
 

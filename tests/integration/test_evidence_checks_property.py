@@ -1,6 +1,6 @@
 """Property: for random handoffs declaring (or not) an evidence policy and a reply contract,
 the SQL evidence kinds and the funnel's checked P_evidence equal the pure-Python reference
-(analytics.reference_evidence, analytics.reference).
+(analytics.oracle.evidence, analytics.oracle.funnel).
 
 Each handoff draws a policy (a window of valid_after and/or valid_before, min_refs,
 require_claims, must_return; each often absent, sometimes a second create disagreeing),
@@ -25,8 +25,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from analytics import Window, anomalies, funnel, settle
-from analytics import reference as ref
-from analytics import reference_evidence as ref_ev
+from analytics.oracle import evidence as ref_ev
+from analytics.oracle import funnel as ref
 from tests.analytics_seed import T, create, seed, span_rows
 
 T0 = datetime(2026, 11, 23, 10, 0, tzinfo=UTC)

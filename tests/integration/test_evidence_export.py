@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from analytics import evidence_package
-from analytics.evidence_export import Selection, zip_export
+from analytics.evidence.export import Selection, zip_export
 from foundation.keys import generate_keypair
 from handoffs.cli import main
 from ingest.testing import request_json, span_json, transition
@@ -235,7 +235,7 @@ def _screenshots(page: Path) -> None:
 
 
 def test_rows_stored_before_the_first_key_are_named(tmp_path):
-    from analytics._evidence_gap import late_signing, notes_for
+    from analytics.evidence.gap import late_signing, notes_for
 
     data = tmp_path / "data"
     serve = start_serve(tmp_path, store_dir=data)  # no key: heads unsigned

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from analytics import evidence_package
-from analytics._evidence_log import log_section
-from analytics.verify import verify_offline
+from analytics.evidence._log_proofs import log_section
+from analytics.evidence.verify import verify_offline
 from foundation.keys import PublicKeys, generate_keypair, load_public_key
 from foundation.ledger_log import CHUNK_LEVEL, newest_head, read_leaves
 from ingest.testing import request_json, span_json, transition

@@ -19,10 +19,10 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from analytics import anomalies, evidence_package, verify_package
-from analytics._evidence_findings import ROW_KINDS
-from analytics._why_store import RESOLVERS
 from analytics.anomaly_kinds import ANOMALY_KINDS
-from analytics.reference_inferred import INFERRED_REASON
+from analytics.evidence._findings import ROW_KINDS
+from analytics.evidence._why_store import RESOLVERS
+from analytics.oracle.inferred import INFERRED_REASON
 from collector import semconv as sc
 from dashboard import APP_PATH
 from dashboard import _ui as ui
@@ -93,12 +93,12 @@ def test_a_flagged_handoff_lists_the_kind_in_its_package_and_the_explorer(
     assert kind in found, pkg["findings"]
     finding = found[kind]
     assert finding["scope"] != "unclassified", (
-        f"{kind}: add its scope to analytics._evidence_findings.SCOPES"
+        f"{kind}: add its scope to analytics.evidence._findings.SCOPES"
     )
     if finding["scope"] == "cross":  # its fixture names the others, its resolver finds them
         assert fx.involves, f"{kind}: a cross-handoff kind's fixture names `involves`"
     assert set(fx.involves) <= set(finding["handoffs"]), (
-        f"{kind}: the other handoffs not named (analytics._why_store.RESOLVERS)",
+        f"{kind}: the other handoffs not named (analytics.evidence._why_store.RESOLVERS)",
         finding,
     )
     if fx.fleet or finding["scope"] == "fleet":
@@ -127,7 +127,7 @@ def test_a_flagged_handoff_lists_the_kind_in_its_package_and_the_explorer(
 @pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_a_retry_linked_by_inference_says_so(name, kinds_db, chdb_client):
     """A retry the sender did not link (no retry_of: the same task, agents and objective)
-    names the attempt it retries and says the link was inferred (reference_inferred)."""
+    names the attempt it retries and says the link was inferred (oracle.inferred)."""
     kind, fx = VARIANTS[name]
     db, flagged = kinds_db
     assert fx.handoff_id in flagged[kind]

@@ -12,7 +12,7 @@ import json
 import pytest
 
 from analytics import evidence_package, verify_package
-from analytics.verify import offline_notes, package_sha256, verify_offline
+from analytics.evidence.verify import offline_notes, package_sha256, verify_offline
 from tests.analytics_seed import seed
 from tests.integration._old_packages import AS_OF, DATA, HANDOFF, old_rows
 

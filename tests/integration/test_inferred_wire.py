@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from analytics import Window, anomalies, keyless_writes
-from analytics.reference_inferred import INFERRED_KINDS
+from analytics.oracle.inferred import INFERRED_KINDS
 from collector import Envelope, Grant, HandoffTracer
 from collector.tracer import Handoff
 

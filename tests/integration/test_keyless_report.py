@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 from analytics import weekly_report
 from analytics.anomaly_kinds import DESCRIPTIONS
-from analytics.reference_inferred import INFERRED_KINDS
+from analytics.oracle.inferred import INFERRED_KINDS
 from tests.analytics_seed import T, create, seed
 
 AT = datetime(2026, 11, 25, 10, 0, tzinfo=UTC)  # Wednesday of 2026-W48

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from analytics import evidence_package
-from analytics.verify import instance_notes, verify_offline, verify_package
+from analytics.evidence.verify import instance_notes, verify_offline, verify_package
 from foundation.integrity import GENESIS
 from foundation.keys import PublicKeys, generate_keypair, load_private_key, load_public_key
 from foundation.ledger_instances import check_instance, resolve_instance
@@ -307,7 +307,7 @@ def test_a_ledger_row_hidden_outside_its_batchs_window_sends_verify_to_the_full_
     """An insider adds a ledger row to a signed batch, dated two days off (outside the
     receive-time window the stored pieces read): the pieces are refused, the full read
     finds the log no longer reproduces its head."""
-    from analytics._evidence_store import ledger_batches
+    from analytics.evidence._store_reads import ledger_batches
     from foundation.ledger_log import newest_head, read_pieces
 
     _k, pub, _kid = generate_keypair(tmp_path / "k")

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from analytics._package import package_sha256
-from analytics.verify import verify_offline
+from analytics.evidence._assemble import package_sha256
+from analytics.evidence.verify import verify_offline
 from foundation.keys import PublicKeys, generate_keypair, load_public_key
 from handoffs.cli import main
 from ingest.testing import request_json, span_json, transition
@@ -305,7 +305,7 @@ def test_the_views_typed_columns_and_derive_columns_agree(signed):
 
 
 def test_task_bundle_verifies_and_names_edits(signed, tmp_path, capsys):
-    from analytics.evidence import verify_task_bundle
+    from analytics.evidence.package import verify_task_bundle
 
     bundle = signed["bundle"]
     assert signed["by_id"]["handoffs"] == bundle["handoffs"]

@@ -7,7 +7,7 @@ ordinary rejects, failures and expiries at a few percent, the coder refusing cod
 24 before it, so once the outage fills its baseline it goes quiet; sustained_rejections
 reports the run over the whole 4-day window and over every 24-hour window inside the
 outage, with its start (hour 24) and `ongoing` at the clock (the end of the traffic), and
-flags exactly the handoffs the oracle (analytics.reference_sustained) flags.
+flags exactly the handoffs the oracle (analytics.oracle.sustained) flags.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from analytics import Window, anomaly_handoff_ids, rejection_spikes, sustained_rejections
-from analytics import reference_sustained as ref
-from analytics._sustained_sql import sustained_thresholds
+from analytics._sql.sustained import sustained_thresholds
+from analytics.oracle import sustained as ref
 from collector.contract import next_state
 from foundation.store import apply_schema
 from handoffs.simulator import FailureRates, ScenarioConfig, SkillOutage, TaskPlan, plan_task

@@ -450,7 +450,7 @@ def paths() -> list[T]:
 
 
 def test_the_two_fixtures_cover_every_legal_transition():
-    from analytics._contract_sql import POSITIONS
+    from analytics._sql.contract import POSITIONS
 
     first, second = histories()
     seen = {(t.from_state, t.event, t.to_state) for t in [*first, *second, *paths()]}

@@ -1,5 +1,5 @@
 """Property: for random handoff histories, the SQL funnel and per-handoff anomalies equal the
-independent pure-Python implementation of the contract (analytics.reference).
+independent pure-Python implementation of the contract (analytics.oracle.funnel).
 
 Histories are random walks through the state table with lost spans (including the create),
 duplicate deliveries (a new span), resent spans (the same span stored again unchanged),
@@ -39,11 +39,12 @@ from analytics import (
     settle,
     verify_package,
 )
-from analytics import reference as ref
-from analytics import reference_audit as ref_audit
-from analytics import reference_inferred as ref_inf
-from analytics import reference_topology as ref_topo
-from analytics._topology_sql import thresholds
+from analytics._sql.inferred_policy import policy as inferred_policy
+from analytics._sql.topology import thresholds
+from analytics.oracle import audit as ref_audit
+from analytics.oracle import funnel as ref
+from analytics.oracle import inferred as ref_inf
+from analytics.oracle import topology as ref_topo
 from collector.contract import EVENTS, STATES, TRANSITIONS
 from collector.semconv import MODES, TOPOLOGIES
 from tests.analytics_seed import T, create, seed, span_rows
@@ -472,7 +473,7 @@ def test_sql_funnel_and_anomalies_equal_reference(chdb_client, fresh_db, monkeyp
     # what senders do without declaring it: retries after final refusals, keyless writes
     # done twice, grant callers and presence, state versions out of order
     inf = ref_inf.inferred_anomalies(
-        refrows, start_ns=int(lo), end_ns=int(hi), pol=ref_inf.policy()
+        refrows, start_ns=int(lo), end_ns=int(hi), pol=inferred_policy()
     )
     df = anomalies(chdb_client, database=fresh_db, window=w, tenant=tenant, examples=1000,
                    kinds=ref_inf.INFERRED_KINDS)  # fmt: skip

@@ -21,7 +21,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from analytics import Window, anomalies, anomaly_handoff_ids, funnel
-from analytics.reference_audit import AUDIT_KINDS
+from analytics.oracle.audit import AUDIT_KINDS
 from analytics.rejections import rejections
 from collector import semconv as sc
 from serve.testing import ServeHandle, start_serve

@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from analytics import Window, anomalies, anomaly_handoff_ids, rejection_spikes
-from analytics import spike_reference as ref
+from analytics.oracle import spikes as ref
 from tests.analytics_seed import T, create, seed, span_rows
 
 T0 = datetime(2026, 11, 23, tzinfo=UTC)

@@ -1,4 +1,4 @@
-"""sql/018 and analytics._settled_audits: the contract checks read from settled bits give what
+"""sql/018 and analytics._sql.settled_audits: the contract checks read from settled bits give what
 recomputing them gives. Every kind's fixture (tests/integration/_kind_fixtures.py, each in its
 own tenant) is seeded into two databases; one is never settled (every pass recomputed), the
 other is settled, in one go or between two inserts (rows of a settled handoff arriving later:
@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from analytics import anomalies, funnel, settle
-from analytics._settled_audits import AUDIT_PASSES
-from analytics._watermarks import AUDIT_FLAGS_TABLE, read_settled
+from analytics._sql.settled_audits import AUDIT_PASSES
+from analytics._sql.watermarks import AUDIT_FLAGS_TABLE, read_settled
 from collector import semconv as sc
 from foundation.store import apply_schema
 from tests.analytics_seed import T, create, seed

@@ -1,4 +1,4 @@
-"""sql/014 and analytics._common.cohort_sql: the funnel and the cohort passes read the
+"""sql/014 and analytics._sql.cohort.cohort_sql: the funnel and the cohort passes read the
 settled copy of each handoff's summary (handoff_settled, ordered by created time) for the
 handoffs settled before the copy's watermark and handoff_summary for the rest, and give the
 same numbers as reading handoff_summary alone: before a settle, after one, with rows
@@ -13,9 +13,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from analytics import Window, anomalies, funnel
-from analytics._common import cohort_sql
-from analytics._settled import settle
-from analytics._watermarks import (
+from analytics._sql.cohort import cohort_sql
+from analytics._sql.inferred_policy import policy
+from analytics._sql.settled import settle
+from analytics._sql.watermarks import (
     COHORT_COLUMNS,
     COHORT_TABLE,
     COHORT_WATERMARK_TABLE,
@@ -23,7 +24,6 @@ from analytics._watermarks import (
     Settled,
     read_settled,
 )
-from analytics.reference_inferred import policy
 from tests.analytics_seed import T, create, seed
 
 T0 = datetime(2026, 11, 20, 9, 0, tzinfo=UTC)

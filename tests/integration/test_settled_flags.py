@@ -1,4 +1,4 @@
-"""sql/013 and analytics._settled: the state kinds from settled flags plus the live
+"""sql/013 and analytics._sql.settled: the state kinds from settled flags plus the live
 remainder give the same anomalies as recomputing them, before a settle, after one, with rows
 arriving after it (flags set and cleared), per tenant and over all, and through the
 query port; the state pass read against the settle state read first (as anomalies() reads
@@ -11,9 +11,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from analytics import Window, anomalies
-from analytics._anomaly_sql import PASSES
-from analytics._settled import FLAGS_TABLE, STATE_KIND_BITS, settle, settled_state_pass
-from analytics._watermarks import read_settled
+from analytics._sql.anomalies import PASSES
+from analytics._sql.settled import FLAGS_TABLE, STATE_KIND_BITS, settle, settled_state_pass
+from analytics._sql.watermarks import read_settled
 from tests.analytics_seed import T, create, seed
 
 T0 = datetime(2026, 11, 20, 9, 0, tzinfo=UTC)

@@ -1,4 +1,4 @@
-"""sql/015 and analytics._settled_relations: bounce, blind retry and duplicate execution from
+"""sql/015 and analytics._sql.settled_relations: bounce, blind retry and duplicate execution from
 settled flags plus the live remainder give the rows recomputing them gives, per tenant and
 over all, when rows arrive after a settle for a handoff other than the one whose kind they
 change (a transfer between two of a task's, the attempt a retry names leaving unknown, a
@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 
 from analytics import Window, anomalies
-from analytics._settled import settle
-from analytics._settled_relations import (
+from analytics._sql.settled import settle
+from analytics._sql.settled_relations import (
     RELATION_KIND_BITS,
     RELATION_PASSES,
     settled_relation_pass,
 )
-from analytics._watermarks import RELATION_FLAGS_TABLE, read_settled
+from analytics._sql.watermarks import RELATION_FLAGS_TABLE, read_settled
 from tests.analytics_seed import T, create, seed
 
 T0 = datetime(2026, 11, 20, 9, 0, tzinfo=UTC)

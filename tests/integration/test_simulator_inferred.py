@@ -14,7 +14,7 @@ from typing import Any
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from analytics import Window, anomalies
-from analytics.reference_inferred import INFERRED_KINDS
+from analytics.oracle.inferred import INFERRED_KINDS
 from handoffs.simulator import INFERRED_FAULTS, Emitter, FailureRates, ScenarioConfig, plan_task
 from tests.analytics_seed import T, seed
 

@@ -1,5 +1,5 @@
 """Property: sustained_rejections (the runs report and the anomaly pass) and consumer_stalled
-equal their plain-Python oracle (analytics.reference_sustained) on random histories.
+equal their plain-Python oracle (analytics.oracle.sustained) on random histories.
 
 Histories: two (to_agent, capability) groups over ten hours, each hour a drawn number of
 handoffs at a drawn rejection level (around the 50 % rate and the 5-settled minimum; some
@@ -23,8 +23,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from analytics import Window, anomaly_handoff_ids, sustained_rejections
-from analytics import reference_sustained as ref
-from analytics._sustained_sql import SustainedThresholds, sustained_thresholds
+from analytics._sql.sustained import SustainedThresholds, sustained_thresholds
+from analytics.oracle import sustained as ref
 from tests.analytics_seed import T, create, seed
 from tests.integration._reference_rows import reference_rows
 

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from analytics import Window, anomalies
-from analytics._topology_sql import PASSES, TOPOLOGY_ATTRS_FILE, render_topology_attrs_ddl
+from analytics._sql.topology import PASSES, TOPOLOGY_ATTRS_FILE, render_topology_attrs_ddl
 from collector import semconv as sc
 from foundation.store import SQL_DIR, apply_schema
 from tests.analytics_seed import T, create, seed
@@ -68,7 +68,7 @@ def _flags(client, db: str) -> list[tuple[str, str, bool]]:
 def test_the_ddl_file_is_generated_from_its_module():
     assert (SQL_DIR / TOPOLOGY_ATTRS_FILE).read_text() == render_topology_attrs_ddl(), (
         f"sql/{TOPOLOGY_ATTRS_FILE} is stale: run "
-        f"`python -m analytics._topology_sql > sql/{TOPOLOGY_ATTRS_FILE}`"
+        f"`python -m analytics._sql.topology > sql/{TOPOLOGY_ATTRS_FILE}`"
     )
 
 

@@ -27,8 +27,8 @@ from analytics import (
     topology_cards,
     unknown_fields,
 )
-from analytics._topology_sql import Thresholds, thresholds
-from analytics.reference_topology import TOPOLOGY_KINDS
+from analytics._sql.topology import Thresholds, thresholds
+from analytics.oracle.topology import TOPOLOGY_KINDS
 from collector import semconv as sc
 from serve.testing import ServeHandle, start_serve
 from tests.integration.test_protocol_audit import EV, TOKEN, WINDOW, Emitter, iso

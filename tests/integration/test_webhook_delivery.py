@@ -17,7 +17,7 @@ from typing import ClassVar
 
 import pytest
 
-from analytics._watch import MAX_RESPONSE_BYTES, WebhookSender
+from analytics._cli.watch import MAX_RESPONSE_BYTES, WebhookSender
 from serve.testing import wait_until
 
 GIB = 1 << 30

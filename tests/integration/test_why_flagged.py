@@ -12,8 +12,8 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from analytics import evidence_package, verify_package
-from analytics.evidence import task_bundle, verify_task_bundle
-from analytics.verify import verify_offline
+from analytics.evidence.package import task_bundle, verify_task_bundle
+from analytics.evidence.verify import verify_offline
 from dashboard import APP_PATH
 from tests.analytics_seed import T, create, seed
 from tests.integration.test_dashboard_browser import (  # the browser harness: one way to drive chromium
@@ -149,7 +149,7 @@ def test_an_edited_reason_fails_verify(chdb_client, db):
 
 
 def test_a_package_from_before_reasons_still_verifies(chdb_client, db):
-    from analytics.verify import package_sha256
+    from analytics.evidence.verify import package_sha256
 
     pkg = evidence_package(chdb_client, database=db, handoff_id="h-noev", as_of=s(3600))
     assert pkg is not None

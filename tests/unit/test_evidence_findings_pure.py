@@ -1,5 +1,5 @@
-"""Findings of an evidence package from plain values (analytics._evidence_findings,
-_evidence_formats, _package, _evidence_said; the Explorer's panel lines): which kinds come
+"""Findings of an evidence package from plain values (analytics.evidence._findings,
+_formats, _assemble, _said; the Explorer's panel lines): which kinds come
 from the rows and which from the store, the window the store is asked over, the report
 order, the formats a package is cut to, and what offline verification says it took as given."""
 
@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from analytics import _evidence_findings as ef
-from analytics._evidence_formats import V1, V2, V3, check_format
-from analytics._evidence_html import anomaly_items
-from analytics._package import build_package, package_sha256
 from analytics.anomaly_kinds import ANOMALY_KINDS
-from analytics.verify import offline_notes, verify_offline
+from analytics.evidence import _findings as ef
+from analytics.evidence._assemble import build_package, package_sha256
+from analytics.evidence._formats import V1, V2, V3, check_format
+from analytics.evidence.html import anomaly_items
+from analytics.evidence.verify import offline_notes, verify_offline
 from dashboard._findings import finding_lines
 from foundation.integrity import derive_columns
 
@@ -113,7 +113,7 @@ def test_findings_are_in_report_order_with_scopes_and_sorted_others():
 
 def test_scopes_are_handoff_cross_or_fleet_and_any_other_kind_unclassified():
     """A kind added to the catalogue is listed anyway ("unclassified"); classifying it is one
-    line in analytics._evidence_findings.SCOPES (the per-kind test checks it is there)."""
+    line in analytics.evidence._findings.SCOPES (the per-kind test checks it is there)."""
     assert {ef.scope_of(k) for k in ef.SCOPES} <= {"handoff", "cross", "fleet"}
     assert ef.scope_of("not_a_kind") == "unclassified"
 

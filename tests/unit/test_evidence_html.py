@@ -1,4 +1,4 @@
-"""The evidence package for people (analytics._evidence_html): the verdict in plain words,
+"""The evidence package for people (analytics.evidence.html): the verdict in plain words,
 the content escaped, anomalies with whatever reasons the package holds, and a page that
 loads nothing from anywhere."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from analytics._evidence_html import Verdict, anomaly_items, render_html, summary_lines
+from analytics.evidence.html import Verdict, anomaly_items, render_html, summary_lines
 
 T = 1_795_000_000_000_000_001
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from analytics import reference_evidence as ev
+from analytics.oracle import evidence as ev
 from collector import Envelope, EnvelopeError, EvidencePolicy, HandoffTracer, InMemoryRecorder
 from collector import semconv as sc
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from analytics.reference import funnel_counts
+from analytics.oracle.funnel import funnel_counts
 from analytics.rollup import RATES
 from analytics.stages import CONDITIONS, EXPORTED, FUNNEL
 

@@ -1,15 +1,14 @@
-"""analytics.reference_inferred on plain rows: the settings it reads (and refuses), the
+"""analytics.oracle.inferred on plain rows: the settings it reads (and refuses), the
 boundaries of each kind, and which link made a retry kind fire."""
 
 from __future__ import annotations
 
 import pytest
 
-from analytics.reference_inferred import (
+from analytics._sql.inferred_policy import Policy, policy
+from analytics.oracle.inferred import (
     INFERRED_REASON,
-    Policy,
     inferred_anomalies,
-    policy,
     retry_links,
 )
 

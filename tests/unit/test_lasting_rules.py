@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from analytics._stall_sql import stall_seconds
-from analytics._sustained_sql import SustainedThresholds, sustained_thresholds
-from analytics.reference_sustained import sustained_runs
+from analytics._sql.stall import stall_seconds
+from analytics._sql.sustained import SustainedThresholds, sustained_thresholds
+from analytics.oracle.sustained import sustained_runs
 from collector import Enqueued, Envelope, HandoffTracer, InMemoryRecorder
 from collector import semconv as sc
 from collector.a2a import a2a_state_error_code

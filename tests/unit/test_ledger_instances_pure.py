@@ -7,7 +7,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from analytics._evidence_log import merge_sections
+from analytics.evidence._log_proofs import merge_sections
 from foundation.integrity import GENESIS
 from foundation.keys import PublicKeys, SignedHead, sign_head
 from foundation.ledger_instances import instance_of, source_with, split_chains
@@ -90,7 +90,7 @@ def test_a_head_covers_its_instance_and_the_log_without_one_signs_as_before():
 
 
 def test_instance_notes_count_each_instances_proofs():
-    from analytics.verify import instance_notes
+    from analytics.evidence.verify import instance_notes
 
     def head(inst: str, size: int) -> dict:
         h = SignedHead(size, "ab" * 32, 1, 1, "c" * 64, "k1", "s", instance=inst)

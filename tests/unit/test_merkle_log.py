@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import stat
 
-from analytics._evidence_log import check_consistency, check_log_section, log_section
+from analytics.evidence._log_proofs import check_consistency, check_log_section, log_section
 from foundation.integrity import GENESIS, batch_hash, chain, chain_order, log_entry
 from foundation.keys import PublicKeys, SignedHead, generate_keypair, load_private_key, sign_head
 from foundation.ledger_log import LedgerLog, LogBatch, check_log

@@ -9,9 +9,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from analytics import _contract_sql as cs
-from analytics import reference as ref
-from analytics.evidence import build_package, verify_offline
+from analytics._sql import contract as cs
+from analytics.evidence.package import build_package, verify_offline
+from analytics.oracle import funnel as ref
 from analytics.report import default_week, parse_week
 from collector.contract import ACCEPTED_OR_LATER, STATES, TERMINAL, TRANSITIONS, is_legal
 from foundation.store import SQL_DIR
@@ -19,7 +19,7 @@ from foundation.store import SQL_DIR
 
 def test_summary_ddl_file_is_generated_from_the_contract():
     assert (SQL_DIR / "003_handoff_summary.sql").read_text() == cs.render_summary_ddl(), (
-        "regenerate: python -m analytics._contract_sql > sql/003_handoff_summary.sql"
+        "regenerate: python -m analytics._sql.contract > sql/003_handoff_summary.sql"
     )
 
 
@@ -158,10 +158,10 @@ def test_offline_verification_detects_edits():
 
 
 def test_task_index_ddl_file_is_generated():
-    from analytics import _tasks_sql
+    from analytics._sql import tasks as _tasks_sql
 
     assert (SQL_DIR / "005_handoff_tasks.sql").read_text() == _tasks_sql.render_tasks_ddl(), (
-        "sql/005_handoff_tasks.sql is stale: run `python -m analytics._tasks_sql`"
+        "sql/005_handoff_tasks.sql is stale: run `python -m analytics._sql.tasks`"
     )
 
 

@@ -8,7 +8,7 @@ import math
 import pandas as pd
 import pytest
 
-from analytics._common import DIMENSIONS
+from analytics._sql.cohort import DIMENSIONS
 from analytics.refusals import REFUSAL_EVENTS, check_events, group_refusals
 from analytics.rollup import COUNT_COLUMNS, OUTCOME_COLUMNS, OUTCOMES, outcomes, rollup
 

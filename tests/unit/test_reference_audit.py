@@ -1,10 +1,10 @@
-"""analytics.reference_audit.audit_anomalies on tiny histories: the boundaries of each kind."""
+"""analytics.oracle.audit.audit_anomalies on tiny histories: the boundaries of each kind."""
 
 from __future__ import annotations
 
 import json
 
-from analytics.reference_audit import audit_anomalies, iso_ns
+from analytics.oracle.audit import audit_anomalies, iso_ns
 
 S = 1_000_000_000
 _T0 = iso_ns("2026-11-23T10:00:00Z")

@@ -1,9 +1,9 @@
-"""analytics.reference_budget on hand-written rows: each kind with its near misses, the
+"""analytics.oracle.budget on hand-written rows: each kind with its near misses, the
 first terminal state in machine order (not clock order), and the cohort filter."""
 
 from __future__ import annotations
 
-from analytics.reference_budget import budget_anomalies, budget_kinds, first_terminal
+from analytics.oracle.budget import budget_anomalies, budget_kinds, first_terminal
 from collector import semconv as sc
 
 S = 1_000_000_000

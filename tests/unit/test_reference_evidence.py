@@ -1,13 +1,13 @@
-"""The evidence checks' oracle (analytics.reference_evidence) on hand-built rows: the window's
+"""The evidence checks' oracle (analytics.oracle.evidence) on hand-built rows: the window's
 edges, missing and malformed times, distinct refs, claims, the first result transition,
-the reply contract over every result, and the checked V(h) of analytics.reference."""
+the reply contract over every result, and the checked V(h) of analytics.oracle.funnel."""
 
 from __future__ import annotations
 
 import json
 
-from analytics import reference as ref
-from analytics import reference_evidence as ev
+from analytics.oracle import evidence as ev
+from analytics.oracle import funnel as ref
 
 AFTER = "2026-12-01T10:00:00Z"
 BEFORE = "2026-12-01T12:00:00Z"

@@ -1,4 +1,4 @@
-"""analytics._settled's pure decisions: the next settle's bounds and its slices."""
+"""analytics._sql.settled's pure decisions: the next settle's bounds and its slices."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
-from analytics._anomaly_sql import PASSES
-from analytics._settled import STATE_KIND_BITS, KeyRange, key_ranges, settle_bounds, slices_for
+from analytics._sql.anomalies import PASSES
+from analytics._sql.settled import STATE_KIND_BITS, KeyRange, key_ranges, settle_bounds, slices_for
 
 
 def test_a_settle_runs_from_the_watermark_to_the_lag_before_the_clock():
@@ -66,7 +66,7 @@ def test_a_key_range_is_bound_through_parameters():
 
 
 def test_a_cohort_reads_the_copy_unless_its_live_handoffs_cover_the_summary():
-    from analytics._watermarks import GRANULE_ROWS, Settled
+    from analytics._sql.watermarks import GRANULE_ROWS, Settled
 
     assert Settled(0, 0).source == "summary"  # nothing settled
     assert Settled(0, 5, 10**6).source == "summary"
@@ -81,7 +81,7 @@ def test_a_cohort_reads_the_copy_unless_its_live_handoffs_cover_the_summary():
 
 
 def test_the_state_pass_trusts_a_settle_state_only_with_the_flags_at_the_copys_watermark():
-    from analytics._watermarks import Settled
+    from analytics._sql.watermarks import Settled
 
     assert not Settled(5, 0).flags_match  # the flags' watermark was not read
     assert Settled(5, 0, flags_ms=5).flags_match
@@ -91,7 +91,7 @@ def test_the_state_pass_trusts_a_settle_state_only_with_the_flags_at_the_copys_w
 
 
 def test_the_relation_passes_trust_a_settle_state_only_with_their_flags_at_its_watermark():
-    from analytics._watermarks import Settled
+    from analytics._sql.watermarks import Settled
 
     assert not Settled(5, 0, flags_ms=5).relations_match  # not read
     assert Settled(5, 0, flags_ms=5, relations_ms=5).relations_match
@@ -105,7 +105,7 @@ def test_a_window_takes_a_settle_state_or_none_and_refuses_anything_else():
     from datetime import UTC, datetime, timedelta
 
     from analytics import Window
-    from analytics._watermarks import Settled
+    from analytics._sql.watermarks import Settled
 
     t = datetime(2026, 11, 20, tzinfo=UTC)
     w = Window(start=t, end=t + timedelta(hours=1))

@@ -1,6 +1,6 @@
 """The simulator's deadlines, tool budgets and acknowledgements (handoffs/simulator/_budget.py):
 every planned envelope is valid, the faults are injected at their rates, and each handoff's
-labels are exactly what analytics.reference_budget finds in its planned steps (the labels
+labels are exactly what analytics.oracle.budget finds in its planned steps (the labels
 are recomputed from the plan, so ordinary traffic that breaks a promise is labelled too)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from analytics.reference_budget import BUDGET_KINDS, budget_kinds
+from analytics.oracle.budget import BUDGET_KINDS, budget_kinds
 from collector import Envelope
 from collector import semconv as sc
 from collector.contract import next_state

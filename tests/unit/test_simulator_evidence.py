@@ -1,7 +1,7 @@
 """The simulator's evidence policy and reply contract: every envelope declares them, ordinary
 results meet them, and the two faults break them on exactly the handoffs they label (the
 plans emitted through the real shim into an in-memory exporter, the spans judged by the
-evidence checks' oracle, analytics.reference_evidence)."""
+evidence checks' oracle, analytics.oracle.evidence)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections import Counter, defaultdict
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from analytics import reference_evidence as ev
+from analytics.oracle import evidence as ev
 from collector import semconv as sc
 from handoffs.simulator import (
     CLI_EVIDENCE_RATE,

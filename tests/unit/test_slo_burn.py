@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from analytics.slo import (
+from analytics.slo.burn import (
     AlertState,
     Counts,
     Rule,

@@ -8,9 +8,9 @@ from datetime import UTC, datetime, timedelta
 
 import pandas as pd
 
-from analytics._report_slo import slo_rows
-from analytics.slo import Counts, Rule, budget_text, evaluate, fmt_vs_target
-from analytics.verdict import Contributor, top_contributor, verdict
+from analytics.slo.burn import Counts, Rule, budget_text, evaluate, fmt_vs_target
+from analytics.slo.report_section import slo_rows
+from analytics.slo.verdict import Contributor, top_contributor, verdict
 
 AT = datetime(2026, 12, 1, tzinfo=UTC)
 

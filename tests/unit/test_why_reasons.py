@@ -1,6 +1,6 @@
-"""Why a handoff was flagged (analytics._why, analytics._why_task): each kind an evidence
-package can carry, from plain rows; the reference decides the kind, the reason names the
-transition (or the other handoff) and the field that made it fire."""
+"""Why a handoff was flagged (analytics.evidence._why, analytics.evidence._why_task): each
+kind an evidence package can carry, from plain rows; the reference decides the kind, the
+reason names the transition (or the other handoff) and the field that made it fire."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from analytics import _why as why
-from analytics import _why_task as why_task
-from analytics import reference as ref
-from analytics._package import CROSS_KINDS, build_package
-from analytics.reference_audit import audit_anomalies
+from analytics.evidence import _why as why
+from analytics.evidence import _why_task as why_task
+from analytics.evidence._assemble import CROSS_KINDS, build_package
+from analytics.oracle import funnel as ref
+from analytics.oracle.audit import audit_anomalies
 from foundation.integrity import derive_columns
 
 T0 = 1_796_464_862_000_000_000  # 2026-12-05T10:01:02Z
