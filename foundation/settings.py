@@ -79,6 +79,12 @@ QUERY_TOKENS: Final = Setting(
     "read tokens of serve's query port and the tenant each reads, 'token1=tenantA,token2=*' "
     "('*' reads every tenant); empty = serve keeps an operator token in <store dir>/query-token",
 )
+QUERY_HEADER_TIMEOUT_S: Final = Setting(
+    "HANDOFFS_QUERY_HEADER_TIMEOUT_S",
+    "15",
+    "seconds a query port connection has to send its request line and headers, in all (a "
+    "slower sender is cut off); the query it sends then runs as long as its own limits allow",
+)
 QUERY_PORT_OPEN: Final = Setting(
     "HANDOFFS_QUERY_PORT_OPEN",
     "0",
@@ -299,6 +305,7 @@ ENV: Final = (
     TOKENS,
     QUERY_TOKENS,
     QUERY_PORT_OPEN,
+    QUERY_HEADER_TIMEOUT_S,
     STATE_DIR,
     SPOOL_DIR,
     MAX_BODY_BYTES,

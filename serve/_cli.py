@@ -215,15 +215,17 @@ def _metrics_refresh_s(args: argparse.Namespace) -> float:
     return seconds
 
 
-def _seconds(setting: settings.Setting) -> float:
-    """A setting in seconds, 0 or more; ValueError naming its variable otherwise."""
+def _seconds(setting: settings.Setting, *, positive: bool = False) -> float:
+    """A setting in seconds, 0 or more (more than 0 when `positive`); ValueError naming its
+    variable otherwise."""
     raw = settings.resolve(setting)
     try:
         seconds = float(raw)
     except ValueError:
         seconds = -1.0
-    if not seconds >= 0:
-        raise ValueError(f"{setting.env} must be 0 or more seconds, got {raw!r}")
+    if not (seconds > 0 if positive else seconds >= 0) or seconds == float("inf"):
+        least = "more than 0" if positive else "0 or more"
+        raise ValueError(f"{setting.env} must be {least} seconds, got {raw!r}")
     return seconds
 
 
@@ -347,6 +349,8 @@ def _serve(args: argparse.Namespace) -> int:
             metrics_refresh_s=_metrics_refresh_s(args),
             **_signing(args),
             derive=args.derive,
+            derive_hold_s=_seconds(settings.DERIVE_HOLD_S),
+            query_header_timeout_s=_seconds(settings.QUERY_HEADER_TIMEOUT_S, positive=True),
             settle_every_s=_seconds(settings.SETTLE_EVERY_S),
             settle_lag_s=_seconds(settings.SETTLE_LAG_S),
         )

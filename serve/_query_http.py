@@ -17,7 +17,7 @@ With read tokens configured every query needs one (serve._query_policy.read_acce
 missing or unknown token is answered 401, code 516 (AUTHENTICATION_FAILED), and logged
 without the token; a tenant's token reads only its tenant's rows. GET /ping stays open.
 A connection that sends no complete request line and headers within HEADER_TIMEOUT_S
-seconds in all (however it trickles them; idle between two requests too) is closed; once a request is read, each read or write
+seconds (HANDOFFS_QUERY_HEADER_TIMEOUT_S) in all (however it trickles them; idle between two requests too) is closed; once a request is read, each read or write
 of its body and answer may take BODY_TIMEOUT_S (the query itself runs unbounded by them).
 """
 
@@ -37,6 +37,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Final
 from urllib.parse import parse_qsl, urlsplit
 
+from foundation import settings
 from foundation.http_body import BodyError, BodyReader, request_framing
 from serve._query_engine import QueryEngine, QueryError
 from serve._query_policy import Unauthorized, read_access
@@ -57,8 +58,9 @@ MAX_URL_BYTES: Final = 1024 * 1024
 _SYNTAX_CODE: Final = 62
 _AUTH_CODE: Final = 516  # AUTHENTICATION_FAILED
 #: Seconds a connection may take to send a request's line and headers (or stay idle
-#: between two requests) before it is closed.
-HEADER_TIMEOUT_S: Final = 15.0
+#: between two requests) before it is closed, unless serve is given another
+#: (HANDOFFS_QUERY_HEADER_TIMEOUT_S).
+HEADER_TIMEOUT_S: Final = float(settings.QUERY_HEADER_TIMEOUT_S.default)
 #: Seconds one read of a request body or one write of an answer may wait on the client.
 BODY_TIMEOUT_S: Final = 120.0
 
@@ -154,15 +156,16 @@ class _Handler(BaseHTTPRequestHandler):
     tokens: Mapping[str, str]
     refusals: _LogLimit
     header_deadlines: _HeaderDeadlines
+    header_timeout_s: float
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s " + format, self.address_string(), *args)
 
     def handle_one_request(self) -> None:
         """BaseHTTPRequestHandler's, with a request line of up to MAX_URL_BYTES and the
-        request line and headers bounded by HEADER_TIMEOUT_S in all."""
+        request line and headers bounded by `header_timeout_s` in all."""
         try:
-            self.connection.settimeout(HEADER_TIMEOUT_S)
+            self.connection.settimeout(self.header_timeout_s)
             self.header_deadlines.watch(self.connection)
             try:
                 ready = self._read_head()
@@ -332,9 +335,11 @@ def make_query_server(
     *,
     database: str,
     tokens: Mapping[str, str] | None = None,
+    header_timeout_s: float = HEADER_TIMEOUT_S,
 ) -> ThreadingHTTPServer:
     """Bind the read-only query endpoint (default database `database`). `tokens`: read
-    token -> tenant (`*` = every tenant); none = every local client reads every tenant."""
+    token -> tenant (`*` = every tenant); none = every local client reads every tenant.
+    `header_timeout_s`: seconds a connection has for a request's line and headers, in all."""
     handler = type(
         "QueryHandler",
         (_Handler,),
@@ -343,7 +348,8 @@ def make_query_server(
             "default_database": database,
             "tokens": dict(tokens or {}),
             "refusals": _LogLimit(),
-            "header_deadlines": _HeaderDeadlines(HEADER_TIMEOUT_S),
+            "header_deadlines": _HeaderDeadlines(header_timeout_s),
+            "header_timeout_s": header_timeout_s,
         },
     )
     return _Server((host, port), handler)

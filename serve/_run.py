@@ -106,6 +106,10 @@ class ServeConfig:
     accept_ledger_rollback: bool = False
     #: derive handoffs from framework spans (derive/): a pass every HANDOFFS_DERIVE_EVERY_S s
     derive: bool = True
+    #: seconds a derived handoff waits for its enclosing spans (HANDOFFS_DERIVE_HOLD_S)
+    derive_hold_s: float = 10.0
+    #: seconds a query port connection has for its request line and headers
+    query_header_timeout_s: float = 15.0
     #: anomaly settle thread (serve._settler): seconds between settles (0 = none) and lag
     settle_every_s: float = 10.0
     settle_lag_s: float = 30.0
@@ -331,6 +335,7 @@ def run_serve(
             engine,
             database=spec.database,
             tokens=query_tokens,
+            header_timeout_s=cfg.query_header_timeout_s,
         )
         servers.append(qs)
         query_url = f"http://{cfg.query_host}:{qs.server_address[1]}"
@@ -370,7 +375,7 @@ def run_serve(
     signer = _start_signer(cfg, instance, health)
     deriver = None
     if cfg.derive:  # a pass over recently stored traces, through the normal ingest path
-        from derive import DERIVE_EVERY_S, DERIVE_HOLD_S, DerivePass
+        from derive import DERIVE_EVERY_S, DerivePass
         from foundation.settings import resolve
 
         deriver = DerivePass(
@@ -378,7 +383,7 @@ def run_serve(
             spec.database,
             lambda body, tenant: ingestor.submit(body, "protobuf", tenant=tenant),
             every_s=float(resolve(DERIVE_EVERY_S, None)),
-            hold_s=float(resolve(DERIVE_HOLD_S, None)),
+            hold_s=cfg.derive_hold_s,
         )
         deriver.start()
         telemetry.registry.register(deriver)  # handoffs_derive_* on GET /metrics

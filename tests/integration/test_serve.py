@@ -370,9 +370,15 @@ def test_the_sql_decoder_took_the_clean_requests_and_declined_the_rest(serve, re
         ([], {"HANDOFFS_DECODER": "bogus"}, "decoder 'bogus': use one of auto, sql, python"),
         (["--min-free-disk-bytes", "-5"], {}, "--min-free-disk-bytes must be 0 or more bytes"),
         ([], {"HANDOFFS_MIN_FREE_DISK_BYTES": "lots"}, "must be an integer, got 'lots'"),
+        ([], {"HANDOFFS_DERIVE_HOLD_S": "soon"}, "HANDOFFS_DERIVE_HOLD_S must be 0 or more seconds, got 'soon'"),
+        ([], {"HANDOFFS_DERIVE_HOLD_S": "-1"}, "HANDOFFS_DERIVE_HOLD_S must be 0 or more seconds, got '-1'"),
+        ([], {"HANDOFFS_QUERY_HEADER_TIMEOUT_S": "0"}, "HANDOFFS_QUERY_HEADER_TIMEOUT_S must be more than 0 seconds, got '0'"),
+        ([], {"HANDOFFS_QUERY_HEADER_TIMEOUT_S": "inf"}, "HANDOFFS_QUERY_HEADER_TIMEOUT_S must be more than 0 seconds, got 'inf'"),
     ],
-)
-def test_bad_decoder_or_disk_guard_options_exit_2(tmp_path, args, env, message):
+)  # fmt: skip
+def test_bad_options_exit_2_naming_the_option(tmp_path, args, env, message):
+    """What serve says of a bad option or setting, before it opens anything: exit 2, one
+    line naming the option or variable, the value and what is allowed."""
     import os
     import subprocess
     import sys
