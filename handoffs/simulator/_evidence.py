@@ -1,11 +1,13 @@
-"""The evidence policy and reply contract in simulated traffic, and the two faults that break
-them.
+"""The evidence policy and reply contract in simulated traffic, and the three faults that
+break them.
 
 Every new envelope declares what its result must carry: refs valid from POLICY_LEAD_NS
 before its creation until POLICY_SPAN_NS after it, at least one ref, a claim on each, and the
 fields MUST_RETURN; every result returns those fields. Ordinary evidence (the builder's:
 valid a minute before the result) passes, so only the faults are flagged:
   evidence_out_of_window  the results cite a ref last valid STALE_NS before the window
+  evidence_below_policy   the results cite their first ref without a claim (the policy
+                          requires one on every ref)
   reply_contract_unmet    the results return MUST_RETURN without its last field
 Each is a FailureRates overlay drawn per intent (a rate of 0 draws nothing from the task's
 random stream: traffic planned without them is the same draw for draw); both need a result,
@@ -85,14 +87,17 @@ def result_contract(
 ) -> dict[str, Any]:
     """A result's refs and returned fields (Handoff.transition keywords) under the
     attempt's faults: evidence_out_of_window re-dates its first ref STALE_NS before the
-    policy's window; reply_contract_unmet drops the last field. An envelope without a
-    policy keeps its refs."""
+    policy's window; evidence_below_policy drops its first ref's claim; reply_contract_unmet
+    drops the last field. An envelope without a policy keeps its refs."""
     out = list(refs)
     after = (envelope.get("evidence_policy") or {}).get("valid_after")
     if "evidence_out_of_window" in traits and after and out:
         start = int(datetime.fromisoformat(after).timestamp()) * _S
         first = out[0]
         out[0] = EvidenceRef(first.id, first.claim, _iso(start - STALE_NS))
+    if "evidence_below_policy" in traits and envelope.get("evidence_policy") and out:
+        first = out[0]
+        out[0] = EvidenceRef(first.id, None, first.valid_at)
     fields = tuple(envelope.get("must_return") or ())
     if "reply_contract_unmet" in traits:
         fields = fields[:-1]

@@ -63,6 +63,7 @@ FAULTS: Final = (
     "risky_field_ignored",  # ... and ignored a risky field it did not know (amount_limit)
     # the evidence policy and reply contract every envelope declares (EVIDENCE_FAULTS)
     "evidence_out_of_window",  # a result cites a ref last valid before the policy's window
+    "evidence_below_policy",  # a result cites a ref without the claim the policy requires
     "reply_contract_unmet",  # a committed result lacks a field the reply contract names
     "evidence_claim_disputed",  # ... either, with the evidence marked valid by the emitter
     # the envelope's promises (BUDGET_FAULTS; labels recomputed from the plan: _budget.py)
@@ -102,7 +103,7 @@ BUDGET_FAULTS: Final = ("deadline_overrun", "tool_budget_exceeded", "ack_missing
 #: Their rate per intent in the `simulate` and `demo` commands' defaults.
 CLI_BUDGET_RATE: Final = 0.01
 #: The evidence checks broken, each a FailureRates overlay (handoffs/simulator/_evidence.py)
-EVIDENCE_FAULTS: Final = ("evidence_out_of_window", "reply_contract_unmet")
+EVIDENCE_FAULTS: Final = ("evidence_out_of_window", "evidence_below_policy", "reply_contract_unmet")
 #: Their rate per intent in the `simulate` and `demo` commands' defaults.
 CLI_EVIDENCE_RATE: Final = 0.01
 #: What senders do without declaring it, each a FailureRates field drawn per intent (at most
@@ -159,7 +160,7 @@ class FailureRates:
     them too (a timeout resolved after the deadline, a message that expired unacknowledged),
     so their labels are what each plan shows (handoffs/simulator/_budget.py).
     The evidence checks broken (EVIDENCE_FAULTS: evidence_out_of_window,
-    reply_contract_unmet) are overlays too, default 0 (CLI_EVIDENCE_RATE in the CLI); they
+    evidence_below_policy, reply_contract_unmet) are overlays too, default 0 (CLI_EVIDENCE_RATE in the CLI); they
     need a result, so they force a success (handoffs/simulator/_evidence.py).
     """
 
@@ -206,6 +207,7 @@ class FailureRates:
     tool_budget_exceeded: float = 0.0
     ack_missing: float = 0.0
     evidence_out_of_window: float = 0.0
+    evidence_below_policy: float = 0.0
     reply_contract_unmet: float = 0.0
 
     def __post_init__(self) -> None:

@@ -145,6 +145,7 @@ def test_every_injected_failure_mode_shows_in_anomalies(demo_run):
         "card_skill_refused",  # a fresh Agent Card lists the skill the agent refuses
         "consumer_stalled",  # a queue consumer that never took its messages
         "evidence_out_of_window",  # evidence cited from before the policy's window
+        "evidence_below_policy",  # a ref without the claim the policy requires
         "reply_contract_unmet",  # committed without a field the reply contract names
         "evidence_claim_disputed",  # ... either, while the emitter marked it valid
         # what senders do without declaring it, at the CLI's default rates (missing_grant
