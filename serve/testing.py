@@ -145,20 +145,18 @@ class ServeHandle:
         return self.log_path.read_text(errors="replace")
 
 
+class _PortTaken(RuntimeError):
+    """serve could not bind a port that was free when it was picked."""
+
+
 def start_serve(
     tmp_path: str | Path,
     tokens: str | None = None,
     *,
-    store_dir: str | Path | None = None,
-    database: str = "handoffs",
     otlp_port: int | None = None,
     query_port: int | None = None,
     grpc_port: int | None = None,
-    query_tokens: str | None = None,
-    query_port_open: bool = False,
-    extra_args: tuple[str, ...] = (),
-    env: dict[str, str] | None = None,
-    timeout: float = 90.0,
+    **kwargs: Any,
 ) -> ServeHandle:
     """Start `handoffs serve --store chdb://<store_dir>` and wait until /health answers.
 
@@ -170,12 +168,48 @@ def start_serve(
     0 runs serve without OTLP/gRPC. Reusing `store_dir` (and the ports)
     restarts serve on the same store, e.g. after kill(). Raises RuntimeError with serve's log
     when it exits or does not answer within `timeout` seconds.
+
+    A port picked here is free when picked, but another process (a parallel test worker)
+    may bind it before serve does: serve then exits naming it, and it is started again on
+    newly picked ports, up to five times. Ports the caller gives are never changed.
     """
+    for attempt in range(5):
+        try:
+            return _start_once(
+                tmp_path,
+                tokens,
+                otlp_port=otlp_port or free_port(),
+                query_port=query_port or free_port(),
+                grpc_port=free_port() if grpc_port is None else grpc_port,
+                picked=(otlp_port is None, query_port is None, grpc_port is None),
+                **kwargs,
+            )
+        except _PortTaken:
+            if attempt == 4:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _start_once(
+    tmp_path: str | Path,
+    tokens: str | None = None,
+    *,
+    otlp_port: int,
+    query_port: int,
+    grpc_port: int,
+    picked: tuple[bool, bool, bool],
+    store_dir: str | Path | None = None,
+    database: str = "handoffs",
+    query_tokens: str | None = None,
+    query_port_open: bool = False,
+    extra_args: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+    timeout: float = 90.0,
+) -> ServeHandle:
+    """One start of serve on these ports (start_serve); _PortTaken when serve exits
+    because a port in `picked` (OTLP, query, gRPC) was bound by someone else meanwhile."""
     tmp = Path(tmp_path)
     store = Path(store_dir) if store_dir else tmp / "data"
-    otlp_port = otlp_port or free_port()
-    query_port = query_port or free_port()
-    grpc_port = free_port() if grpc_port is None else grpc_port
     # Otherwise /health could be answered by whatever already listens there (another serve)
     # while this one fails to bind.
     for what, port in (("OTLP", otlp_port), ("query", query_port), ("gRPC", grpc_port)):
@@ -240,7 +274,16 @@ def start_serve(
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"serve exited with {proc.returncode}:\n{handle.log()}")
+            log = handle.log()
+            names = ("(OTLP HTTP)", "(query)", "(OTLP gRPC)")
+            taken = any(
+                was_picked and f"port {port} {name} is in use" in log
+                for was_picked, port, name in zip(
+                    picked, (otlp_port, query_port, grpc_port), names, strict=True
+                )
+            ) or (all(picked) and ("Address already in use" in log or "cannot bind" in log))
+            error = _PortTaken if taken else RuntimeError
+            raise error(f"serve exited with {proc.returncode}:\n{log}")
         try:
             handle.health(timeout=2)
         except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
