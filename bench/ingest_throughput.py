@@ -218,9 +218,9 @@ def _e2e(
         try:
             with MemorySampler(serve.process.pid) as sampler:
                 connect = _SENDERS[transport]
-                # warm-up request (schema parts, first insert, the decoder's first query) not
-                # counted: 1,000 spans (~350 KB) so that `auto` sends it the way it sends the
-                # measured requests (chDB decodes bodies of SQL_MIN_BYTES, 64 KiB, and more)
+                # warm-up request (schema parts, first insert, the chDB decoder's first query)
+                # not counted: 1,000 spans (~350 KB), which `auto` always sends to chDB
+                # (bodies of SQL_MIN_BYTES, 256 KiB, and more)
                 warm = build_request(random.Random(999), _WARM_SPANS, base - 10**12)
                 send, close = connect(serve)
                 warm_error = send(warm)

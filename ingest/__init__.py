@@ -24,6 +24,7 @@ _WHERE = {
     "read_requests": "ingest._files",
     "Ingestor": "ingest._service",
     "OVERLAP_MAX_RSS": "ingest._service",
+    "SQL_JOIN_MIN_BYTES": "ingest._service",
     "SQL_MIN_BYTES": "ingest._service",
     "OtlpConfig": "ingest._otlp_http",
     "make_otlp_server": "ingest._otlp_http",
@@ -69,7 +70,7 @@ if TYPE_CHECKING:
     from ingest._otlp_grpc import GrpcConfig, start_grpc_server
     from ingest._otlp_http import OtlpConfig, make_otlp_server
     from ingest._parts import PartsWatch, TooManyParts
-    from ingest._service import OVERLAP_MAX_RSS, SQL_MIN_BYTES, Ingestor
+    from ingest._service import OVERLAP_MAX_RSS, SQL_JOIN_MIN_BYTES, SQL_MIN_BYTES, Ingestor
     from ingest._spool import Spool, SpoolClosed, SpoolFull, SpoolLocked, SpoolRecord
     from ingest._telemetry import Telemetry
     from ingest._validate import TENANT_MISMATCH, CheckResult, check_handoff_span
@@ -78,6 +79,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "OVERLAP_MAX_RSS",
+    "SQL_JOIN_MIN_BYTES",
     "SQL_MIN_BYTES",
     "TENANT_MISMATCH",
     "BatchResult",

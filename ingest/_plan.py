@@ -25,9 +25,10 @@ Rules (each has a unit test in tests/unit/test_write_planner.py):
   group, up to GROUP_MAX_SPANS) are taken and written at once, in two halves from
   PAIR_MIN_SPANS, unless serve has no memory headroom.
 * decoder (`use_chdb_decoder`): a protobuf body of SQL_MIN_BYTES or more is decoded by
-  chDB; a smaller one too while chDB is receiving or decoding larger ones, so that it joins
-  their decoding round and their write (one write per round instead of one per decoder); a
-  stream of small requests alone stays on the Python decoder, cheaper per request.
+  chDB; a smaller one too while other requests of SQL_JOIN_MIN_BYTES or more are being
+  received or decoded, so that they share one decoding round and one write (one write per
+  round instead of one per decoder); a request alone below SQL_MIN_BYTES (one sender
+  waiting for each answer) stays on the Python decoder, sooner for it.
 * failures (`on_failure`): see ingest._refusals for which errors are about the data; a
   refused group of several requests is split before anything is parked.
 """
@@ -224,13 +225,14 @@ def follower_parts(followers: Sequence[Request]) -> tuple[tuple[Request, ...], .
     return (ordered,) if ordered else ()
 
 
-def use_chdb_decoder(nbytes: int, *, min_bytes: int, chdb_busy: bool) -> bool:
+def use_chdb_decoder(nbytes: int, *, min_bytes: int, others: int) -> bool:
     """Whether chDB decodes a protobuf body of `nbytes` bytes (`min_bytes`: the size from
-    which it always does; `chdb_busy`: a request chDB will decode is being received or
-    decoded now). A small body decoded by Python is written as a group of its own, one
-    write more in that round (~0.1 s of fixed cost before the next round starts); joined
-    to chDB's, it shares the round's one write."""
-    return nbytes >= min_bytes or (chdb_busy and nbytes > 0)
+    which it always does; `others`: how many other announced requests, of
+    SQL_JOIN_MIN_BYTES or more, are being received or decoded now). A body alone goes to
+    Python below `min_bytes`: a sender waiting for each answer gets it sooner. With others
+    in flight, it joins chDB's round: the requests share one decoding round trip and one
+    write instead of each paying Python's decoding under the GIL and a write of its own."""
+    return nbytes > 0 and (nbytes >= min_bytes or others > 0)
 
 
 def on_failure(

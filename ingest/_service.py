@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
     from ingest.chdb import Stager
 
-__all__ = ["OVERLAP_MAX_RSS", "SQL_MIN_BYTES", "Ingestor", "StoreUnavailable"]
+__all__ = ["OVERLAP_MAX_RSS", "SQL_JOIN_MIN_BYTES", "SQL_MIN_BYTES", "Ingestor", "StoreUnavailable"]
 
 #: requests acknowledged during a write are written at once with it (Overlap) only while
 #: serve's anonymous memory (bytes, purge.anon_rss_bytes) is below this: three writes at
@@ -51,13 +51,18 @@ __all__ = ["OVERLAP_MAX_RSS", "SQL_MIN_BYTES", "Ingestor", "StoreUnavailable"]
 #: and the last writes of a burst are serve's memory peak; above it they go in right after
 #: the running write (two halves at once)
 OVERLAP_MAX_RSS = 240 << 20
-#: Smallest protobuf body (bytes) chDB decodes (ingest.chdb); smaller ones go through
-#: Python, whose cost per request is lower: chDB's decoding queries run for the life of
-#: serve, but each round of requests still costs ~6 ms of fixed work (one round trip, one
-#: INSERT staging its blocks; the requests queued together share it), which a lone
-#: request pays off only from a couple of hundred spans (Python: ~30 µs per span).
+#: Smallest protobuf body (bytes) chDB always decodes (ingest.chdb); smaller ones go
+#: through Python, whose cost per request is lower for a request alone: chDB's decoding
+#: queries run for the life of serve, but each round of requests still costs ~6 ms of
+#: fixed work (one round trip, one INSERT staging its blocks; the requests queued together
+#: share it). A sender waiting for each answer was faster on Python up to ~1,000 spans.
 #: (OTel SDK batches of 512 spans are ~180 KB; a Collector's 8192-span batches ~3 MB.)
-SQL_MIN_BYTES = 64 * 1024
+SQL_MIN_BYTES = 256 * 1024
+#: Smallest protobuf body (bytes) announced while it is received: when two or more
+#: announced requests are in flight at once, chDB decodes them (and any smaller body that
+#: comes meanwhile) in one round and one write, cheaper than Python decoding each under
+#: the GIL (ingest._plan.use_chdb_decoder).
+SQL_JOIN_MIN_BYTES = 64 * 1024
 _MAX_REFUSALS = 20  # the store refused one group's data this many times: park it
 
 
@@ -101,6 +106,8 @@ class Ingestor:
         self.purger = purger or Purger(enabled=purge_memory, under_load=purge_under_load)
         self.stager = stager
         self.sql_min_bytes = sql_min_bytes
+        #: whether the request this thread receives now was announced (receiving)
+        self._announced = threading.local()
         self.database = database
         self.spool = spool
         self.source = source
@@ -222,7 +229,9 @@ class Ingestor:
             self.stager is not None
             and fmt == PROTOBUF
             and use_chdb_decoder(
-                len(body), min_bytes=self.sql_min_bytes, chdb_busy=self.stager.receiving()
+                len(body),
+                min_bytes=self.sql_min_bytes,
+                others=self.stager.announced() - getattr(self._announced, "on", 0),
             )
         ):
             staged = self.stager.stage(
@@ -236,12 +245,18 @@ class Ingestor:
 
     @contextlib.contextmanager
     def receiving(self, fmt: str, nbytes: int) -> Iterator[None]:
-        """Around reading and submitting one request (the HTTP handler, from its headers): a
-        protobuf body large enough for the chDB decoder is announced, so the writer waits
-        briefly for this request before a write (ingest._plan.next_take)."""
-        if self.stager is not None and fmt == PROTOBUF and nbytes >= self.sql_min_bytes:
-            with self.stager.incoming(), self._arrivals.announced():
-                yield
+        """Around reading and submitting one request (the HTTP and gRPC handlers, from its
+        size): a protobuf body of SQL_JOIN_MIN_BYTES or more is announced, so the writer waits
+        briefly for this request before a write (ingest._plan.next_take), and requests in
+        flight together go to chDB together (ingest._plan.use_chdb_decoder)."""
+        join_min = min(self.sql_min_bytes, SQL_JOIN_MIN_BYTES)
+        if self.stager is not None and fmt == PROTOBUF and nbytes >= join_min:
+            self._announced.on = 1
+            try:
+                with self.stager.incoming(), self._arrivals.announced():
+                    yield
+            finally:
+                self._announced.on = 0
         else:
             yield
 

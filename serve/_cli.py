@@ -76,9 +76,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--decoder",
         choices=DECODERS,
-        help="OTLP/protobuf decoding (embedded store): auto = chDB decodes requests of 64 KiB "
-        "and more in SQL (same stored rows, ~2x the throughput for large batches), Python "
-        "the rest and any request it declines; sql = chDB tries every protobuf request; "
+        help="OTLP/protobuf decoding (embedded store): auto = chDB decodes requests of 256 KiB "
+        "and more in SQL (same stored rows, ~2x the throughput for large batches), and "
+        "smaller ones while another of 64 KiB or more is on its way; Python the rest and any "
+        "request it declines; sql = chDB tries every protobuf request; "
         f"python = always Python (env {settings.DECODER.env}, default auto)",
     )
     p.add_argument(

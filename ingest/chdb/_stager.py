@@ -222,9 +222,9 @@ class Stager:
             with self._lock:
                 self._incoming -= 1
 
-    def receiving(self) -> bool:
-        """A request announced by incoming() is being received or decoded."""
-        return self._incoming > 0
+    def announced(self) -> int:
+        """How many requests announced by incoming() are being received or decoded now."""
+        return self._incoming
 
     def waiting(self) -> int:
         """Requests queued for a decoding stream, not yet taken (approximate)."""

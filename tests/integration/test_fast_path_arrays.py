@@ -64,7 +64,7 @@ EDGES: list[list[int]] = [
 #: one request (enough for serve's SQL-decoding size), span times (long past: outside the
 #: time windows the other tests of the shared serve read)
 SDK_VERSIONS = (0, 1, 2**40)
-SDK_REPS = 40
+SDK_REPS = 120
 SDK_T0 = 1_764_000_000 * 10**9
 #: characters whose JSON escapes differ between ClickHouse and Python (declined: see
 #: test_fast_path)
@@ -208,7 +208,7 @@ def _serve_request(seed: int, marker: str, bad: object = None) -> tuple[bytes, d
     """A request over serve's SQL-decoding size with EDGES on its accept spans, no tenant
     claims (serve's tenant is its default), resources named after `marker`; `bad`: a
     supported_versions value added to its first span (a create)."""
-    req = build(random.Random(seed), 12)
+    req = build(random.Random(seed), 40)
     for r, rs in enumerate(req.resource_spans):
         for kv in rs.resource.attributes:
             if kv.key == "service.name":

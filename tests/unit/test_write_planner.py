@@ -223,11 +223,15 @@ def test_once_stopping_a_failed_write_is_left_in_the_spool():
 # ------------------------------------------------------------------ decoder
 
 
-def test_large_bodies_go_to_chdb_and_small_ones_join_it_only_while_it_is_busy():
-    mb = 64 * 1024
-    assert use_chdb_decoder(mb, min_bytes=mb, chdb_busy=False)
-    assert use_chdb_decoder(10 * mb, min_bytes=mb, chdb_busy=True)
-    assert not use_chdb_decoder(mb - 1, min_bytes=mb, chdb_busy=False)  # a small stream alone
-    assert use_chdb_decoder(200, min_bytes=mb, chdb_busy=True)  # shares the round's write
-    assert not use_chdb_decoder(0, min_bytes=mb, chdb_busy=True)  # nothing to decode
-    assert use_chdb_decoder(1, min_bytes=0, chdb_busy=False)  # --decoder sql
+def test_large_bodies_go_to_chdb_and_smaller_ones_only_with_others_in_flight():
+    kib = 1024
+    always = 256 * kib
+    assert use_chdb_decoder(always, min_bytes=always, others=0)
+    assert use_chdb_decoder(10 * always, min_bytes=always, others=3)
+    # an SDK's 512-span request (~180 KB) alone: a sender waiting for each answer
+    assert not use_chdb_decoder(180 * kib, min_bytes=always, others=0)
+    assert use_chdb_decoder(180 * kib, min_bytes=always, others=1)  # two senders at once
+    assert use_chdb_decoder(200, min_bytes=always, others=1)  # shares the round's write
+    assert not use_chdb_decoder(200, min_bytes=always, others=0)
+    assert not use_chdb_decoder(0, min_bytes=always, others=2)  # nothing to decode
+    assert use_chdb_decoder(1, min_bytes=0, others=0)  # --decoder sql
