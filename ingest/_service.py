@@ -55,7 +55,8 @@ OVERLAP_MAX_RSS = 240 << 20
 #: through Python, whose cost per request is lower for a request alone: chDB's decoding
 #: queries run for the life of serve, but each round of requests still costs ~6 ms of
 #: fixed work (one round trip, one INSERT staging its blocks; the requests queued together
-#: share it). A sender waiting for each answer was faster on Python up to ~1,000 spans.
+#: share it). A sender waiting for each answer was faster on Python at 512 spans (~180 KB)
+#: and on chDB at 1,000 (~350 KB): bench/RESULTS.md, the decoders' table.
 #: (OTel SDK batches of 512 spans are ~180 KB; a Collector's 8192-span batches ~3 MB.)
 SQL_MIN_BYTES = 256 * 1024
 #: Smallest protobuf body (bytes) announced while it is received: when two or more
